@@ -1,0 +1,5 @@
+module github.com/toolrelay/toolrelay
+
+go 1.26
+
+require github.com/google/go-cmp v0.7.0

@@ -1,0 +1,238 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// Version is the envelope version this package writes. Decoders accept
+// envelopes up to this version and ignore fields they do not know.
+const Version = 1
+
+// Header names set on call and result messages, besides Nats-Msg-Id and the
+// W3C trace context (traceparent, tracestate).
+const (
+	HeaderCallKey  = "Toolrelay-Call-Key"
+	HeaderDeadline = "Toolrelay-Deadline"
+	HeaderFunction = "Toolrelay-Function"
+)
+
+// MaxEnvelopeSize bounds an encoded envelope: NATS' default max_payload.
+const MaxEnvelopeSize = 1 << 20
+
+// MaxOutputSize bounds the output a result carries, leaving room for the rest
+// of the envelope within MaxEnvelopeSize even after JSON escaping.
+const MaxOutputSize = 256 << 10
+
+// ErrMalformed is wrapped by every decoding and validation error.
+var ErrMalformed = errors.New("protocol: malformed envelope")
+
+// Call is what the dispatcher publishes for an executor to run.
+type Call struct {
+	Version  int      `json:"v"`
+	Key      CallKey  `json:"key"`
+	Platform Platform `json:"platform"`
+	// Scope is the platform object the call belongs to: a session, a
+	// thread/run pair or a response, for people reading traces and logs.
+	Scope string `json:"scope"`
+	// CallID is the platform's ID of the call.
+	CallID    string          `json:"call_id"`
+	Team      string          `json:"team"`
+	Function  string          `json:"function"`
+	Arguments json.RawMessage `json:"arguments"`
+	// Deadline is when the dispatcher submits the turn with or without this
+	// call's result. Handlers run under it.
+	Deadline  time.Time `json:"deadline"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Validate reports whether c is complete and consistent.
+func (c *Call) Validate() error {
+	switch {
+	case c.Version < 1 || c.Version > Version:
+		return fmt.Errorf("%w: call version %d not supported (want 1..%d)", ErrMalformed, c.Version, Version)
+	case c.CallID == "":
+		return fmt.Errorf("%w: call %s has no call_id", ErrMalformed, c.Key)
+	case c.Deadline.IsZero():
+		return fmt.Errorf("%w: call %s has no deadline", ErrMalformed, c.Key)
+	case !json.Valid(c.Arguments):
+		return fmt.Errorf("%w: call %s: arguments are not valid JSON", ErrMalformed, c.Key)
+	}
+	if err := c.Key.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if err := c.Platform.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if err := ValidateTeamName(c.Team); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if err := ValidateFunctionName(c.Function); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return nil
+}
+
+// Subject returns the subject the call is published to.
+func (c *Call) Subject() string { return CallSubject(c.Team, c.Function) }
+
+// ResultSubject returns the subject the call's result is recorded on.
+func (c *Call) ResultSubject() string { return ResultSubject(c.Team, c.Key) }
+
+// EncodeCall validates and encodes c.
+func EncodeCall(c *Call) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: encode call %s: %w", c.Key, err)
+	}
+	if len(b) > MaxEnvelopeSize {
+		return nil, fmt.Errorf("%w: call %s is %d bytes, more than %d", ErrMalformed, c.Key, len(b), MaxEnvelopeSize)
+	}
+	return b, nil
+}
+
+// DecodeCall decodes and validates a call envelope.
+func DecodeCall(data []byte) (*Call, error) {
+	var c Call
+	if err := decodeStrictJSON(data, &c); err != nil {
+		return nil, fmt.Errorf("%w: call: %w", ErrMalformed, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Result is the outcome of a call, recorded once per call.
+type Result struct {
+	Version  int     `json:"v"`
+	Key      CallKey `json:"key"`
+	CallID   string  `json:"call_id"`
+	Team     string  `json:"team"`
+	Function string  `json:"function"`
+	// Output is what the function returned; empty when Error is set.
+	Output string `json:"output,omitempty"`
+	// Error is set when the call failed.
+	Error *CallError `json:"error,omitempty"`
+	// Executor names the process that produced the result.
+	Executor   string    `json:"executor,omitempty"`
+	Attempt    int       `json:"attempt,omitempty"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// OK reports whether the call succeeded.
+func (r *Result) OK() bool { return r.Error == nil }
+
+// Validate reports whether r is complete and consistent.
+func (r *Result) Validate() error {
+	switch {
+	case r.Version < 1 || r.Version > Version:
+		return fmt.Errorf("%w: result version %d not supported (want 1..%d)", ErrMalformed, r.Version, Version)
+	case r.CallID == "":
+		return fmt.Errorf("%w: result %s has no call_id", ErrMalformed, r.Key)
+	case !utf8.ValidString(r.Output):
+		return fmt.Errorf("%w: result %s: output is not valid UTF-8", ErrMalformed, r.Key)
+	case len(r.Output) > MaxOutputSize:
+		return fmt.Errorf("%w: result %s: output is %d bytes, more than %d", ErrMalformed, r.Key, len(r.Output), MaxOutputSize)
+	case r.FinishedAt.IsZero():
+		return fmt.Errorf("%w: result %s has no finished_at", ErrMalformed, r.Key)
+	}
+	if r.Error != nil {
+		if err := r.Error.Code.Validate(); err != nil {
+			return fmt.Errorf("%w: result %s: %w", ErrMalformed, r.Key, err)
+		}
+		if r.Error.Message == "" || !utf8.ValidString(r.Error.Message) {
+			return fmt.Errorf("%w: result %s: error message must be non-empty UTF-8", ErrMalformed, r.Key)
+		}
+		if r.Output != "" {
+			return fmt.Errorf("%w: result %s has both output and error", ErrMalformed, r.Key)
+		}
+	}
+	if err := r.Key.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if err := validResultTeam(r.Team); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if err := ValidateFunctionName(r.Function); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return nil
+}
+
+// Subject returns the subject the result is recorded on.
+func (r *Result) Subject() string { return ResultSubject(r.Team, r.Key) }
+
+// EncodeResult validates and encodes r.
+func EncodeResult(r *Result) ([]byte, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: encode result %s: %w", r.Key, err)
+	}
+	return b, nil
+}
+
+// DecodeResult decodes and validates a result envelope.
+func DecodeResult(data []byte) (*Result, error) {
+	var r Result
+	if err := decodeStrictJSON(data, &r); err != nil {
+		return nil, fmt.Errorf("%w: result: %w", ErrMalformed, err)
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// NewFailure returns a failed result for call c.
+func NewFailure(c *Call, code ErrorCode, message string, at time.Time) *Result {
+	return &Result{
+		Version:    Version,
+		Key:        c.Key,
+		CallID:     c.CallID,
+		Team:       c.Team,
+		Function:   c.Function,
+		Error:      &CallError{Code: code, Message: message},
+		FinishedAt: at,
+	}
+}
+
+// ModelOutput is the output string submitted to platforms without a failure
+// flag (Assistants, Responses): the output itself, or for a failure the JSON
+// {"error":{"type":"...","message":"..."}}.
+func (r *Result) ModelOutput() string {
+	if r.Error == nil {
+		return r.Output
+	}
+	b, _ := json.Marshal(struct {
+		Error *CallError `json:"error"`
+	}{r.Error})
+	return string(b)
+}
+
+// decodeStrictJSON decodes one JSON value with size and trailing-data checks.
+// Unknown fields are allowed so that newer minor versions stay readable.
+func decodeStrictJSON(data []byte, v any) error {
+	if len(data) > MaxEnvelopeSize {
+		return fmt.Errorf("%d bytes, more than %d", len(data), MaxEnvelopeSize)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data after the JSON object")
+	}
+	return nil
+}

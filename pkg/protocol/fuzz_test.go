@@ -1,0 +1,140 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// The fuzz targets check that decoders never panic, and that whatever they
+// accept encodes back to an envelope they accept again, unchanged.
+
+func FuzzDecodeCall(f *testing.F) {
+	good, _ := EncodeCall(sampleCall())
+	f.Add(good)
+	f.Add([]byte(`{"v":1}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := DecodeCall(data)
+		if err != nil {
+			return
+		}
+		b, err := EncodeCall(c)
+		if err != nil {
+			t.Fatalf("accepted call does not re-encode: %v", err)
+		}
+		c2, err := DecodeCall(b)
+		if err != nil {
+			t.Fatalf("re-encoded call rejected: %v", err)
+		}
+		b2, _ := EncodeCall(c2)
+		if !bytes.Equal(b, b2) {
+			t.Fatalf("not stable:\n%s\n%s", b, b2)
+		}
+	})
+}
+
+func FuzzDecodeResult(f *testing.F) {
+	for _, r := range sampleResults() {
+		b, _ := EncodeResult(r)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"v":1,"error":{"type":"timeout"}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeResult(data)
+		if err != nil {
+			return
+		}
+		b, err := EncodeResult(r)
+		if err != nil {
+			t.Fatalf("accepted result does not re-encode: %v", err)
+		}
+		if _, err := DecodeResult(b); err != nil {
+			t.Fatalf("re-encoded result rejected: %v", err)
+		}
+		if !json.Valid([]byte(r.ModelOutput())) && !r.OK() {
+			t.Fatalf("failure output is not JSON: %s", r.ModelOutput())
+		}
+	})
+}
+
+func FuzzDecodeFunctionSpec(f *testing.F) {
+	f.Add([]byte(`{"v":1,"name":"f","team":"t","parameters":{"type":"object"},"timeout":"5s","updated_at":"2026-01-01T00:00:00Z"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := DecodeFunctionSpec(data)
+		if err != nil {
+			return
+		}
+		b, err := EncodeFunctionSpec(s)
+		if err != nil {
+			t.Fatalf("accepted spec does not re-encode: %v", err)
+		}
+		if _, err := DecodeFunctionSpec(b); err != nil {
+			t.Fatalf("re-encoded spec rejected: %v", err)
+		}
+	})
+}
+
+func FuzzParseCallSubject(f *testing.F) {
+	f.Add("fncall.payments.issue_refund")
+	f.Add("fncall.a.b.c")
+	f.Fuzz(func(t *testing.T, s string) {
+		team, fn, err := ParseCallSubject(s)
+		if err != nil {
+			return
+		}
+		if got := CallSubject(team, fn); got != s {
+			t.Fatalf("round trip %q -> %q", s, got)
+		}
+	})
+}
+
+func FuzzParseResultSubject(f *testing.F) {
+	key := NewTurnKey(PlatformAgents, "s", []string{"c"}).Call("c")
+	f.Add(ResultSubject("geo", key))
+	f.Add(ResultSubject(SystemTeam, key))
+	f.Add("fnresult.geo.x.y")
+	f.Fuzz(func(t *testing.T, s string) {
+		team, k, err := ParseResultSubject(s)
+		if err != nil {
+			return
+		}
+		if got := ResultSubject(team, k); got != s {
+			t.Fatalf("round trip %q -> %q", s, got)
+		}
+		if k.Turn().Validate() != nil {
+			t.Fatalf("accepted key %q has an invalid turn", k)
+		}
+	})
+}
+
+func FuzzParseCallKey(f *testing.F) {
+	f.Add(string(NewTurnKey(PlatformAgents, "s", []string{"c"}).Call("c")))
+	f.Add("0123.4567")
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := ParseCallKey(s)
+		if err != nil {
+			return
+		}
+		if string(k.Turn())+"."+s[len(k.Turn())+1:] != s {
+			t.Fatalf("Turn() of %q is %q", s, k.Turn())
+		}
+	})
+}
+
+func FuzzTruncate(f *testing.F) {
+	f.Add("hello world", 5)
+	f.Add("ééééé", 3)
+	f.Fuzz(func(t *testing.T, s string, limit int) {
+		if limit < 0 || limit > 1<<20 {
+			return
+		}
+		got := Truncate(s, limit)
+		if len(s) <= limit && got != s {
+			t.Fatalf("fitting input changed")
+		}
+		if len(got) > max(limit, 0) && len(s) > limit {
+			t.Fatalf("len %d > limit %d", len(got), limit)
+		}
+	})
+}

@@ -1,0 +1,342 @@
+package protocol
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var update = flag.Bool("update", false, "update golden files in testdata/")
+
+func TestValidateNames(t *testing.T) {
+	tests := []struct {
+		name     string
+		function bool
+		team     bool
+	}{
+		{"get_weather", true, true},
+		{"getUserFavoriteCity", true, false},
+		{"a-b_c9", true, true},
+		{strings.Repeat("x", 64), true, false},
+		{strings.Repeat("x", 65), false, false},
+		{"", false, false},
+		{"fn.evil", false, false},
+		{"fn*", false, false},
+		{"fn>", false, false},
+		{"has space", false, false},
+		{"tab\t", false, false},
+		{"_toolrelay", true, false},
+		{"Payments", true, false},
+		{"ünïcode", false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := ValidateFunctionName(tc.name); (err == nil) != tc.function {
+				t.Errorf("ValidateFunctionName(%q) = %v, want ok=%v", tc.name, err, tc.function)
+			} else if err != nil && !errors.Is(err, ErrInvalidName) {
+				t.Errorf("error %v does not wrap ErrInvalidName", err)
+			}
+			if err := ValidateTeamName(tc.name); (err == nil) != tc.team {
+				t.Errorf("ValidateTeamName(%q) = %v, want ok=%v", tc.name, err, tc.team)
+			}
+		})
+	}
+}
+
+func TestTurnKeyIsDeterministicAndOrderFree(t *testing.T) {
+	a := NewTurnKey(PlatformAgents, "as_1/turn_1", []string{"call_a", "call_b"})
+	b := NewTurnKey(PlatformAgents, "as_1/turn_1", []string{"call_b", "call_a"})
+	if a != b {
+		t.Fatalf("order of call IDs changed the key: %s vs %s", a, b)
+	}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	others := []TurnKey{
+		NewTurnKey(PlatformAssistants, "as_1/turn_1", []string{"call_a", "call_b"}),
+		NewTurnKey(PlatformAgents, "as_1/turn_2", []string{"call_a", "call_b"}),
+		NewTurnKey(PlatformAgents, "as_1/turn_1", []string{"call_a"}),
+		NewTurnKey(PlatformAgents, "as_1/turn_1", []string{"call_ac", "all_b"}),
+	}
+	for _, o := range others {
+		if o == a {
+			t.Errorf("different turns share key %s", a)
+		}
+	}
+}
+
+func TestCallKey(t *testing.T) {
+	turn := NewTurnKey(PlatformResponses, "resp_1", []string{"call_1", "call_2"})
+	k1, k2 := turn.Call("call_1"), turn.Call("call_2")
+	if k1 == k2 {
+		t.Fatal("two calls share a key")
+	}
+	if k1 != turn.Call("call_1") {
+		t.Fatal("call key is not deterministic")
+	}
+	for _, k := range []CallKey{k1, k2} {
+		if err := k.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if k.Turn() != turn {
+			t.Errorf("%s.Turn() = %s, want %s", k, k.Turn(), turn)
+		}
+		parsed, err := ParseCallKey(string(k))
+		if err != nil || parsed != k {
+			t.Errorf("ParseCallKey(%s) = %s, %v", k, parsed, err)
+		}
+	}
+	for _, bad := range []string{"", "abc", string(turn), string(turn) + ".", string(turn) + ".XYZ0123456789abc", string(k1) + "0", "*." + string(k1)} {
+		if _, err := ParseCallKey(bad); err == nil {
+			t.Errorf("ParseCallKey(%q) accepted a malformed key", bad)
+		}
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	if got := CallSubject("payments", "issue_refund"); got != "fncall.payments.issue_refund" {
+		t.Errorf("CallSubject = %s", got)
+	}
+	team, fn, err := ParseCallSubject("fncall.payments.issue_refund")
+	if err != nil || team != "payments" || fn != "issue_refund" {
+		t.Errorf("ParseCallSubject = %s %s %v", team, fn, err)
+	}
+	for _, bad := range []string{"fncall.payments", "fncall.payments.a.b", "fnresult.payments.x", "fncall.Pay.x", "fncall.pay.x y", "fncall.pay.*"} {
+		if _, _, err := ParseCallSubject(bad); err == nil {
+			t.Errorf("ParseCallSubject(%q) accepted it", bad)
+		}
+	}
+
+	key := NewTurnKey(PlatformAgents, "s", []string{"c"}).Call("c")
+	subj := ResultSubject("payments", key)
+	team, got, err := ParseResultSubject(subj)
+	if err != nil || team != "payments" || got != key {
+		t.Errorf("ParseResultSubject(%s) = %s %s %v", subj, team, got, err)
+	}
+	if _, _, err := ParseResultSubject(ResultSubject(SystemTeam, key)); err != nil {
+		t.Errorf("system team result subject rejected: %v", err)
+	}
+	if !strings.HasPrefix(subj, "fnresult.payments."+string(key.Turn())+".") {
+		t.Errorf("result subject %s does not match the turn filter layout", subj)
+	}
+	if f := TurnResultsFilter(key.Turn()); f != "fnresult.*."+string(key.Turn())+".*" {
+		t.Errorf("TurnResultsFilter = %s", f)
+	}
+
+	turn, err := ParseTimerFireSubject(TimerFireSubject(key.Turn()))
+	if err != nil || turn != key.Turn() {
+		t.Errorf("ParseTimerFireSubject round trip: %s %v", turn, err)
+	}
+}
+
+func sampleCall() *Call {
+	turn := NewTurnKey(PlatformAssistants, "thread_1/run_1", []string{"call_1"})
+	return &Call{
+		Version:   Version,
+		Key:       turn.Call("call_1"),
+		Platform:  PlatformAssistants,
+		Scope:     "thread_1/run_1",
+		CallID:    "call_1",
+		Team:      "geo",
+		Function:  "getCurrentWeatherAtLocation",
+		Arguments: json.RawMessage(`{"location":"Seattle, WA","unit":"f"}`),
+		Deadline:  time.Date(2026, 1, 1, 0, 9, 30, 0, time.UTC),
+		CreatedAt: time.Date(2026, 1, 1, 0, 0, 1, 500, time.UTC),
+	}
+}
+
+func sampleResults() map[string]*Result {
+	c := sampleCall()
+	ok := &Result{
+		Version: Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
+		Output: "70f", Executor: "exec-1", Attempt: 1,
+		StartedAt:  time.Date(2026, 1, 1, 0, 0, 2, 0, time.UTC),
+		FinishedAt: time.Date(2026, 1, 1, 0, 0, 3, 0, time.UTC),
+	}
+	failed := NewFailure(c, CodeTimeout, "getCurrentWeatherAtLocation timed out after 9m30s", time.Date(2026, 1, 1, 0, 9, 30, 0, time.UTC))
+	return map[string]*Result{"result_ok": ok, "result_failed": failed}
+}
+
+func TestGoldenEnvelopes(t *testing.T) {
+	cases := map[string]any{"call": sampleCall()}
+	for name, r := range sampleResults() {
+		cases[name] = r
+	}
+	for name, v := range cases {
+		t.Run(name, func(t *testing.T) {
+			var got []byte
+			var err error
+			switch v := v.(type) {
+			case *Call:
+				got, err = EncodeCall(v)
+			case *Result:
+				got, err = EncodeResult(v)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", name+".golden.json")
+			if *update {
+				if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test -update to create it)", err)
+			}
+			if diff := cmp.Diff(strings.TrimSpace(string(want)), string(got)); diff != "" {
+				t.Errorf("envelope changed (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestCallRoundTrip(t *testing.T) {
+	c := sampleCall()
+	b, err := EncodeCall(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeCall(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(c, got); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+}
+
+func TestResultRoundTrip(t *testing.T) {
+	for name, r := range sampleResults() {
+		b, err := EncodeResult(r)
+		if err != nil {
+			t.Fatal(name, err)
+		}
+		got, err := DecodeResult(b)
+		if err != nil {
+			t.Fatal(name, err)
+		}
+		if diff := cmp.Diff(r, got); diff != "" {
+			t.Errorf("%s round trip (-want +got):\n%s", name, diff)
+		}
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	good, _ := EncodeCall(sampleCall())
+	var m map[string]any
+	_ = json.Unmarshal(good, &m)
+	mutate := func(k string, v any) []byte {
+		c := map[string]any{}
+		for kk, vv := range m {
+			c[kk] = vv
+		}
+		if v == nil {
+			delete(c, k)
+		} else {
+			c[k] = v
+		}
+		b, _ := json.Marshal(c)
+		return b
+	}
+	tests := map[string][]byte{
+		"not json":          []byte("nope"),
+		"trailing":          append(append([]byte{}, good...), []byte(`{}`)...),
+		"future version":    mutate("v", 99),
+		"no call id":        mutate("call_id", nil),
+		"bad function":      mutate("function", "a.b"),
+		"bad team":          mutate("team", "x>"),
+		"bad platform":      mutate("platform", "slack"),
+		"bad key":           mutate("key", "zz"),
+		"no deadline":       mutate("deadline", nil),
+		"arguments missing": mutate("arguments", nil),
+	}
+	for name, b := range tests {
+		t.Run(name, func(t *testing.T) {
+			if _, err := DecodeCall(b); !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrInvalidName) {
+				t.Errorf("DecodeCall accepted or gave unclassified error: %v", err)
+			}
+		})
+	}
+
+	r := sampleResults()["result_ok"]
+	both := *r
+	both.Error = &CallError{Code: CodeFunctionError, Message: "x"}
+	badCode := *r
+	badCode.Output = ""
+	badCode.Error = &CallError{Code: "weird", Message: "x"}
+	badUTF8 := *r
+	badUTF8.Output = "\xff"
+	for name, rr := range map[string]*Result{"output and error": &both, "unknown code": &badCode, "invalid utf8": &badUTF8} {
+		if _, err := EncodeResult(rr); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: EncodeResult = %v, want ErrMalformed", name, err)
+		}
+	}
+}
+
+func TestModelOutput(t *testing.T) {
+	res := sampleResults()
+	if got := res["result_ok"].ModelOutput(); got != "70f" {
+		t.Errorf("ok ModelOutput = %q", got)
+	}
+	want := `{"error":{"type":"timeout","message":"getCurrentWeatherAtLocation timed out after 9m30s"}}`
+	if got := res["result_failed"].ModelOutput(); got != want {
+		t.Errorf("failed ModelOutput = %s, want %s", got, want)
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	if got := Truncate("short", 10); got != "short" {
+		t.Errorf("Truncate kept-as-is = %q", got)
+	}
+	long := strings.Repeat("é", 1000) // 2000 bytes
+	got := Truncate(long, 500)
+	if len(got) > 500 {
+		t.Errorf("len = %d, want <= 500", len(got))
+	}
+	if !utf8.ValidString(got) {
+		t.Error("cut inside a rune")
+	}
+	if !strings.Contains(got, "of 2000 bytes shown]") {
+		t.Errorf("no marker in %q", got[len(got)-80:])
+	}
+	if got := Truncate(long, 5); len(got) > 5 || !utf8.ValidString(got) {
+		t.Errorf("tiny limit: %q", got)
+	}
+}
+
+func TestFunctionSpec(t *testing.T) {
+	s := &FunctionSpec{
+		Version: Version, Name: "get_weather", Team: "geo",
+		Parameters: json.RawMessage(`{"type":"object"}`),
+		Timeout:    Duration(30 * time.Second), UpdatedAt: time.Unix(1767225600, 0).UTC(),
+	}
+	b, err := EncodeFunctionSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"timeout":"30s"`) {
+		t.Errorf("timeout not a duration string: %s", b)
+	}
+	got, err := DecodeFunctionSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(s, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	bad := *s
+	bad.Parameters = json.RawMessage(`[1]`)
+	if _, err := EncodeFunctionSpec(&bad); err == nil {
+		t.Error("non-object schema accepted")
+	}
+}

@@ -1,0 +1,103 @@
+package protocol
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Subject prefixes, stream names and KV buckets. Changing any of them is a
+// breaking change of the wire contract.
+const (
+	CallSubjectPrefix   = "fncall"
+	ResultSubjectPrefix = "fnresult"
+	TimerSubjectPrefix  = "fntimer"
+
+	// ResultStream holds every result; the first result of a call wins.
+	ResultStream = "FNRESULTS"
+	// TimerStream holds the deadline timers of open turns.
+	TimerStream = "FNTIMERS"
+	// callStreamPrefix + team is a team's work-queue stream of calls.
+	callStreamPrefix = "FNCALLS_"
+
+	// RegistryBucket maps function names to their FunctionSpec.
+	RegistryBucket = "toolrelay_functions"
+	// TurnBucket maps turn keys to the dispatcher's turn records.
+	TurnBucket = "toolrelay_turns"
+	// WatchBucket maps watch IDs to what the dispatcher drives for them.
+	WatchBucket = "toolrelay_watches"
+)
+
+// CallStream returns the name of team's work-queue stream of calls.
+func CallStream(team string) string { return callStreamPrefix + team }
+
+// CallSubject returns the subject calls of a function are published to. The
+// caller must have validated both names.
+func CallSubject(team, function string) string {
+	return CallSubjectPrefix + "." + team + "." + function
+}
+
+// CallStreamSubjects returns the subjects of team's call stream.
+func CallStreamSubjects(team string) []string {
+	return []string{CallSubjectPrefix + "." + team + ".>"}
+}
+
+// ParseCallSubject splits fncall.<team>.<function> and validates both names.
+func ParseCallSubject(subject string) (team, function string, err error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 3 || parts[0] != CallSubjectPrefix {
+		return "", "", fmt.Errorf("protocol: malformed call subject %q: want %s.<team>.<function>", subject, CallSubjectPrefix)
+	}
+	if err := ValidateTeamName(parts[1]); err != nil {
+		return "", "", fmt.Errorf("protocol: call subject %q: %w", subject, err)
+	}
+	if err := ValidateFunctionName(parts[2]); err != nil {
+		return "", "", fmt.Errorf("protocol: call subject %q: %w", subject, err)
+	}
+	return parts[1], parts[2], nil
+}
+
+// ResultSubject returns the subject of the result of a call owned by team.
+func ResultSubject(team string, key CallKey) string {
+	return ResultSubjectPrefix + "." + team + "." + string(key)
+}
+
+// TurnResultsFilter matches the results of every call of a turn.
+func TurnResultsFilter(turn TurnKey) string {
+	return ResultSubjectPrefix + ".*." + string(turn) + ".*"
+}
+
+// ParseResultSubject splits fnresult.<team>.<turn>.<call>.
+func ParseResultSubject(subject string) (team string, key CallKey, err error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 4 || parts[0] != ResultSubjectPrefix {
+		return "", "", fmt.Errorf("protocol: malformed result subject %q: want %s.<team>.<turn>.<call>", subject, ResultSubjectPrefix)
+	}
+	if err := validResultTeam(parts[1]); err != nil {
+		return "", "", fmt.Errorf("protocol: result subject %q: %w", subject, err)
+	}
+	key, err = ParseCallKey(parts[2] + "." + parts[3])
+	if err != nil {
+		return "", "", fmt.Errorf("protocol: result subject %q: %w", subject, err)
+	}
+	return parts[1], key, nil
+}
+
+// TimerScheduleSubject is where a turn's deadline timer is scheduled, and
+// TimerFireSubject where it fires.
+func TimerScheduleSubject(turn TurnKey) string {
+	return TimerSubjectPrefix + ".sched." + string(turn)
+}
+
+// TimerFireSubject is the subject a turn's deadline timer fires on.
+func TimerFireSubject(turn TurnKey) string {
+	return TimerSubjectPrefix + ".fire." + string(turn)
+}
+
+// ParseTimerFireSubject returns the turn of a fired deadline timer.
+func ParseTimerFireSubject(subject string) (TurnKey, error) {
+	rest, ok := strings.CutPrefix(subject, TimerSubjectPrefix+".fire.")
+	if !ok {
+		return "", fmt.Errorf("protocol: malformed timer subject %q", subject)
+	}
+	return ParseTurnKey(rest)
+}
