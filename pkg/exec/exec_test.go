@@ -1,0 +1,282 @@
+package exec_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// nats-server keeps a few process-wide goroutines.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*stree)"),
+	)
+}
+
+// harness is an executor on a real JetStream server, plus a way to send it
+// calls the way the dispatcher does and read back the recorded results.
+type harness struct {
+	t       *testing.T
+	js      jetstream.JetStream
+	results jetstream.Stream
+}
+
+func start(t *testing.T, team string, opts exec.Options, fns ...exec.Function) *harness {
+	t.Helper()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	h := &harness{t: t, js: js}
+	h.run(team, opts, fns...)
+	return h
+}
+
+// run starts one more executor process on the same server.
+func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (stop func()) {
+	h.t.Helper()
+	e, err := exec.New(h.js, team, opts)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, f := range fns {
+		if err := e.Register(f); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			h.t.Errorf("Run: %v", err)
+		}
+	}
+	h.t.Cleanup(func() {
+		if ctx.Err() == nil {
+			stop()
+		}
+	})
+	// Wait until the consumers exist, i.e. the executor is serving.
+	waitFor(h.t, 10*time.Second, func() bool {
+		s, err := h.js.Stream(context.Background(), protocol.CallStream(team))
+		if err != nil {
+			return false
+		}
+		for _, f := range fns {
+			if _, err := s.Consumer(context.Background(), f.Name); err != nil {
+				return false
+			}
+		}
+		h.results, err = h.js.Stream(context.Background(), protocol.ResultStream)
+		return err == nil
+	})
+	return stop
+}
+
+func (h *harness) call(team, fn, args string, deadline time.Time) *protocol.Call {
+	h.t.Helper()
+	callID := "call_" + strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", "")
+	turn := protocol.NewTurnKey(protocol.PlatformResponses, "resp_test", []string{callID})
+	c := &protocol.Call{
+		Version: protocol.Version, Key: turn.Call(callID), Platform: protocol.PlatformResponses,
+		Scope: "resp_test", CallID: callID, Team: team, Function: fn,
+		Arguments: json.RawMessage(args), Deadline: deadline, CreatedAt: time.Now(),
+	}
+	data, err := protocol.EncodeCall(c)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := h.js.Publish(context.Background(), c.Subject(), data, jetstream.WithMsgID(string(c.Key))); err != nil {
+		h.t.Fatal(err)
+	}
+	return c
+}
+
+func (h *harness) result(c *protocol.Call, within time.Duration) *protocol.Result {
+	h.t.Helper()
+	var res *protocol.Result
+	waitFor(h.t, within, func() bool {
+		m, err := h.results.GetLastMsgForSubject(context.Background(), c.ResultSubject())
+		if err != nil {
+			return false
+		}
+		res, err = protocol.DecodeResult(m.Data)
+		if err != nil {
+			h.t.Fatalf("recorded result does not decode: %v", err)
+		}
+		return true
+	})
+	return res
+}
+
+func waitFor(t testing.TB, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s", within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func echo() exec.Function {
+	return exec.Function{
+		Name: "echo",
+		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+			return inv.Arguments, nil
+		}),
+	}
+}
+
+func TestCallRunsAndResultIsRecorded(t *testing.T) {
+	h := start(t, "team-a", exec.Options{}, echo())
+	c := h.call("team-a", "echo", `{"x":1}`, time.Now().Add(time.Minute))
+	res := h.result(c, 10*time.Second)
+	if !res.OK() || res.Output != `{"x":1}` {
+		t.Fatalf("result = %+v", res)
+	}
+	if res.Key != c.Key || res.CallID != c.CallID || res.Attempt != 1 {
+		t.Errorf("result identity = %s %s attempt %d", res.Key, res.CallID, res.Attempt)
+	}
+}
+
+func TestHandlerPastDeadlineIsCancelled(t *testing.T) {
+	var sawCancel atomic.Bool
+	slow := exec.Function{Name: "slow", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		<-ctx.Done()
+		sawCancel.Store(true)
+		return nil, ctx.Err()
+	})}
+	h := start(t, "team-a", exec.Options{}, slow)
+	c := h.call("team-a", "slow", `{}`, time.Now().Add(300*time.Millisecond))
+	res := h.result(c, 10*time.Second)
+	if res.OK() || res.Error.Code != protocol.CodeTimeout {
+		t.Fatalf("result = %+v, want timeout", res)
+	}
+	if !sawCancel.Load() {
+		t.Error("handler context was not cancelled")
+	}
+}
+
+func TestCallPastDeadlineDoesNotRun(t *testing.T) {
+	var ran atomic.Int32
+	fn := exec.Function{Name: "never", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		ran.Add(1)
+		return []byte("ran"), nil
+	})}
+	h := start(t, "team-a", exec.Options{}, fn)
+	c := h.call("team-a", "never", `{}`, time.Now().Add(-time.Second))
+	res := h.result(c, 10*time.Second)
+	if res.OK() || res.Error.Code != protocol.CodeTimeout || !strings.Contains(res.Error.Message, "not started") {
+		t.Fatalf("result = %+v", res)
+	}
+	if ran.Load() != 0 {
+		t.Error("handler ran after the deadline")
+	}
+}
+
+func TestPanicYieldsOneFailedResult(t *testing.T) {
+	fn := exec.Function{Name: "boom", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		panic("secret internal state")
+	})}
+	h := start(t, "team-a", exec.Options{}, fn)
+	c := h.call("team-a", "boom", `{}`, time.Now().Add(time.Minute))
+	res := h.result(c, 10*time.Second)
+	if res.OK() || res.Error.Code != protocol.CodeFunctionError {
+		t.Fatalf("result = %+v", res)
+	}
+	if strings.Contains(res.Error.Message, "secret") {
+		t.Errorf("panic value leaked to the model: %s", res.Error.Message)
+	}
+}
+
+func TestHandlerErrorReachesTheModel(t *testing.T) {
+	fn := exec.Function{Name: "fails", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		return nil, errors.New("customer 42 not found; ask for the customer number")
+	})}
+	h := start(t, "team-a", exec.Options{}, fn)
+	res := h.result(h.call("team-a", "fails", `{}`, time.Now().Add(time.Minute)), 10*time.Second)
+	if res.OK() || res.Error.Message != "customer 42 not found; ask for the customer number" {
+		t.Fatalf("result = %+v", res)
+	}
+}
+
+func TestOtherTeamCannotClaimAFunction(t *testing.T) {
+	h := start(t, "team-a", exec.Options{}, echo())
+	e, err := exec.New(h.js, "team-b", exec.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Register(echo()); err != nil {
+		t.Fatal(err)
+	}
+	err = e.Run(t.Context())
+	if !errors.Is(err, exec.ErrOwnedByOtherTeam) || !strings.Contains(err.Error(), `"team-a"`) {
+		t.Fatalf("Run = %v, want ErrOwnedByOtherTeam naming team-a", err)
+	}
+}
+
+func TestRegisterRejectsBadFunctions(t *testing.T) {
+	e, err := exec.New(nil, "team-a", exec.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return nil, nil })
+	for name, f := range map[string]exec.Function{
+		"subject injection": {Name: "a.b", Handler: h},
+		"wildcard":          {Name: "a*", Handler: h},
+		"no handler":        {Name: "ok"},
+		"bad schema":        {Name: "ok", Handler: h, Parameters: json.RawMessage(`"x"`)},
+	} {
+		if err := e.Register(f); err == nil {
+			t.Errorf("%s: Register accepted it", name)
+		}
+	}
+	if _, err := exec.New(nil, "Team.A", exec.Options{}); err == nil {
+		t.Error("New accepted an invalid team name")
+	}
+}
+
+func TestMiddlewareOrderAndInvocationContext(t *testing.T) {
+	var order []string
+	mw := func(name string) exec.Middleware {
+		return func(next exec.Handler) exec.Handler {
+			return exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+				order = append(order, name)
+				return next.Handle(ctx, inv)
+			})
+		}
+	}
+	fn := exec.Function{Name: "ctx", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		got, ok := exec.InvocationFrom(ctx)
+		if !ok || got != inv {
+			return nil, errors.New("no invocation in context")
+		}
+		if _, ok := ctx.Deadline(); !ok {
+			return nil, errors.New("no deadline")
+		}
+		return []byte(inv.Call.CallID), nil
+	})}
+	h := start(t, "team-a", exec.Options{Middleware: []exec.Middleware{mw("outer"), mw("inner")}}, fn)
+	c := h.call("team-a", "ctx", `{}`, time.Now().Add(time.Minute))
+	if res := h.result(c, 10*time.Second); res.Output != c.CallID {
+		t.Fatalf("result = %+v", res)
+	}
+	if strings.Join(order, ",") != "outer,inner" {
+		t.Errorf("middleware order = %v", order)
+	}
+}

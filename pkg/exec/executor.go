@@ -1,0 +1,230 @@
+package exec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Options configures an Executor. The zero value is valid.
+type Options struct {
+	// Logger receives the executor's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Name identifies this process in results and logs.
+	// Default: "<hostname>-<random>".
+	Name string
+	// Middleware wraps every function's handler; the first runs outermost.
+	Middleware []Middleware
+	// AckWait is how long JetStream waits before redelivering a call whose
+	// executor went silent; running calls send a heartbeat every AckWait/3.
+	// Default: 30s.
+	AckWait time.Duration
+	// MaxDeliver bounds the deliveries of one call. Default: 5.
+	MaxDeliver int
+	// ShutdownTimeout is how long Run waits for running calls after its
+	// context ends before cancelling them. Default: 10s.
+	ShutdownTimeout time.Duration
+	// Replicas of the streams and buckets the executor creates. Default: 1.
+	Replicas int
+}
+
+// ErrShutdown is the cause of a handler's context cancelled because the
+// executor is shutting down; the call is redelivered to another replica.
+var ErrShutdown = errors.New("exec: executor shutting down")
+
+// ErrOwnedByOtherTeam is returned by Run when a function is registered by a
+// different team; the error names the owner.
+var ErrOwnedByOtherTeam = errors.New("exec: function owned by another team")
+
+// Executor serves the functions of one team from JetStream. Many executor
+// processes may serve the same functions: they share one durable consumer
+// per function, so each call runs on one of them.
+type Executor struct {
+	js    jetstream.JetStream
+	team  string
+	opts  Options
+	log   *slog.Logger
+	mu    sync.Mutex
+	funcs map[string]*Function
+	ran   bool
+}
+
+// New returns an executor for team's functions on js.
+func New(js jetstream.JetStream, team string, opts Options) (*Executor, error) {
+	if err := protocol.ValidateTeamName(team); err != nil {
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Name == "" {
+		host, _ := os.Hostname()
+		opts.Name = host + "-" + uuid.NewString()[:8]
+	}
+	if opts.AckWait <= 0 {
+		opts.AckWait = 30 * time.Second
+	}
+	if opts.MaxDeliver <= 0 {
+		opts.MaxDeliver = 5
+	}
+	if opts.ShutdownTimeout <= 0 {
+		opts.ShutdownTimeout = 10 * time.Second
+	}
+	return &Executor{
+		js: js, team: team, opts: opts,
+		log:   opts.Logger.With("team", team, "executor", opts.Name),
+		funcs: map[string]*Function{},
+	}, nil
+}
+
+// Register adds a function. It must be called before Run.
+func (e *Executor) Register(fn Function) error {
+	if err := fn.validate(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ran {
+		return fmt.Errorf("exec: register %s: executor already running", fn.Name)
+	}
+	if _, dup := e.funcs[fn.Name]; dup {
+		return fmt.Errorf("exec: function %s registered twice", fn.Name)
+	}
+	e.funcs[fn.Name] = &fn
+	return nil
+}
+
+// Run provisions the team's stream and one consumer per function, announces
+// the functions in the registry, and serves calls until ctx ends. Then it
+// stops fetching, waits up to ShutdownTimeout for running calls, cancels the
+// rest with ErrShutdown and returns; unfinished calls are redelivered.
+func (e *Executor) Run(ctx context.Context) error {
+	e.mu.Lock()
+	if e.ran {
+		e.mu.Unlock()
+		return errors.New("exec: Run called twice")
+	}
+	e.ran = true
+	funcs := make([]*Function, 0, len(e.funcs))
+	for _, f := range e.funcs {
+		funcs = append(funcs, f)
+	}
+	e.mu.Unlock()
+	if len(funcs) == 0 {
+		return errors.New("exec: no functions registered")
+	}
+
+	popts := provision.Options{Replicas: e.opts.Replicas}
+	stream, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(e.team, popts))
+	if err != nil {
+		return err
+	}
+	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(popts))
+	if err != nil {
+		return err
+	}
+	registry, err := provision.KeyValue(ctx, e.js, provision.RegistryBucketConfig(popts))
+	if err != nil {
+		return err
+	}
+	workers := make([]*worker, 0, len(funcs))
+	for _, f := range funcs {
+		if err := e.announce(ctx, registry, f); err != nil {
+			return err
+		}
+		cons, err := provision.Consumer(ctx, stream, e.consumerConfig(f))
+		if err != nil {
+			return err
+		}
+		workers = append(workers, &worker{
+			e: e, fn: f, cons: cons, results: results,
+			handler: chain(f.Handler, e.opts.Middleware),
+			log:     e.log.With("fn", f.Name),
+		})
+	}
+
+	// Handlers outlive ctx by up to ShutdownTimeout, then get ErrShutdown.
+	hctx, hcancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer hcancel(ErrShutdown)
+	var wg sync.WaitGroup
+	errc := make(chan error, len(workers))
+	for _, w := range workers {
+		wg.Go(func() { errc <- w.serve(ctx, hctx) })
+	}
+	e.log.InfoContext(ctx, "executor serving", "functions", len(workers))
+
+	<-ctx.Done()
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(e.opts.ShutdownTimeout):
+		e.log.Warn("shutdown timeout: cancelling running calls; they will be redelivered", "timeout", e.opts.ShutdownTimeout)
+		hcancel(ErrShutdown)
+		<-stopped
+	}
+	close(errc)
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Executor) consumerConfig(f *Function) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       f.Name,
+		Description:   "toolrelay executor pool of " + f.Name,
+		FilterSubject: protocol.CallSubject(e.team, f.Name),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       e.opts.AckWait,
+		MaxDeliver:    e.opts.MaxDeliver,
+		MaxAckPending: f.MaxConcurrency,
+		Metadata:      map[string]string{"toolrelay.team": e.team, "toolrelay.function": f.Name},
+	}
+}
+
+// announce records the function in the registry, refusing a name another
+// team owns. Create and Update are compare-and-set, so two teams racing for
+// one name cannot both win.
+func (e *Executor) announce(ctx context.Context, registry jetstream.KeyValue, f *Function) error {
+	data, err := protocol.EncodeFunctionSpec(f.spec(e.team, time.Now()))
+	if err != nil {
+		return err
+	}
+	for {
+		entry, err := registry.Get(ctx, f.Name)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			_, err = registry.Create(ctx, f.Name, data)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue // someone registered it meanwhile: check the owner
+			}
+		case err == nil:
+			have, derr := protocol.DecodeFunctionSpec(entry.Value())
+			if derr == nil && have.Team != e.team {
+				return fmt.Errorf("%w: %s is owned by team %q; team %q cannot serve it (pick another name, or ask %q to hand it over)",
+					ErrOwnedByOtherTeam, f.Name, have.Team, e.team, have.Team)
+			}
+			_, err = registry.Update(ctx, f.Name, data, entry.Revision())
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("exec: announce %s: %w", f.Name, err)
+		}
+		return nil
+	}
+}

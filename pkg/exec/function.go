@@ -1,0 +1,80 @@
+package exec
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Function is a function an executor serves.
+type Function struct {
+	// Name is what the model calls; it must match ^[a-zA-Z0-9_-]{1,64}$.
+	Name string
+	// Description tells the model what the function does.
+	Description string
+	// Parameters is the JSON Schema of the arguments. Default: an object
+	// with no declared properties.
+	Parameters json.RawMessage
+	// Handler runs the function. Required.
+	Handler Handler
+	// Timeout bounds one run. Default: none beyond the call's deadline.
+	Timeout time.Duration
+	// Concurrency is how many calls this process runs at once.
+	// Default: 8.
+	Concurrency int
+	// MaxConcurrency caps the calls running at once across every replica
+	// (the consumer's MaxAckPending). Default: 1000.
+	MaxConcurrency int
+	// SideEffects marks a function that must not run twice for one call.
+	SideEffects bool
+	// Version is a label of the implementation, shown in the registry.
+	Version string
+}
+
+const (
+	defaultConcurrency    = 8
+	defaultMaxConcurrency = 1000
+)
+
+func (f *Function) validate() error {
+	if err := protocol.ValidateFunctionName(f.Name); err != nil {
+		return err
+	}
+	if f.Handler == nil {
+		return fmt.Errorf("exec: function %s has no handler", f.Name)
+	}
+	if len(f.Parameters) == 0 {
+		f.Parameters = json.RawMessage(`{"type":"object","properties":{}}`)
+	}
+	var schema map[string]any
+	if err := json.Unmarshal(f.Parameters, &schema); err != nil {
+		return fmt.Errorf("exec: function %s: parameters must be a JSON Schema object: %w", f.Name, err)
+	}
+	if f.Timeout < 0 || f.Concurrency < 0 || f.MaxConcurrency < 0 {
+		return fmt.Errorf("exec: function %s: timeout and concurrency must not be negative", f.Name)
+	}
+	if f.Concurrency == 0 {
+		f.Concurrency = defaultConcurrency
+	}
+	if f.MaxConcurrency == 0 {
+		f.MaxConcurrency = defaultMaxConcurrency
+	}
+	return nil
+}
+
+func (f *Function) spec(team string, now time.Time) *protocol.FunctionSpec {
+	return &protocol.FunctionSpec{
+		Version:         protocol.Version,
+		Name:            f.Name,
+		Description:     f.Description,
+		Parameters:      f.Parameters,
+		Team:            team,
+		Timeout:         protocol.Duration(f.Timeout),
+		MaxConcurrency:  f.MaxConcurrency,
+		SideEffects:     f.SideEffects,
+		FunctionVersion: f.Version,
+		UpdatedAt:       now.UTC(),
+	}
+}
