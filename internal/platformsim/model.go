@@ -1,0 +1,177 @@
+package platformsim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"text/template"
+)
+
+// Scenario is a scripted model: the calls it asks for when a prompt matches,
+// step by step, and how its final answer is built from their outputs.
+type Scenario struct {
+	// Name identifies the scenario in logs and tests.
+	Name string
+	// Prompt selects the scenario: the user's input contains it
+	// (case-insensitive). The first matching scenario wins.
+	Prompt string
+	// Steps are the rounds of calls; the calls of one step are asked for in
+	// parallel, and a step's arguments may use outputs of earlier steps.
+	Steps []Step
+	// Answer is a text/template for the final answer. {{out "name"}} is the
+	// output of the call named so (its As, or its function name).
+	Answer string
+}
+
+// Step is one round of parallel calls.
+type Step []CallSpec
+
+// CallSpec is one call the model asks for.
+type CallSpec struct {
+	// Name is the function to call.
+	Name string
+	// Arguments is a text/template producing a JSON object; it may use
+	// {{out "name"}} and {{json (out "name")}}.
+	Arguments string
+	// As names the output for later templates. Default: Name.
+	As string
+}
+
+func (c CallSpec) key() string {
+	if c.As != "" {
+		return c.As
+	}
+	return c.Name
+}
+
+// Model picks a scenario for a prompt. The zero Model knows no scenario and
+// answers every prompt without calling anything.
+type Model struct {
+	Scenarios []Scenario
+}
+
+// script is one scenario being played: a conversation's state.
+type script struct {
+	scenario *Scenario
+	step     int
+	outputs  map[string]string
+	// pending maps call IDs of the current step to their spec.
+	pending map[string]CallSpec
+	order   []string
+}
+
+// clone copies the state, so that a conversation can fork (two
+// continuations of one response).
+func (s *script) clone() *script {
+	c := &script{scenario: s.scenario, step: s.step, outputs: map[string]string{}, pending: map[string]CallSpec{}, order: slices.Clone(s.order)}
+	for k, v := range s.outputs {
+		c.outputs[k] = v
+	}
+	for k, v := range s.pending {
+		c.pending[k] = v
+	}
+	return c
+}
+
+// modelCall is a call the model asks for.
+type modelCall struct {
+	ID        string
+	Name      string
+	Arguments string // JSON object
+}
+
+func (m *Model) start(prompt string) *script {
+	p := strings.ToLower(prompt)
+	for i := range m.Scenarios {
+		s := &m.Scenarios[i]
+		if s.Prompt != "" && strings.Contains(p, strings.ToLower(s.Prompt)) {
+			return &script{scenario: s, outputs: map[string]string{}}
+		}
+	}
+	return &script{outputs: map[string]string{}}
+}
+
+// next returns the calls of the next step, or the final answer when no step
+// is left. It is called once all calls of the previous step are answered.
+func (s *script) next(newID func() string) (calls []modelCall, answer string, err error) {
+	if s.scenario == nil {
+		return nil, "I can only help with the scenarios this simulator was given.", nil
+	}
+	if s.step >= len(s.scenario.Steps) {
+		answer, err := s.render(s.scenario.Answer)
+		return nil, answer, err
+	}
+	step := s.scenario.Steps[s.step]
+	s.step++
+	s.pending = map[string]CallSpec{}
+	s.order = s.order[:0]
+	for _, spec := range step {
+		args := spec.Arguments
+		if args == "" {
+			args = "{}"
+		}
+		rendered, err := s.render(args)
+		if err != nil {
+			return nil, "", err
+		}
+		if !json.Valid([]byte(rendered)) {
+			return nil, "", fmt.Errorf("platformsim: scenario %s: arguments of %s are not JSON: %s", s.scenario.Name, spec.Name, rendered)
+		}
+		id := newID()
+		s.pending[id] = spec
+		s.order = append(s.order, id)
+		calls = append(calls, modelCall{ID: id, Name: spec.Name, Arguments: compactJSON(rendered)})
+	}
+	return calls, "", nil
+}
+
+// answer records the output of a pending call. It reports whether the call
+// was pending.
+func (s *script) answer(callID, output string) bool {
+	spec, ok := s.pending[callID]
+	if !ok {
+		return false
+	}
+	delete(s.pending, callID)
+	s.outputs[spec.key()] = output
+	return true
+}
+
+// waiting lists the pending call IDs in the order the model asked for them.
+func (s *script) waiting() []string {
+	var ids []string
+	for _, id := range s.order {
+		if _, ok := s.pending[id]; ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (s *script) render(text string) (string, error) {
+	t, err := template.New(s.scenario.Name).Option("missingkey=error").Funcs(template.FuncMap{
+		"out": func(name string) string { return s.outputs[name] },
+		"json": func(v string) string {
+			b, _ := json.Marshal(v)
+			return string(b)
+		},
+	}).Parse(text)
+	if err != nil {
+		return "", fmt.Errorf("platformsim: scenario %s: %w", s.scenario.Name, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, nil); err != nil {
+		return "", fmt.Errorf("platformsim: scenario %s: %w", s.scenario.Name, err)
+	}
+	return b.String(), nil
+}
+
+func compactJSON(s string) string {
+	var b bytes.Buffer
+	if err := json.Compact(&b, []byte(s)); err != nil {
+		return s
+	}
+	return b.String()
+}

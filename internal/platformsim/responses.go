@@ -1,0 +1,436 @@
+package platformsim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// Responses API and Conversations: a response that wants tools completes
+// with function_call items; the client answers with a new response carrying
+// function_call_output items and previous_response_id (or the same
+// conversation).
+
+type response struct {
+	id           string
+	createdAt    int64
+	completedAt  *int64
+	status       string
+	background   bool
+	model        string
+	instructions any
+	tools        []map[string]any
+	metadata     map[string]any
+	previousID   string
+	conversation string
+	output       []map[string]any
+	script       *script
+}
+
+type conversation struct {
+	id        string
+	createdAt int64
+	metadata  map[string]any
+	items     []map[string]any
+	last      *response
+}
+
+func (s *Server) routeResponses() {
+	s.mux.HandleFunc("POST /responses", s.createResponse)
+	s.mux.HandleFunc("GET /responses/{id}", s.getResponse)
+	s.mux.HandleFunc("POST /responses/{id}/cancel", s.cancelResponse)
+	s.mux.HandleFunc("POST /conversations", s.createConversation)
+	s.mux.HandleFunc("GET /conversations/{id}", s.getConversation)
+	s.mux.HandleFunc("GET /conversations/{id}/items", s.listConversationItems)
+}
+
+type responseRequest struct {
+	Model              string           `json:"model"`
+	Input              json.RawMessage  `json:"input"`
+	Instructions       any              `json:"instructions"`
+	Tools              []map[string]any `json:"tools"`
+	PreviousResponseID string           `json:"previous_response_id"`
+	Conversation       json.RawMessage  `json:"conversation"`
+	AgentReference     json.RawMessage  `json:"agent_reference"`
+	Agent              json.RawMessage  `json:"agent"`
+	Background         bool             `json:"background"`
+	Metadata           map[string]any   `json:"metadata"`
+	Stream             bool             `json:"stream"`
+}
+
+type inputItem struct {
+	Type    string          `json:"type"`
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	CallID  string          `json:"call_id"`
+	Output  json.RawMessage `json:"output"`
+}
+
+func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
+	var req responseRequest
+	if _, ok := s.decode(w, r, &req); !ok {
+		return
+	}
+	if req.Stream {
+		s.badRequest(w, "Streaming is not supported by the toolrelay platform simulator.", "stream")
+		return
+	}
+	hasAgent := len(req.AgentReference) > 0 || len(req.Agent) > 0
+	if req.Model == "" && !hasAgent {
+		s.badRequest(w, "Missing required parameter: 'model'.", "model")
+		return
+	}
+	convID, err := conversationID(req.Conversation)
+	if err != nil {
+		s.badRequest(w, err.Error(), "conversation")
+		return
+	}
+	if convID != "" && req.PreviousResponseID != "" {
+		s.badRequest(w, "Mutually exclusive parameters: 'previous_response_id' and 'conversation'. Use one of them.", "conversation")
+		return
+	}
+	prompt, outputs, aerr := parseInput(req.Input)
+	if aerr != nil {
+		s.writeAPIError(w, aerr)
+		return
+	}
+
+	s.mu.Lock()
+	if prev, seen := s.idemResponse(r); seen {
+		out := s.responseJSON(prev)
+		s.mu.Unlock()
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	resp, aerr := s.newResponse(&req, convID, prompt, outputs)
+	if aerr != nil {
+		s.mu.Unlock()
+		s.writeAPIError(w, aerr)
+		return
+	}
+	s.rememberResponse(r, resp)
+	if !resp.background {
+		s.completeResponse(resp)
+	}
+	out := s.responseJSON(resp)
+	s.mu.Unlock()
+	if resp.background {
+		s.later(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if resp.status == "queued" {
+				s.completeResponse(resp)
+			}
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// idemResponse returns the response an Idempotency-Key produced before.
+// Caller holds s.mu.
+func (s *Server) idemResponse(r *http.Request) (*response, bool) {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		return nil, false
+	}
+	id, ok := s.idemResponses[key]
+	if !ok {
+		return nil, false
+	}
+	return s.responses[id], true
+}
+
+func (s *Server) rememberResponse(r *http.Request, resp *response) {
+	if key := r.Header.Get("Idempotency-Key"); key != "" {
+		s.idemResponses[key] = resp.id
+	}
+}
+
+func conversationID(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var id string
+	if json.Unmarshal(raw, &id) == nil {
+		return id, nil
+	}
+	var obj struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(raw, &obj); err != nil || obj.ID == "" {
+		return "", fmt.Errorf("Invalid 'conversation': expected an ID or an object with an 'id'.")
+	}
+	return obj.ID, nil
+}
+
+// parseInput splits the input into the user's text and the function call
+// outputs (call ID → output), in order.
+func parseInput(raw json.RawMessage) (prompt string, outputs []inputItem, aerr *apiError) {
+	if len(raw) == 0 {
+		return "", nil, invalid("Missing required parameter: 'input'.", "input")
+	}
+	if json.Unmarshal(raw, &prompt) == nil {
+		return prompt, nil, nil
+	}
+	var items []inputItem
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return "", nil, invalid("Invalid 'input': expected a string or an array of input items.", "input")
+	}
+	var texts []string
+	for i, it := range items {
+		switch {
+		case it.Type == "function_call_output":
+			if it.CallID == "" {
+				return "", nil, invalid(fmt.Sprintf("Missing required parameter: 'input[%d].call_id'.", i), fmt.Sprintf("input[%d].call_id", i))
+			}
+			outputs = append(outputs, it)
+		case it.Type == "message" || it.Type == "" && it.Role != "":
+			t, err := messageParam{Role: it.Role, Content: it.Content}.text()
+			if err != nil {
+				return "", nil, invalid(err.Error(), fmt.Sprintf("input[%d].content", i))
+			}
+			texts = append(texts, t)
+		case it.Type == "function_call", it.Type == "reasoning":
+			// Echoed history: ignored by the scripted model.
+		default:
+			return "", nil, invalid(fmt.Sprintf("Invalid value for 'input[%d].type': %q is not supported.", i, it.Type), fmt.Sprintf("input[%d].type", i))
+		}
+	}
+	return strings.Join(texts, "\n"), outputs, nil
+}
+
+// newResponse validates a request against the conversation so far and
+// creates the response. Caller holds s.mu.
+func (s *Server) newResponse(req *responseRequest, convID, prompt string, outputs []inputItem) (*response, *apiError) {
+	var prev *response
+	var conv *conversation
+	switch {
+	case req.PreviousResponseID != "":
+		prev = s.responses[req.PreviousResponseID]
+		if prev == nil {
+			return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "previous_response_not_found",
+				message: fmt.Sprintf("Previous response with id '%s' not found.", req.PreviousResponseID), param: "previous_response_id"}
+		}
+	case convID != "":
+		conv = s.conversations[convID]
+		if conv == nil {
+			return nil, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
+				message: fmt.Sprintf("Conversation with id '%s' not found.", convID), param: "conversation"}
+		}
+		prev = conv.last
+	}
+	var sc *script
+	if prev != nil && prev.status != "completed" {
+		return nil, invalid(fmt.Sprintf("Response '%s' is %s; wait until it completes before continuing it.", prev.id, prev.status), "previous_response_id")
+	}
+	pending := pendingCalls(prev)
+	if len(pending) > 0 {
+		for _, o := range outputs {
+			if !slices.Contains(pending, o.CallID) {
+				return nil, invalid(fmt.Sprintf("No tool call found for function call output with call_id %s.", o.CallID), "input")
+			}
+		}
+		for _, id := range pending {
+			if !slices.ContainsFunc(outputs, func(o inputItem) bool { return o.CallID == id }) {
+				return nil, invalid(fmt.Sprintf("No tool output found for function call %s.", id), "input")
+			}
+		}
+		sc = prev.script.clone()
+		for _, o := range outputs {
+			sc.answer(o.CallID, outputText(o.Output))
+		}
+		s.stats.FunctionCallOutputs += len(outputs)
+	} else {
+		if len(outputs) > 0 {
+			return nil, invalid(fmt.Sprintf("No tool call found for function call output with call_id %s.", outputs[0].CallID), "input")
+		}
+		sc = s.model.start(prompt)
+	}
+	if req.Metadata == nil {
+		req.Metadata = map[string]any{}
+	}
+	if req.Tools == nil {
+		req.Tools = []map[string]any{}
+	}
+	model := req.Model
+	if model == "" {
+		model = "agent"
+	}
+	resp := &response{
+		id: newID("resp_"), createdAt: unixNow(), status: "queued", background: req.Background, model: model,
+		instructions: req.Instructions, tools: req.Tools, metadata: req.Metadata,
+		previousID: req.PreviousResponseID, conversation: convID, script: sc,
+	}
+	s.responses[resp.id] = resp
+	if conv != nil {
+		for _, o := range outputs {
+			conv.items = append(conv.items, map[string]any{"id": newID("fco_"), "type": "function_call_output",
+				"call_id": o.CallID, "output": outputText(o.Output), "status": "completed"})
+		}
+		if prompt != "" {
+			conv.items = append(conv.items, map[string]any{"id": newID("msg_"), "type": "message", "role": "user", "status": "completed",
+				"content": []map[string]any{{"type": "input_text", "text": prompt}}})
+		}
+		conv.last = resp
+	}
+	return resp, nil
+}
+
+// pendingCalls lists the call IDs of prev's function_call items.
+func pendingCalls(prev *response) []string {
+	if prev == nil {
+		return nil
+	}
+	var ids []string
+	for _, it := range prev.output {
+		if it["type"] == "function_call" {
+			ids = append(ids, it["call_id"].(string))
+		}
+	}
+	return ids
+}
+
+// completeResponse runs the model's step. Caller holds s.mu.
+func (s *Server) completeResponse(resp *response) {
+	calls, answer, err := resp.script.next(func() string { return newID("call_") })
+	now := unixNow()
+	if err != nil {
+		s.log.Error("scenario failed", "err", err)
+		resp.status = "failed"
+		return
+	}
+	for _, c := range calls {
+		resp.output = append(resp.output, map[string]any{"id": newID("fc_"), "type": "function_call", "status": "completed",
+			"call_id": c.ID, "name": c.Name, "arguments": c.Arguments})
+	}
+	if len(calls) == 0 {
+		resp.output = append(resp.output, map[string]any{"id": newID("msg_"), "type": "message", "status": "completed", "role": "assistant",
+			"content": []map[string]any{{"type": "output_text", "text": answer, "annotations": []any{}, "logprobs": []any{}}}})
+	}
+	resp.status = "completed"
+	resp.completedAt = &now
+	if conv := s.conversations[resp.conversation]; conv != nil {
+		conv.items = append(conv.items, resp.output...)
+	}
+}
+
+func (s *Server) getResponse(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	resp := s.responses[r.PathValue("id")]
+	var body map[string]any
+	if resp != nil {
+		body = s.responseJSON(resp)
+	}
+	s.mu.Unlock()
+	if resp == nil {
+		s.notFound(w, "response", r.PathValue("id"))
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (s *Server) cancelResponse(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	resp := s.responses[r.PathValue("id")]
+	var aerr *apiError
+	var body map[string]any
+	switch {
+	case resp == nil:
+		aerr = &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found", message: fmt.Sprintf("No response found with id '%s'.", r.PathValue("id"))}
+	case !resp.background:
+		aerr = invalid("Only background responses can be cancelled.", "")
+	default:
+		if resp.status == "queued" || resp.status == "in_progress" {
+			resp.status = "cancelled"
+		}
+		body = s.responseJSON(resp)
+	}
+	s.mu.Unlock()
+	if aerr != nil {
+		s.writeAPIError(w, aerr)
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (s *Server) responseJSON(resp *response) map[string]any {
+	output := resp.output
+	if output == nil {
+		output = []map[string]any{}
+	}
+	var conv, prev, u any
+	if resp.conversation != "" {
+		conv = map[string]any{"id": resp.conversation}
+	}
+	if resp.previousID != "" {
+		prev = resp.previousID
+	}
+	if resp.status == "completed" {
+		u = map[string]any{"input_tokens": 120, "input_tokens_details": map[string]any{"cached_tokens": 0},
+			"output_tokens": 40, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": 160}
+	}
+	return map[string]any{
+		"id": resp.id, "object": "response", "created_at": resp.createdAt, "status": resp.status,
+		"background": resp.background, "completed_at": resp.completedAt, "error": nil, "incomplete_details": nil,
+		"instructions": resp.instructions, "max_output_tokens": nil, "max_tool_calls": nil, "model": resp.model,
+		"output": output, "parallel_tool_calls": true, "previous_response_id": prev, "conversation": conv,
+		"prompt_cache_key": nil, "reasoning": map[string]any{"effort": nil, "summary": nil}, "safety_identifier": nil,
+		"service_tier": "default", "store": true, "temperature": 1.0,
+		"text":        map[string]any{"format": map[string]any{"type": "text"}, "verbosity": "medium"},
+		"tool_choice": "auto", "tools": resp.tools, "top_logprobs": 0, "top_p": 1.0, "truncation": "disabled",
+		"usage": u, "user": nil, "metadata": resp.metadata,
+	}
+}
+
+func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Metadata map[string]any `json:"metadata"`
+	}
+	if _, ok := s.decode(w, r, &req); !ok {
+		return
+	}
+	if req.Metadata == nil {
+		req.Metadata = map[string]any{}
+	}
+	c := &conversation{id: newID("conv_"), createdAt: unixNow(), metadata: req.Metadata}
+	s.mu.Lock()
+	s.conversations[c.id] = c
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, conversationJSON(c))
+}
+
+func conversationJSON(c *conversation) map[string]any {
+	return map[string]any{"id": c.id, "object": "conversation", "created_at": c.createdAt, "metadata": c.metadata}
+}
+
+func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	c := s.conversations[r.PathValue("id")]
+	s.mu.Unlock()
+	if c == nil {
+		s.notFound(w, "conversation", r.PathValue("id"))
+		return
+	}
+	writeJSON(w, http.StatusOK, conversationJSON(c))
+}
+
+func (s *Server) listConversationItems(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	c := s.conversations[r.PathValue("id")]
+	var body map[string]any
+	var err error
+	if c != nil {
+		body, err = paginate(r.URL.Query(), c.items, func(m map[string]any) string { return m["id"].(string) })
+	}
+	s.mu.Unlock()
+	switch {
+	case c == nil:
+		s.notFound(w, "conversation", r.PathValue("id"))
+	case err != nil:
+		s.badRequest(w, err.Error(), "")
+	default:
+		writeJSON(w, http.StatusOK, body)
+	}
+}
