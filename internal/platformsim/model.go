@@ -157,6 +157,18 @@ func (s *script) render(text string) (string, error) {
 			b, _ := json.Marshal(v)
 			return string(b)
 		},
+		// field reads a top-level field of an output that is a JSON object.
+		"field": func(v, name string) string {
+			var m map[string]any
+			if json.Unmarshal([]byte(v), &m) != nil {
+				return v
+			}
+			if s, ok := m[name].(string); ok {
+				return s
+			}
+			b, _ := json.Marshal(m[name])
+			return string(b)
+		},
 	}).Parse(text)
 	if err != nil {
 		return "", fmt.Errorf("platformsim: scenario %s: %w", s.scenario.Name, err)

@@ -3,7 +3,8 @@ package platformsim
 // Seed scenarios: the examples of the three platforms' function-calling
 // guides, played by the demo.
 var (
-	// CustomerScenario: two independent lookups in parallel (Agents).
+	// CustomerScenario: two independent lookups in parallel (Agents). The
+	// answer reads fields of the functions' JSON outputs.
 	CustomerScenario = Scenario{
 		Name:   "customer",
 		Prompt: "customer 123",
@@ -11,7 +12,7 @@ var (
 			{Name: "get_customer", Arguments: `{"customer_id":"123"}`},
 			{Name: "get_weather", Arguments: `{"location":"Paris, France"}`},
 		}},
-		Answer: `Customer 123 is {{out "get_customer"}}. The weather in Paris: {{out "get_weather"}}.`,
+		Answer: `Customer 123 is {{field (out "get_customer") "name"}} on the {{field (out "get_customer") "plan"}} plan. In {{field (out "get_weather") "location"}} it is {{field (out "get_weather") "conditions"}} and {{field (out "get_weather") "temperature"}}.`,
 	}
 	// FavoriteCityScenario: the Azure OpenAI Assistants sample, where the
 	// second step needs the first step's output.

@@ -89,7 +89,7 @@ func TestAgentsSessionStreamHelper(t *testing.T) {
 				return map[string]any{"name": "Example Customer", "plan": "pro"}, nil
 			},
 			"get_weather": func(ctx context.Context, args map[string]any) (any, error) {
-				return "sunny in " + args["location"].(string), nil
+				return map[string]any{"location": args["location"], "conditions": "sunny", "temperature": "22c"}, nil
 			},
 		},
 	}).WithResultCollection()
@@ -97,7 +97,7 @@ func TestAgentsSessionStreamHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `Customer 123 is {"name":"Example Customer","plan":"pro"}. The weather in Paris: sunny in Paris, France.`
+	want := `Customer 123 is Example Customer on the pro plan. In Paris, France it is sunny and 22c.`
 	if got := res.OutputText(); got != want {
 		t.Errorf("final answer = %q, want %q", got, want)
 	}

@@ -1,0 +1,77 @@
+// Command dispatcher runs toolrelay's dispatcher: it learns of the function
+// calls agent platforms wait for, runs them on executors through NATS
+// JetStream, and submits their results before the run expires.
+//
+//	dispatcher [serve]   the service (settings from the environment)
+//	dispatcher demo      offline demo: embedded JetStream, platform simulator, seed executors
+//	dispatcher simulator serve the platform simulator alone (for trying the service locally)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "dispatcher:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+func exitCode(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 1
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, args, stdout, stderr)
+	case "demo":
+		return demoCmd(ctx, args, stdout, stderr)
+	case "simulator":
+		return simulatorCmd(ctx, args, stdout, stderr)
+	case "help":
+		usage(stdout)
+		return nil
+	}
+	usage(stderr)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator] [flags]
+
+  serve       run the dispatcher service (the default); settings come from the environment,
+              see "dispatcher serve -h"
+  demo        play one example per platform offline: embedded JetStream, platform simulator,
+              in-process seed executors; exits 0 when every answer arrived
+  simulator   serve the platform simulator alone, to try the service without OpenAI
+`)
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+}

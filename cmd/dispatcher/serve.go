@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/toolrelay/toolrelay/internal/natsembed"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+)
+
+// config is the dispatcher service's settings, read from the environment.
+type config struct {
+	NATSURL       string        `envconfig:"NATS_URL" desc:"NATS servers to use; empty starts an embedded JetStream server"`
+	NATSListen    string        `envconfig:"TOOLRELAY_NATS_LISTEN" default:"127.0.0.1:4222" desc:"client address of the embedded server"`
+	DataDir       string        `envconfig:"TOOLRELAY_DATA_DIR" default:"./toolrelay-data" desc:"where the embedded server stores"`
+	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1/watch, /healthz, /readyz)"`
+	SubmitMargin  time.Duration `envconfig:"TOOLRELAY_SUBMIT_MARGIN" default:"30s" desc:"submit this long before a run expires"`
+	RunTTL        time.Duration `envconfig:"TOOLRELAY_RUN_TTL" default:"10m" desc:"expiry assumed where the platform gives none"`
+	MaxSteps      int           `envconfig:"TOOLRELAY_MAX_STEPS" default:"16" desc:"most turns one watch drives"`
+	Replicas      int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams and buckets (3 on a cluster)"`
+	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	OpenAIAPIKey  string        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
+	OpenAIBaseURL string        `envconfig:"OPENAI_BASE_URL" desc:"platform base URL; Foundry: {project endpoint}/openai/v1"`
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dispatcher serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: dispatcher [serve]\n\nSettings (environment variables):")
+		_ = envconfig.Usagef("", &config{}, stderr, envconfig.DefaultTableFormat)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var cfg config
+	if err := envconfig.Process("", &cfg); err != nil {
+		return fmt.Errorf("settings: %w", err)
+	}
+	log := newLogger(stderr, cfg.LogLevel)
+
+	natsURL := cfg.NATSURL
+	if natsURL == "" {
+		s, err := natsembed.Start(natsembed.Options{Listen: cfg.NATSListen, StoreDir: cfg.DataDir, Logger: log.With("component", "nats-server")})
+		if err != nil {
+			return err
+		}
+		defer func() { s.Shutdown(); s.WaitForShutdown() }()
+		natsURL = s.ClientURL()
+		log.Info("embedded JetStream server started", "url", natsURL, "data_dir", cfg.DataDir)
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("toolrelay-dispatcher"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", natsURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return err
+	}
+
+	var opts []option.RequestOption
+	if cfg.OpenAIAPIKey != "" {
+		opts = append(opts, option.WithAPIKey(cfg.OpenAIAPIKey))
+	}
+	if cfg.OpenAIBaseURL != "" {
+		opts = append(opts, option.WithBaseURL(cfg.OpenAIBaseURL))
+	}
+	client := openai.NewClient(opts...)
+	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{
+		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
+	})
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	httpErr := make(chan error, 1)
+	go func() { httpErr <- srv.Serve(ln) }()
+	log.Info("HTTP API listening", "addr", ln.Addr().String())
+
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	select {
+	case err = <-runErr:
+	case err = <-httpErr:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if err == nil || errors.Is(err, http.ErrServerClosed) {
+		err = <-runErr
+	}
+	return err
+}

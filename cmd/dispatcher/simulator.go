@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+)
+
+func simulatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dispatcher simulator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8090", "listen address")
+	key := fs.String("api-key", "", "require this API key (Bearer or Api-Key header); empty accepts any")
+	ttl := fs.Duration("run-ttl", 10*time.Minute, "Assistants runs expire this long after creation")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sim := platformsim.New(platformsim.Options{
+		Model: &platformsim.Model{Scenarios: platformsim.SeedScenarios()}, APIKey: *key, RunTTL: *ttl,
+		Logger: newLogger(stderr, "warn"),
+	})
+	defer sim.Close()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "platform simulator listening on http://%s/v1 (OPENAI_BASE_URL)\n", ln.Addr())
+	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

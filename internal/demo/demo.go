@@ -1,0 +1,343 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/toolrelay/toolrelay/internal/natsembed"
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Options configures the demo. The zero value runs everything in-process on
+// an embedded server storing in a temporary directory.
+type Options struct {
+	// Out receives the demo's story. Default: os.Stdout.
+	Out io.Writer
+	// Logger receives warnings and errors. Default: discard.
+	Logger *slog.Logger
+	// NATSURL, when set, is used instead of an embedded server.
+	NATSURL string
+	// DataDir is where the embedded server stores. Default: a temporary
+	// directory, removed afterwards.
+	DataDir string
+	// ExternalExecutors skips the in-process executors: the seed functions
+	// must be served by `executor -demo` processes on the same NATS.
+	ExternalExecutors bool
+	// Timeout bounds each scenario. Default: 60s.
+	Timeout time.Duration
+}
+
+// scenario is one platform's example and what its answer must say.
+type scenario struct {
+	platform protocol.Platform
+	title    string
+	prompt   string
+	expect   []string
+}
+
+var scenarios = []scenario{
+	{protocol.PlatformAgents, "OpenAI Agents session", "Tell me about customer 123 and the weather in Paris.",
+		[]string{"Example Customer", "pro plan"}},
+	{protocol.PlatformAssistants, "Azure OpenAI Assistants run", "What's the weather like in my favorite city?",
+		[]string{"Seattle, WA", "The Emerald City", "70f"}},
+	{protocol.PlatformResponses, "Responses API (and Foundry agents)", "What is my horoscope? I am an Aquarius.",
+		[]string{"Aquarius: Next Tuesday you will befriend a baby otter."}},
+}
+
+// Run plays one scenario per platform through a real JetStream server, the
+// platform simulator, the seed executors and the dispatcher, printing each
+// call as it runs, each turn's latency and the final answers. It returns an
+// error naming what failed.
+func Run(ctx context.Context, opts Options) (err error) {
+	if opts.Out == nil {
+		opts.Out = os.Stdout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 60 * time.Second
+	}
+	out := &lockedWriter{w: opts.Out}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	natsURL, stopNATS, err := startNATS(opts)
+	if err != nil {
+		return err
+	}
+	defer stopNATS()
+
+	sim := platformsim.New(platformsim.Options{
+		Model: &platformsim.Model{Scenarios: platformsim.SeedScenarios()}, APIKey: "sk-demo", Logger: opts.Logger,
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("demo: listen for the platform simulator: %w", err)
+	}
+	hs := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	defer func() { sim.Close(); _ = hs.Close() }()
+	baseURL := "http://" + ln.Addr().String() + "/v1"
+	out.printf("toolrelay demo\n  JetStream: %s\n  platform:  simulator at %s\n\n", natsURL, baseURL)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	if !opts.ExternalExecutors {
+		nc, js, err := connect(natsURL, "toolrelay-demo-executor")
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		ex, err := exec.New(js, Team, exec.Options{Logger: opts.Logger, Middleware: []exec.Middleware{announce(out)}})
+		if err != nil {
+			return err
+		}
+		for _, f := range Functions() {
+			if err := ex.Register(f); err != nil {
+				return err
+			}
+		}
+		errc := make(chan error, 1)
+		wg.Go(func() { errc <- ex.Run(ctx) })
+		defer func() {
+			cancel()
+			if rerr := <-errc; rerr != nil && err == nil {
+				err = rerr
+			}
+		}()
+	}
+
+	nc, js, err := connect(natsURL, "toolrelay-demo-dispatcher")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	client := openai.NewClient(option.WithBaseURL(baseURL), option.WithAPIKey("sk-demo"))
+	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{
+		Logger: opts.Logger, OnEvent: reportTurns(out),
+	})
+	if err != nil {
+		return err
+	}
+	derr := make(chan error, 1)
+	wg.Go(func() { derr <- d.Run(ctx) })
+	if err := waitReady(ctx, d, js, derr); err != nil {
+		return err
+	}
+
+	for _, sc := range scenarios {
+		if err := play(ctx, out, client, d, sc, opts.Timeout); err != nil {
+			return fmt.Errorf("demo: %s: %w", sc.title, err)
+		}
+	}
+	return nil
+}
+
+func startNATS(opts Options) (url string, stop func(), err error) {
+	if opts.NATSURL != "" {
+		return opts.NATSURL, func() {}, nil
+	}
+	dir := opts.DataDir
+	cleanup := func() {}
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "toolrelay-demo-"); err != nil {
+			return "", nil, fmt.Errorf("demo: temporary directory: %w", err)
+		}
+		cleanup = func() { _ = os.RemoveAll(dir) }
+	}
+	s, err := natsembed.Start(natsembed.Options{StoreDir: dir, Listen: "127.0.0.1:0"})
+	if err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return s.ClientURL(), func() { s.Shutdown(); s.WaitForShutdown(); cleanup() }, nil
+}
+
+func connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("demo: connect to %s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// waitReady waits for the dispatcher and for every seed function to be
+// announced in the registry.
+func waitReady(ctx context.Context, d *dispatch.Dispatcher, js jetstream.JetStream, derr <-chan error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case err := <-derr:
+			return fmt.Errorf("demo: dispatcher stopped: %w", err)
+		default:
+		}
+		if d.Ready() && registered(ctx, js) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("demo: the seed functions were not announced within 30s (are executors running?)")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func registered(ctx context.Context, js jetstream.JetStream) bool {
+	kv, err := js.KeyValue(ctx, protocol.RegistryBucket)
+	if err != nil {
+		return false
+	}
+	for _, f := range Functions() {
+		if _, err := kv.Get(ctx, f.Name); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// play starts the scenario on the platform, asks the dispatcher to drive
+// it, and prints the answer.
+func play(ctx context.Context, out *lockedWriter, client openai.Client, d *dispatch.Dispatcher, sc scenario, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out.printf("[%s] %s\n  user: %s\n", sc.platform, sc.title, sc.prompt)
+	ref, err := start(ctx, client, sc)
+	if err != nil {
+		return err
+	}
+	w, err := d.Watch(ctx, ref)
+	if err != nil {
+		return err
+	}
+	for {
+		w, err = d.WatchStatus(ctx, w.ID)
+		if err != nil {
+			return err
+		}
+		if w.State != dispatch.WatchActive {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no answer within %s", timeout)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if w.State == dispatch.WatchFailed {
+		return errors.New(w.Error)
+	}
+	out.printf("  answer: %s\n\n", w.Answer)
+	for _, want := range sc.expect {
+		if !strings.Contains(w.Answer, want) {
+			return fmt.Errorf("the answer does not mention %q", want)
+		}
+	}
+	return nil
+}
+
+// start creates the conversation on the platform, the way an application
+// would, and returns what the dispatcher should watch.
+func start(ctx context.Context, client openai.Client, sc scenario) (dispatch.Ref, error) {
+	switch sc.platform {
+	case protocol.PlatformAgents:
+		s, err := client.Beta.Agents.Sessions.New(ctx, openai.BetaAgentSessionNewParams{
+			Environment: openai.EnvironmentParamUnion{OfParamNone: &openai.EnvironmentParamNone{}},
+			Agent:       openai.BetaAgentSessionNewParamsAgent{Model: openai.String("gpt-5.5")},
+			Input:       openai.BetaAgentSessionNewParamsInputUnion{OfString: openai.String(sc.prompt)},
+		})
+		if err != nil {
+			return dispatch.Ref{}, fmt.Errorf("create session: %w", err)
+		}
+		return dispatch.Ref{Platform: sc.platform, SessionID: s.ID}, nil
+	case protocol.PlatformAssistants:
+		a, err := client.Beta.Assistants.New(ctx, openai.BetaAssistantNewParams{Model: "gpt-4o", Name: openai.String("weather-helper")})
+		if err != nil {
+			return dispatch.Ref{}, fmt.Errorf("create assistant: %w", err)
+		}
+		r, err := client.Beta.Threads.NewAndRun(ctx, openai.BetaThreadNewAndRunParams{
+			AssistantID: a.ID,
+			Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
+				Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String(sc.prompt)},
+			}}},
+		})
+		if err != nil {
+			return dispatch.Ref{}, fmt.Errorf("create run: %w", err)
+		}
+		return dispatch.Ref{Platform: sc.platform, ThreadID: r.ThreadID, RunID: r.ID}, nil
+	default:
+		r, err := client.Responses.New(ctx, responses.ResponseNewParams{
+			Model: "gpt-5.5", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(sc.prompt)},
+		})
+		if err != nil {
+			return dispatch.Ref{}, fmt.Errorf("create response: %w", err)
+		}
+		return dispatch.Ref{Platform: sc.platform, ResponseID: r.ID}, nil
+	}
+}
+
+// announce prints "Calling <name>..." as each call starts.
+func announce(out *lockedWriter) exec.Middleware {
+	return func(next exec.Handler) exec.Handler {
+		return exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+			out.printf("  Calling %s...\n", inv.Function)
+			return next.Handle(ctx, inv)
+		})
+	}
+}
+
+// reportTurns prints each turn's outcome and latency.
+func reportTurns(out *lockedWriter) func(dispatch.Event) {
+	return func(e dispatch.Event) {
+		switch e.Kind {
+		case dispatch.TurnSubmitted:
+			cut := ""
+			if e.Turn.CutOff {
+				cut = ", cut off at the deadline"
+			}
+			out.printf("  turn submitted: %d call(s) in %s%s (%s before the run expires)\n",
+				len(e.Turn.Calls), e.Latency.Round(10*time.Microsecond), cut, e.TimeLeft.Round(time.Second))
+		case dispatch.TurnFailed:
+			out.printf("  turn failed: %s\n", e.Turn.Error)
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) printf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, format, args...)
+}

@@ -1,0 +1,143 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/openai/openai-go/v3"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Agents drives OpenAI Agents sessions: it reads a session's
+// required_actions and answers each function call with an
+// agent.session.input.tool_result event.
+type Agents struct{ client openai.Client }
+
+// NewAgents returns the Agents sessions adapter.
+func NewAgents(client openai.Client) *Agents { return &Agents{client: client} }
+
+// Name implements Platform.
+func (*Agents) Name() protocol.Platform { return protocol.PlatformAgents }
+
+// Poll implements Platform.
+func (a *Agents) Poll(ctx context.Context, ref Ref) (*Observation, error) {
+	s, err := a.client.Beta.Agents.Sessions.Get(ctx, ref.SessionID)
+	if err != nil {
+		return nil, classify("get agents session "+ref.SessionID, err)
+	}
+	return a.observe(ctx, ref, s)
+}
+
+func (a *Agents) observe(ctx context.Context, ref Ref, s *openai.AgentSession) (*Observation, error) {
+	switch s.Status {
+	case "requires_action":
+		turn := sessionTurn(ref, s)
+		if turn == nil {
+			// Only actions toolrelay does not run (computer use approvals,
+			// environment connections): someone else answers them.
+			return &Observation{State: Running}, nil
+		}
+		return &Observation{State: RequiresAction, Turn: turn}, nil
+	case "idle":
+		return &Observation{State: Done, Answer: a.lastAnswer(ctx, ref.SessionID)}, nil
+	case "failed":
+		return &Observation{State: Failed, Reason: "session failed: " + s.Error}, nil
+	}
+	return &Observation{State: Running}, nil
+}
+
+// sessionTurn collects the function calls of the first turn that has any.
+func sessionTurn(ref Ref, s *openai.AgentSession) *TurnRequest {
+	var turn *TurnRequest
+	for _, ra := range s.RequiredActions {
+		if ra.Type != "function_call" {
+			continue
+		}
+		fc := ra.AsFunctionCall()
+		if turn == nil {
+			turn = &TurnRequest{Ref: ref, Scope: s.ID + "/" + fc.TurnID, TurnID: fc.TurnID}
+		}
+		if fc.TurnID != turn.TurnID {
+			continue
+		}
+		turn.Calls = append(turn.Calls, CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: agentArguments(fc)})
+	}
+	return turn
+}
+
+// agentArguments returns the arguments as JSON: the platform sends an
+// object, and the SDK also accepts a string that encodes one.
+func agentArguments(fc openai.AgentSessionRequiredActionFunctionCall) json.RawMessage {
+	raw := json.RawMessage(fc.JSON.Arguments.Raw())
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return json.RawMessage(s)
+	}
+	return raw
+}
+
+func (a *Agents) lastAnswer(ctx context.Context, sessionID string) string {
+	page, err := a.client.Beta.Agents.Sessions.Items.List(ctx, sessionID, openai.BetaAgentSessionItemListParams{Limit: openai.Int(10)})
+	if err != nil {
+		return ""
+	}
+	for _, it := range page.Data {
+		if it.Type == "message" && it.Role == "assistant" {
+			var msg struct {
+				Content []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				} `json:"content"`
+			}
+			_ = json.Unmarshal([]byte(it.RawJSON()), &msg)
+			var b strings.Builder
+			for _, c := range msg.Content {
+				b.WriteString(c.Text)
+			}
+			return b.String()
+		}
+	}
+	return ""
+}
+
+// Submit posts one tool_result event per call, each with a deterministic
+// Idempotency-Key, so a repeated submission is recognised by the platform.
+// A call the platform no longer waits for counts as already answered.
+func (a *Agents) Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error) {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for _, o := range outputs {
+		g.Go(func() error { return a.submitOne(gctx, turn, o) })
+	}
+	return &Submission{}, g.Wait()
+}
+
+func (a *Agents) submitOne(ctx context.Context, turn *Turn, o Output) error {
+	ev := openai.AgentSessionInputParamOfParamAgentSessionInputToolResult(o.Call.ID, o.Result.OK(), turn.TurnID)
+	if o.Result.OK() {
+		ev.OfParamAgentSessionInputToolResult.Output = openai.AgentFunctionCallOutputParamUnion{
+			OfString: openai.String(protocol.Truncate(o.Result.Output, maxAgentsOutput)),
+		}
+	} else {
+		ev.OfParamAgentSessionInputToolResult.Error = openai.String(protocol.Truncate(o.Result.Error.Message, maxAgentsOutput))
+	}
+	err := a.client.Beta.Agents.Sessions.Events.New(ctx, turn.Ref.SessionID, openai.BetaAgentSessionEventNewParams{
+		Events:         []openai.AgentSessionInputParamUnion{ev},
+		IdempotencyKey: openai.String(idempotencyKey(o.Call.Key)),
+	}, submitOpts...)
+	if status, msg := apiMessage(err); status == 400 && msg == "Unknown pending tool call: "+o.Call.ID {
+		return nil // answered before (a repeated submission)
+	}
+	return classify(fmt.Sprintf("submit tool result %s to session %s", o.Call.ID, turn.Ref.SessionID), err)
+}
+
+// idempotencyKey is stable per call, so every repeat of a submission
+// carries the same key.
+func idempotencyKey(key protocol.CallKey) string {
+	return "toolrelay-" + strings.ReplaceAll(string(key), ".", "-")
+}
+

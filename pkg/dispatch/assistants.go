@@ -1,0 +1,111 @@
+package dispatch
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Assistants drives OpenAI and Azure Assistants runs: it reads a run's
+// requires_action and answers with one submit_tool_outputs carrying every
+// output, before the run's expires_at.
+type Assistants struct{ client openai.Client }
+
+// NewAssistants returns the Assistants runs adapter.
+func NewAssistants(client openai.Client) *Assistants { return &Assistants{client: client} }
+
+// Name implements Platform.
+func (*Assistants) Name() protocol.Platform { return protocol.PlatformAssistants }
+
+// Poll implements Platform.
+func (a *Assistants) Poll(ctx context.Context, ref Ref) (*Observation, error) {
+	r, err := a.client.Beta.Threads.Runs.Get(ctx, ref.ThreadID, ref.RunID)
+	if err != nil {
+		return nil, classify("get run "+ref.ThreadID+"/"+ref.RunID, err)
+	}
+	switch r.Status {
+	case "requires_action":
+		turn := &TurnRequest{Ref: ref, Scope: ref.ThreadID + "/" + ref.RunID}
+		if r.ExpiresAt > 0 {
+			turn.ExpiresAt = time.Unix(r.ExpiresAt, 0)
+		}
+		for _, tc := range r.RequiredAction.SubmitToolOutputs.ToolCalls {
+			turn.Calls = append(turn.Calls, CallRequest{ID: tc.ID, Name: tc.Function.Name, Arguments: []byte(tc.Function.Arguments)})
+		}
+		return &Observation{State: RequiresAction, Turn: turn}, nil
+	case "completed":
+		return &Observation{State: Done, Answer: a.lastAnswer(ctx, ref)}, nil
+	case "failed", "cancelled", "expired", "incomplete":
+		reason := "run " + string(r.Status)
+		if r.LastError.Message != "" {
+			reason += ": " + r.LastError.Message
+		}
+		return &Observation{State: Failed, Reason: reason}, nil
+	}
+	return &Observation{State: Running}, nil
+}
+
+func (a *Assistants) lastAnswer(ctx context.Context, ref Ref) string {
+	page, err := a.client.Beta.Threads.Messages.List(ctx, ref.ThreadID, openai.BetaThreadMessageListParams{
+		RunID: openai.String(ref.RunID), Limit: openai.Int(5),
+	})
+	if err != nil {
+		return ""
+	}
+	for _, m := range page.Data {
+		if m.Role == "assistant" {
+			var b strings.Builder
+			for _, c := range m.Content {
+				b.WriteString(c.Text.Value)
+			}
+			return b.String()
+		}
+	}
+	return ""
+}
+
+// Submit sends every output in one submit_tool_outputs. If the run no
+// longer accepts outputs because an earlier submission of this turn got
+// through, the repeat counts as success; if it expired or was cancelled,
+// that is the error.
+func (a *Assistants) Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error) {
+	params := openai.BetaThreadRunSubmitToolOutputsParams{}
+	for _, o := range outputs {
+		params.ToolOutputs = append(params.ToolOutputs, openai.BetaThreadRunSubmitToolOutputsParamsToolOutput{
+			ToolCallID: openai.String(o.Call.ID),
+			Output:     openai.String(modelOutput(o.Result, maxAssistantsOutput)),
+		})
+	}
+	_, err := a.client.Beta.Threads.Runs.SubmitToolOutputs(ctx, turn.Ref.ThreadID, turn.Ref.RunID, params, submitOpts...)
+	if status, msg := apiMessage(err); status == 400 && strings.Contains(msg, "do not accept tool outputs") {
+		r, gerr := a.client.Beta.Threads.Runs.Get(ctx, turn.Ref.ThreadID, turn.Ref.RunID)
+		if gerr == nil && a.alreadySubmitted(r, turn) {
+			return &Submission{}, nil
+		}
+	}
+	return &Submission{}, classify("submit tool outputs to run "+turn.Ref.ThreadID+"/"+turn.Ref.RunID, err)
+}
+
+// alreadySubmitted reports whether the run moved past this turn's
+// required action on its own terms (not expired, cancelled or failed).
+func (a *Assistants) alreadySubmitted(r *openai.Run, turn *Turn) bool {
+	switch r.Status {
+	case "queued", "in_progress", "completed", "incomplete":
+		return true
+	case "requires_action":
+		// A later step waits: our calls are no longer among those asked.
+		for _, tc := range r.RequiredAction.SubmitToolOutputs.ToolCalls {
+			for _, c := range turn.Calls {
+				if c.ID == tc.ID {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	return false
+}

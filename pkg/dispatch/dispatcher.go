@@ -1,0 +1,253 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Options configures a Dispatcher. The zero value is valid.
+type Options struct {
+	// Logger receives the dispatcher's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Name identifies this replica in turn records and logs.
+	// Default: "<hostname>-<random>".
+	Name string
+	// SubmitMargin is how long before a run expires the dispatcher submits
+	// whatever it has. For runs shorter than four margins it is a quarter
+	// of the time left, so short runs still leave their functions time.
+	// Default: 30s.
+	SubmitMargin time.Duration
+	// RunTTL is the expiry assumed where the platform gives none (Agents
+	// sessions, Responses), counted from when the dispatcher first sees the
+	// required action. Default: 10m.
+	RunTTL time.Duration
+	// MaxSteps bounds how many turns one watch drives (Responses chains).
+	// Default: 16.
+	MaxSteps int
+	// PollInterval is the first delay between polls of a watched object; it
+	// grows to 5s while the object is unchanged. Default: 200ms.
+	PollInterval time.Duration
+	// Replicas of the streams and buckets the dispatcher creates. Default: 1.
+	Replicas int
+	// OnEvent, if set, is called after each turn is taken in, submitted or
+	// failed. It must not block.
+	OnEvent func(Event)
+}
+
+// Event reports a step in a turn's life.
+type Event struct {
+	Kind EventKind
+	Turn *Turn
+	// Latency is from intake to submission (TurnSubmitted, TurnFailed).
+	Latency time.Duration
+	// TimeLeft is how long before expiry the turn was submitted.
+	TimeLeft time.Duration
+}
+
+// EventKind names an Event.
+type EventKind int
+
+// Event kinds.
+const (
+	TurnStarted EventKind = iota
+	TurnSubmitted
+	TurnFailed
+)
+
+// Dispatcher turns required actions into calls on JetStream, gathers their
+// results and submits each turn once, before its run expires. Many replicas
+// may share one NATS: each turn is submitted by the replica that wins its
+// compare-and-set.
+type Dispatcher struct {
+	js        jetstream.JetStream
+	platforms map[protocol.Platform]Platform
+	opts      Options
+	log       *slog.Logger
+
+	turns    turnStore
+	watches  jetstream.KeyValue
+	results  jetstream.Stream
+	timers   jetstream.Stream
+	registry *registry
+	gather   *gatherer
+
+	ready   atomic.Bool
+	running atomic.Bool
+	// spawn runs background work (watch drivers) under Run's lifetime.
+	spawnMu sync.Mutex
+	spawn   func(func(context.Context))
+}
+
+// New returns a dispatcher for the given platforms on js.
+func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatcher, error) {
+	if js == nil {
+		return nil, errors.New("dispatch: a JetStream context is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Name == "" {
+		host, _ := os.Hostname()
+		opts.Name = host + "-" + uuid.NewString()[:8]
+	}
+	if opts.SubmitMargin <= 0 {
+		opts.SubmitMargin = 30 * time.Second
+	}
+	if opts.RunTTL <= 0 {
+		opts.RunTTL = 10 * time.Minute
+	}
+	if opts.MaxSteps <= 0 {
+		opts.MaxSteps = 16
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 200 * time.Millisecond
+	}
+	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}}
+	for _, p := range platforms {
+		if _, dup := d.platforms[p.Name()]; dup {
+			return nil, fmt.Errorf("dispatch: two adapters for platform %s", p.Name())
+		}
+		d.platforms[p.Name()] = p
+	}
+	d.gather = newGatherer(d)
+	return d, nil
+}
+
+// Ready reports whether Run has provisioned everything and is consuming.
+func (d *Dispatcher) Ready() bool { return d.ready.Load() }
+
+// Run provisions streams and buckets, resumes open turns and watches, and
+// serves until ctx ends; then it stops consuming and waits for submissions
+// in progress. It returns an error only if it cannot start.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	if !d.running.CompareAndSwap(false, true) {
+		return errors.New("dispatch: Run called twice")
+	}
+	popts := provision.Options{Replicas: d.opts.Replicas}
+	var err error
+	if d.results, err = provision.Stream(ctx, d.js, provision.ResultStreamConfig(popts)); err != nil {
+		return err
+	}
+	if d.timers, err = provision.Stream(ctx, d.js, provision.TimerStreamConfig(popts)); err != nil {
+		return err
+	}
+	kv, err := provision.KeyValue(ctx, d.js, provision.TurnBucketConfig(popts))
+	if err != nil {
+		return err
+	}
+	d.turns = turnStore{kv: kv}
+	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
+		return err
+	}
+	regKV, err := provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts))
+	if err != nil {
+		return err
+	}
+	d.registry = newRegistry(regKV, d.log)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	d.spawnMu.Lock()
+	d.spawn = func(f func(context.Context)) { wg.Go(func() { f(bctx) }) }
+	d.spawnMu.Unlock()
+	defer func() { // before wg.Wait: no new background work once stopping
+		d.spawnMu.Lock()
+		d.spawn = nil
+		d.spawnMu.Unlock()
+	}()
+
+	regReady := make(chan struct{})
+	wg.Go(func() { d.registry.watch(bctx, regReady) })
+	select {
+	case <-regReady:
+	case <-time.After(10 * time.Second):
+		d.log.Warn("registry not loaded after 10s; reading it on demand")
+	case <-ctx.Done():
+		return nil
+	}
+
+	stopResults, err := d.gather.start(bctx)
+	if err != nil {
+		return err
+	}
+	defer stopResults()
+	stopTimers, err := d.startTimers(bctx)
+	if err != nil {
+		return err
+	}
+	defer stopTimers()
+
+	d.resume(bctx)
+	d.ready.Store(true)
+	d.log.InfoContext(ctx, "dispatcher ready", "platforms", len(d.platforms))
+	<-ctx.Done()
+	d.ready.Store(false)
+	return nil
+}
+
+// background runs f under Run's lifetime; it reports false if Run is not
+// running.
+func (d *Dispatcher) background(f func(context.Context)) bool {
+	d.spawnMu.Lock()
+	defer d.spawnMu.Unlock()
+	if d.spawn == nil {
+		return false
+	}
+	d.spawn(f)
+	return true
+}
+
+// resume re-drives every open turn (a restart, or a replica that died) and
+// every active watch. Everything is idempotent: publishes are deduplicated
+// by message ID and state changes are compare-and-set.
+func (d *Dispatcher) resume(ctx context.Context) {
+	keys, err := d.turns.kv.ListKeys(ctx)
+	if err == nil {
+		for k := range keys.Keys() {
+			key, err := protocol.ParseTurnKey(k)
+			if err != nil {
+				continue
+			}
+			t, _, err := d.turns.get(ctx, key)
+			if err != nil || !t.Open() {
+				continue
+			}
+			d.log.Info("resuming turn", "turn", key, "state", t.State)
+			d.resumeTurn(ctx, t)
+		}
+	} else if !errors.Is(err, jetstream.ErrNoKeysFound) {
+		d.log.Warn("listing turns to resume failed", "err", err)
+	}
+	d.resumeWatches(ctx)
+}
+
+func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn) {
+	switch t.State {
+	case StateCollecting:
+		if err := d.scheduleDeadline(ctx, t); err != nil {
+			d.log.Warn("re-arming deadline failed", "turn", t.Key, "err", err)
+		}
+		d.publishCalls(ctx, t)
+		d.gather.track(t)
+		d.gather.recheckSoon(t.Key)
+	case StateSubmitting:
+		// The replica that won may have died mid-submission: take the turn
+		// over once it looks stuck, and repeat the submission. The platform
+		// adapters make a repeat harmless.
+		d.background(func(ctx context.Context) { d.takeOver(ctx, t.Key) })
+	}
+}

@@ -1,0 +1,280 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// gatherer consumes results and notices when a turn has all of them.
+//
+// Replicas share one durable consumer, so the results of a turn may be split
+// between them. Each replica keeps the results it saw; when its own set is
+// complete it closes the turn at once. Otherwise it re-checks the stream a
+// moment after the last result it saw: the replica that receives a turn's
+// last result always finds it complete then. With one replica no re-check
+// ever finds anything missing, and the deadline timer is the backstop.
+type gatherer struct {
+	d *Dispatcher
+
+	mu    sync.Mutex
+	turns map[protocol.TurnKey]*gathering
+}
+
+type gathering struct {
+	turn    *Turn
+	results map[protocol.CallKey]*protocol.Result
+	recheck *time.Timer
+}
+
+const (
+	resultsConsumer = "toolrelay_dispatcher"
+	gatherWorkers   = 16
+	recheckDelay    = 25 * time.Millisecond
+)
+
+func newGatherer(d *Dispatcher) *gatherer {
+	return &gatherer{d: d, turns: map[protocol.TurnKey]*gathering{}}
+}
+
+// start consumes results until the returned stop is called. Results of one
+// turn go to one worker, in order; turns proceed in parallel.
+func (g *gatherer) start(ctx context.Context) (stop func(), err error) {
+	cons, err := provision.Consumer(ctx, g.d.results, jetstream.ConsumerConfig{
+		Durable:       resultsConsumer,
+		Description:   "toolrelay dispatchers gathering results",
+		FilterSubject: protocol.ResultSubjectPrefix + ".>",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: 20000,
+	})
+	if err != nil {
+		return nil, err
+	}
+	queues := make([]chan jetstream.Msg, gatherWorkers)
+	var wg sync.WaitGroup
+	for i := range queues {
+		queues[i] = make(chan jetstream.Msg, 256)
+		wg.Go(func() {
+			for msg := range queues[i] {
+				g.handle(ctx, msg)
+			}
+		})
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		queues[shard(msg.Subject())] <- msg
+	}, jetstream.PullMaxMessages(1024), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			g.d.log.Warn("consuming results", "err", err)
+		}
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		cc.Stop()
+		<-cc.Closed()
+		for _, q := range queues {
+			close(q)
+		}
+		wg.Wait()
+	}, nil
+}
+
+// shard picks the worker of a result by its turn, so one turn's results are
+// handled in order by one worker.
+func shard(subject string) int {
+	_, key, err := protocol.ParseResultSubject(subject)
+	h := fnv.New32a()
+	if err == nil {
+		_, _ = h.Write([]byte(key.Turn()))
+	}
+	return int(h.Sum32() % gatherWorkers)
+}
+
+func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
+	log := g.d.log.With("subject", msg.Subject())
+	team, key, err := protocol.ParseResultSubject(msg.Subject())
+	if err != nil {
+		log.Error("ignoring result on a malformed subject", "err", err)
+		_ = msg.Term()
+		return
+	}
+	res, err := protocol.DecodeResult(msg.Data())
+	if err == nil && (res.Key != key || res.Team != team) {
+		err = errors.New("envelope does not match its subject")
+	}
+	if err != nil {
+		log.Error("ignoring malformed result", "size", len(msg.Data()), "err", err)
+		_ = msg.Term()
+		return
+	}
+	turnKey := key.Turn()
+	st, err := g.load(ctx, turnKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		log.Debug("result for an unknown turn", "turn", turnKey)
+		_ = msg.Ack()
+		return
+	}
+	if errors.Is(err, errTurnClosed) {
+		_ = msg.Ack()
+		return
+	}
+	if err != nil {
+		log.Warn("loading turn failed; result will be redelivered", "turn", turnKey, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+	call := st.turn.call(key)
+	if call == nil || call.Team != team {
+		log.Warn("result for a call this team does not own; ignored", "turn", turnKey, "team", team)
+		return
+	}
+	if g.add(st, res) {
+		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
+	}
+}
+
+// load returns the gathering state of a turn, reading its record if this
+// replica has not seen it.
+func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, error) {
+	g.mu.Lock()
+	st := g.turns[key]
+	g.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	t, _, err := g.d.turns.get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if t.State != StateCollecting {
+		g.d.lateResult(t)
+		return nil, errTurnClosed
+	}
+	return g.track(t), nil
+}
+
+// errTurnClosed: the result came after its turn was closed.
+var errTurnClosed = errors.New("dispatch: turn already closed")
+
+// track starts gathering for t (no-op if already tracked).
+func (g *gatherer) track(t *Turn) *gathering {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[t.Key]; st != nil {
+		return st
+	}
+	st := &gathering{turn: t, results: map[protocol.CallKey]*protocol.Result{}}
+	g.turns[t.Key] = st
+	return st
+}
+
+// add records a result; it reports whether the turn is now complete here.
+// If not, it schedules a re-check of the stream.
+func (g *gatherer) add(st *gathering, res *protocol.Result) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st.results[res.Key] = res
+	if len(st.results) >= len(st.turn.Calls) {
+		return true
+	}
+	key := st.turn.Key
+	if st.recheck == nil {
+		st.recheck = time.AfterFunc(recheckDelay, func() { g.recheck(key) })
+	} else {
+		st.recheck.Reset(recheckDelay)
+	}
+	return false
+}
+
+// recheckSoon schedules a re-check of a turn's results (resume).
+func (g *gatherer) recheckSoon(key protocol.TurnKey) {
+	time.AfterFunc(recheckDelay, func() { g.recheck(key) })
+}
+
+// recheck asks the stream which results of a turn exist, and closes the
+// turn if all do.
+func (g *gatherer) recheck(key protocol.TurnKey) {
+	g.mu.Lock()
+	st := g.turns[key]
+	g.mu.Unlock()
+	if st == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	present, err := g.present(ctx, st.turn)
+	if err != nil {
+		g.d.log.Warn("re-checking results failed", "turn", key, "err", err)
+		return
+	}
+	if present == len(st.turn.Calls) {
+		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, key, false) })
+	}
+}
+
+// present counts the calls of t whose result is recorded.
+func (g *gatherer) present(ctx context.Context, t *Turn) (int, error) {
+	info, err := g.d.results.Info(ctx, jetstream.WithSubjectFilter(protocol.TurnResultsFilter(t.Key)))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range t.Calls {
+		if info.State.Subjects[t.Calls[i].resultSubject()] > 0 {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// has reports whether this replica holds a result for the call.
+func (g *gatherer) has(turn protocol.TurnKey, key protocol.CallKey) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.turns[turn]
+	return st != nil && st.results[key] != nil
+}
+
+// result returns the result of a call: the one this replica saw, or the
+// one recorded in the stream.
+func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.Result, error) {
+	g.mu.Lock()
+	st := g.turns[t.Key]
+	var res *protocol.Result
+	if st != nil {
+		res = st.results[c.Key]
+	}
+	g.mu.Unlock()
+	if res != nil {
+		return res, nil
+	}
+	m, err := g.d.results.GetLastMsgForSubject(ctx, c.resultSubject())
+	if err != nil {
+		return nil, err
+	}
+	return protocol.DecodeResult(m.Data)
+}
+
+// forget drops a closed turn.
+func (g *gatherer) forget(key protocol.TurnKey) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[key]; st != nil {
+		if st.recheck != nil {
+			st.recheck.Stop()
+		}
+		delete(g.turns, key)
+	}
+}

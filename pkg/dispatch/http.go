@@ -1,0 +1,210 @@
+package dispatch
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Handler serves the dispatcher's HTTP API:
+//
+//	POST /v1/watch       start driving a platform object (202, or 400 naming the field)
+//	GET  /v1/watch/{id}  the watch and its turns
+//	GET  /healthz        200 while the process runs
+//	GET  /readyz         200 once NATS is connected and everything is provisioned
+func (d *Dispatcher) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/watch", d.postWatch)
+	mux.HandleFunc("GET /v1/watch/{id}", d.getWatch)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !d.Ready() || d.js.Conn().Status() != nats.CONNECTED {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	return mux
+}
+
+// watchRequest is the body of POST /v1/watch. "agent" is a Foundry agent
+// name, or an object with name and version.
+type watchRequest struct {
+	Platform     protocol.Platform `json:"platform"`
+	SessionID    string            `json:"session_id"`
+	ThreadID     string            `json:"thread_id"`
+	RunID        string            `json:"run_id"`
+	ResponseID   string            `json:"response_id"`
+	Conversation string            `json:"conversation"`
+	Model        string            `json:"model"`
+	Agent        json.RawMessage   `json:"agent"`
+}
+
+func (req *watchRequest) ref() (Ref, error) {
+	ref := Ref{Platform: req.Platform, SessionID: req.SessionID, ThreadID: req.ThreadID, RunID: req.RunID,
+		ResponseID: req.ResponseID, Conversation: req.Conversation, Model: req.Model}
+	if len(req.Agent) > 0 && string(req.Agent) != "null" {
+		var name string
+		if json.Unmarshal(req.Agent, &name) == nil {
+			ref.Agent = &AgentReference{Name: name}
+		} else {
+			var a AgentReference
+			dec := json.NewDecoder(strings.NewReader(string(req.Agent)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&a); err != nil {
+				return Ref{}, &FieldError{Field: "agent", Message: "agent must be a name or an object {\"name\":...,\"version\":...}"}
+			}
+			ref.Agent = &a
+		}
+	}
+	return ref, ref.Validate()
+}
+
+func (d *Dispatcher) postWatch(w http.ResponseWriter, r *http.Request) {
+	var req watchRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeFieldError(w, decodeFieldError(err))
+		return
+	}
+	if dec.More() {
+		writeFieldError(w, &FieldError{Message: "the body must be one JSON object"})
+		return
+	}
+	ref, err := req.ref()
+	if err != nil {
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			writeFieldError(w, fe)
+			return
+		}
+		writeFieldError(w, &FieldError{Message: err.Error()})
+		return
+	}
+	watch, err := d.Watch(r.Context(), ref)
+	if err != nil {
+		var fe *FieldError
+		switch {
+		case errors.As(err, &fe):
+			writeFieldError(w, fe)
+		case errors.Is(err, ErrNotRunning):
+			writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
+		default:
+			d.log.Error("watch failed", "err", err)
+			writeError(w, http.StatusInternalServerError, "could not start the watch")
+		}
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{"id": watch.ID, "status_url": "/v1/watch/" + watch.ID})
+}
+
+// decodeFieldError names the offending field of a JSON decoding error.
+func decodeFieldError(err error) *FieldError {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return &FieldError{Field: te.Field, Message: fmt.Sprintf("%s must be a %s", te.Field, te.Type)}
+	}
+	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
+		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
+		return &FieldError{Field: field, Message: fmt.Sprintf("unknown field %q", field)}
+	}
+	if errors.Is(err, io.EOF) {
+		return &FieldError{Message: "the body is empty; send a JSON object"}
+	}
+	return &FieldError{Message: "the body is not valid JSON: " + err.Error()}
+}
+
+// watchReport is GET /v1/watch/{id}: the watch and each of its turns.
+type watchReport struct {
+	*Watch
+	TurnDetails []turnReport `json:"turn_details"`
+}
+
+type turnReport struct {
+	Key         protocol.TurnKey `json:"key"`
+	State       TurnState        `json:"state"`
+	Calls       []callReport     `json:"calls"`
+	Deadline    string           `json:"deadline"`
+	ExpiresAt   string           `json:"expires_at"`
+	SubmittedAt string           `json:"submitted_at,omitempty"`
+	CutOff      bool             `json:"cut_off,omitempty"`
+	Error       string           `json:"error,omitempty"`
+}
+
+type callReport struct {
+	ID       string              `json:"id"`
+	Function string              `json:"function"`
+	Team     string              `json:"team"`
+	Result   string              `json:"result"` // ok | error | pending | timed_out
+	Error    *protocol.CallError `json:"error,omitempty"`
+}
+
+func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
+	watch, err := d.WatchStatus(r.Context(), r.PathValue("id"))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+		writeError(w, http.StatusNotFound, "no watch with id "+r.PathValue("id"))
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "could not read the watch")
+		return
+	}
+	rep := watchReport{Watch: watch, TurnDetails: []turnReport{}}
+	for _, key := range watch.Turns {
+		t, _, err := d.turns.get(r.Context(), key)
+		if err != nil {
+			continue
+		}
+		tr := turnReport{Key: t.Key, State: t.State, Deadline: t.Deadline.Format(timeFormat), ExpiresAt: t.ExpiresAt.Format(timeFormat),
+			CutOff: t.CutOff, Error: t.Error}
+		if !t.SubmittedAt.IsZero() {
+			tr.SubmittedAt = t.SubmittedAt.Format(timeFormat)
+		}
+		for i := range t.Calls {
+			c := &t.Calls[i]
+			cr := callReport{ID: c.ID, Function: c.Name, Team: c.Team, Result: "pending"}
+			if timedOut(t, c.Key) {
+				cr.Result = "timed_out"
+			} else if res, err := d.gather.result(r.Context(), t, c); err == nil {
+				cr.Result, cr.Error = "ok", res.Error
+				if res.Error != nil {
+					cr.Result = "error"
+				}
+			}
+			tr.Calls = append(tr.Calls, cr)
+		}
+		rep.TurnDetails = append(rep.TurnDetails, tr)
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+const timeFormat = "2006-01-02T15:04:05.000Z07:00"
+
+func writeFieldError(w http.ResponseWriter, fe *FieldError) {
+	body := map[string]any{"message": strings.TrimPrefix(fe.Message, "dispatch: ")}
+	if fe.Field != "" {
+		body["field"] = fe.Field
+	}
+	writeJSON(w, http.StatusBadRequest, map[string]any{"error": body})
+}
+
+func writeError(w http.ResponseWriter, status int, message string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": message}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,190 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Platform is an agent platform seen from the dispatcher: it can be polled
+// for what it waits for, and it takes the outputs of a turn.
+//
+// Implementations must make Submit safe to repeat: a dispatcher that crashed
+// after submitting repeats the submission with the same turn, and the
+// platform's "already submitted" answer must count as success.
+type Platform interface {
+	Name() protocol.Platform
+	// Poll reads the state of the object ref names.
+	Poll(ctx context.Context, ref Ref) (*Observation, error)
+	// Submit gives the platform every output of turn.
+	Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error)
+}
+
+// Ref names what the dispatcher drives on a platform.
+type Ref struct {
+	Platform protocol.Platform `json:"platform"`
+	// SessionID names an Agents session.
+	SessionID string `json:"session_id,omitempty"`
+	// ThreadID and RunID name an Assistants run.
+	ThreadID string `json:"thread_id,omitempty"`
+	RunID    string `json:"run_id,omitempty"`
+	// ResponseID names a response; Conversation, Model and Agent are
+	// carried into its continuations.
+	ResponseID   string          `json:"response_id,omitempty"`
+	Conversation string          `json:"conversation,omitempty"`
+	Model        string          `json:"model,omitempty"`
+	Agent        *AgentReference `json:"agent,omitempty"`
+	Background   bool            `json:"background,omitempty"`
+}
+
+// AgentReference names a Microsoft Foundry agent, sent as agent_reference.
+type AgentReference struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+}
+
+// Validate reports the first missing or malformed field, naming it.
+func (r *Ref) Validate() error {
+	need := func(field, v string) error {
+		if v == "" {
+			return &FieldError{Field: field, Message: fmt.Sprintf("%s is required for platform %q", field, r.Platform)}
+		}
+		if len(v) > 256 {
+			return &FieldError{Field: field, Message: field + " is longer than 256 characters"}
+		}
+		return nil
+	}
+	switch r.Platform {
+	case protocol.PlatformAgents:
+		return need("session_id", r.SessionID)
+	case protocol.PlatformAssistants:
+		return errors.Join(need("thread_id", r.ThreadID), need("run_id", r.RunID))
+	case protocol.PlatformResponses:
+		if r.Agent != nil && r.Agent.Name == "" {
+			return &FieldError{Field: "agent.name", Message: "agent.name is required when agent is given"}
+		}
+		return need("response_id", r.ResponseID)
+	case "":
+		return &FieldError{Field: "platform", Message: "platform is required: agents, assistants or responses"}
+	}
+	return &FieldError{Field: "platform", Message: fmt.Sprintf("unknown platform %q: want agents, assistants or responses", r.Platform)}
+}
+
+// String names the object for logs.
+func (r Ref) String() string {
+	switch r.Platform {
+	case protocol.PlatformAgents:
+		return "agents session " + r.SessionID
+	case protocol.PlatformAssistants:
+		return "assistants run " + r.ThreadID + "/" + r.RunID
+	default:
+		return "response " + r.ResponseID
+	}
+}
+
+// FieldError is a validation error about one field of a request.
+type FieldError struct {
+	Field   string
+	Message string
+}
+
+func (e *FieldError) Error() string { return "dispatch: " + e.Message }
+
+// State is what a polled platform object is doing.
+type State int
+
+// States of a polled object.
+const (
+	// Running: the model is working; poll again later.
+	Running State = iota
+	// RequiresAction: the model waits for the calls of Observation.Turn.
+	RequiresAction
+	// Done: the object finished; Observation.Answer may hold its answer.
+	Done
+	// Failed: the object failed, was cancelled or expired; see Reason.
+	Failed
+)
+
+func (s State) String() string {
+	switch s {
+	case Running:
+		return "running"
+	case RequiresAction:
+		return "requires_action"
+	case Done:
+		return "done"
+	}
+	return "failed"
+}
+
+// Observation is the result of polling.
+type Observation struct {
+	State  State
+	Turn   *TurnRequest
+	Answer string
+	Reason string
+}
+
+// TurnRequest is a required action: the calls a model waits for.
+type TurnRequest struct {
+	Ref Ref
+	// Scope identifies the platform object within the platform: session and
+	// turn, thread and run, or response.
+	Scope string
+	// TurnID is the platform's turn ID (Agents), needed to answer.
+	TurnID string
+	Calls  []CallRequest
+	// ExpiresAt is when the platform expires the run; zero if it gives
+	// none, and then the dispatcher's RunTTL applies.
+	ExpiresAt time.Time
+}
+
+// CallRequest is one function call the model asked for.
+type CallRequest struct {
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+// Key is the turn's key.
+func (r *TurnRequest) Key() protocol.TurnKey {
+	ids := make([]string, len(r.Calls))
+	for i, c := range r.Calls {
+		ids[i] = c.ID
+	}
+	return protocol.NewTurnKey(r.Ref.Platform, r.Scope, ids)
+}
+
+// Output is the result of one call of a turn, ready to submit.
+type Output struct {
+	Call   TurnCall
+	Result *protocol.Result
+}
+
+// Submission is what a platform answered to a submission.
+type Submission struct {
+	// Next is the object to drive next, when the submission created one
+	// (a Responses continuation); nil otherwise.
+	Next *Ref
+}
+
+// PlatformError is an error the platform returned, classified for retry.
+type PlatformError struct {
+	Op         string
+	StatusCode int
+	// Retryable: 429, 5xx or a transport error.
+	Retryable bool
+	// RetryAfter is the delay the platform asked for, if any.
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *PlatformError) Error() string {
+	return fmt.Sprintf("dispatch: %s: %v", e.Op, e.Err)
+}
+
+func (e *PlatformError) Unwrap() error { return e.Err }

@@ -1,0 +1,101 @@
+package dispatch
+
+import (
+	"context"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Responses drives the Responses API and Microsoft Foundry agents: a
+// response whose output has function_call items is answered by a new
+// response with function_call_output items and previous_response_id (or
+// the same conversation); the loop goes on until a response has no calls.
+type Responses struct{ client openai.Client }
+
+// NewResponses returns the Responses adapter.
+func NewResponses(client openai.Client) *Responses { return &Responses{client: client} }
+
+// Name implements Platform.
+func (*Responses) Name() protocol.Platform { return protocol.PlatformResponses }
+
+// Poll implements Platform.
+func (a *Responses) Poll(ctx context.Context, ref Ref) (*Observation, error) {
+	r, err := a.client.Responses.Get(ctx, ref.ResponseID, responses.ResponseGetParams{})
+	if err != nil {
+		return nil, classify("get response "+ref.ResponseID, err)
+	}
+	switch r.Status {
+	case "completed":
+		turn := &TurnRequest{Ref: ref, Scope: r.ID}
+		if turn.Ref.Model == "" && ref.Agent == nil {
+			turn.Ref.Model = r.Model
+		}
+		if turn.Ref.Conversation == "" && r.Conversation.ID != "" {
+			turn.Ref.Conversation = r.Conversation.ID
+		}
+		turn.Ref.Background = r.Background
+		for _, it := range r.Output {
+			if it.Type == "function_call" {
+				fc := it.AsFunctionCall()
+				turn.Calls = append(turn.Calls, CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: []byte(fc.Arguments)})
+			}
+		}
+		if len(turn.Calls) == 0 {
+			return &Observation{State: Done, Answer: r.OutputText()}, nil
+		}
+		return &Observation{State: RequiresAction, Turn: turn}, nil
+	case "failed", "cancelled", "incomplete":
+		reason := "response " + string(r.Status)
+		if r.Error.Message != "" {
+			reason += ": " + r.Error.Message
+		}
+		return &Observation{State: Failed, Reason: reason}, nil
+	}
+	return &Observation{State: Running}, nil
+}
+
+// Submit creates the continuation: function_call_output items for every
+// call, chained by previous_response_id (or the conversation), with the
+// Foundry agent reference when there is one. The Idempotency-Key is stable
+// per turn.
+func (a *Responses) Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error) {
+	ref := turn.Ref
+	params := responses.ResponseNewParams{}
+	if ref.Model != "" {
+		params.Model = ref.Model
+	}
+	if ref.Conversation != "" {
+		params.Conversation = responses.ResponseNewParamsConversationUnion{OfString: openai.String(ref.Conversation)}
+	} else {
+		params.PreviousResponseID = openai.String(ref.ResponseID)
+	}
+	if ref.Background {
+		params.Background = openai.Bool(true)
+	}
+	items := make(responses.ResponseInputParam, 0, len(outputs))
+	for _, o := range outputs {
+		item := responses.ResponseInputItemParamOfFunctionCallOutput(modelOutput(o.Result, maxResponsesOutput))
+		item.OfFunctionCallOutput.CallID = openai.String(o.Call.ID)
+		items = append(items, item)
+	}
+	params.Input = responses.ResponseNewParamsInputUnion{OfInputItemList: items}
+	opts := append([]option.RequestOption{option.WithHeader("Idempotency-Key", "toolrelay-"+string(turn.Key))}, submitOpts...)
+	if ref.Agent != nil {
+		agent := map[string]any{"type": "agent_reference", "name": ref.Agent.Name}
+		if ref.Agent.Version != "" {
+			agent["version"] = ref.Agent.Version
+		}
+		opts = append(opts, option.WithJSONSet("agent_reference", agent))
+	}
+	r, err := a.client.Responses.New(ctx, params, opts...)
+	if err != nil {
+		return nil, classify("continue response "+ref.ResponseID, err)
+	}
+	next := ref
+	next.ResponseID = r.ID
+	return &Submission{Next: &next}, nil
+}

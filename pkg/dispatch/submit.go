@@ -1,0 +1,199 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// closeTurn moves a collecting turn to submitting and, if this replica wins
+// the compare-and-set, submits it. With cutOff (the deadline fired) the
+// calls without a result are submitted as timed out; the decision is
+// written into the record, so a repeated submission after a crash submits
+// exactly the same outputs.
+func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff bool) {
+	var timedOut []protocol.CallKey
+	if cutOff {
+		t, _, err := d.turns.get(ctx, key)
+		if err != nil || t.State != StateCollecting {
+			return
+		}
+		for i := range t.Calls {
+			c := &t.Calls[i]
+			if _, err := d.gather.result(ctx, t, c); err != nil {
+				timedOut = append(timedOut, c.Key)
+			}
+		}
+	}
+	now := time.Now().UTC()
+	t, err := d.turns.transition(ctx, key, StateCollecting, func(t *Turn) {
+		t.State = StateSubmitting
+		t.Owner = d.opts.Name
+		t.SubmittingSince = now
+		t.CutOff = cutOff
+		t.TimedOut = timedOut
+	})
+	if err != nil {
+		d.log.Error("closing turn failed", "turn", key, "err", err)
+		return
+	}
+	if t == nil {
+		d.gather.forget(key) // another replica closed it
+		return
+	}
+	if cutOff {
+		d.log.Warn("deadline reached; submitting without every result", "turn", key, "timed_out", len(timedOut))
+	}
+	d.submit(ctx, t)
+}
+
+// takeOver claims a turn stuck in submitting (its owner died) and submits
+// it again.
+func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
+	const stuckAfter = 10 * time.Second
+	for {
+		t, rev, err := d.turns.get(ctx, key)
+		if err != nil || t.State != StateSubmitting {
+			return
+		}
+		wait := time.Until(t.SubmittingSince.Add(stuckAfter))
+		if wait > 0 {
+			sleepCtx(ctx, wait)
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		t.Owner = d.opts.Name
+		t.SubmittingSince = time.Now().UTC()
+		if _, err := d.turns.update(ctx, t, rev); errors.Is(err, errConflict) {
+			continue
+		} else if err != nil {
+			d.log.Error("taking over turn failed", "turn", key, "err", err)
+			return
+		}
+		d.log.Warn("took over a turn stuck in submitting", "turn", key)
+		d.submit(ctx, t)
+		return
+	}
+}
+
+// submit gathers the outputs of a turn this replica owns, gives them to
+// the platform (retrying what may be retried, until the run expires) and
+// records the outcome.
+func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
+	defer d.gather.forget(t.Key)
+	outputs, err := d.outputs(ctx, t)
+	var sub *Submission
+	if err == nil {
+		sub, err = d.submitWithRetry(ctx, t, outputs)
+	}
+	now := time.Now().UTC()
+	final, cerr := d.turns.transition(ctx, t.Key, StateSubmitting, func(r *Turn) {
+		r.SubmittedAt = now
+		if err != nil {
+			r.State = StateFailed
+			r.Error = err.Error()
+			return
+		}
+		r.State = StateSubmitted
+		if sub != nil {
+			r.Next = sub.Next
+		}
+	})
+	if cerr != nil || final == nil {
+		d.log.Error("recording the submission failed", "turn", t.Key, "err", cerr)
+		return
+	}
+	ev := Event{Kind: TurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
+	if err != nil {
+		ev.Kind = TurnFailed
+		d.log.Error("submission failed", "turn", t.Key, "platform", t.Ref.Platform, "err", err)
+	} else {
+		d.log.Info("turn submitted", "turn", t.Key, "platform", t.Ref.Platform, "latency", ev.Latency, "time_left", ev.TimeLeft)
+	}
+	d.emit(ev)
+}
+
+// outputs lists the result of every call, in the turn's order.
+func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
+	out := make([]Output, 0, len(t.Calls))
+	for i := range t.Calls {
+		c := t.Calls[i]
+		var res *protocol.Result
+		if timedOut(t, c.Key) {
+			res = &protocol.Result{
+				Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
+				Error: &protocol.CallError{Code: protocol.CodeTimeout,
+					Message: fmt.Sprintf("%s timed out after %s. Continue without its result, or try again with a simpler request.",
+						c.Name, t.Deadline.Sub(t.CreatedAt).Round(time.Second))},
+				FinishedAt: t.SubmittingSince,
+			}
+		} else {
+			var err error
+			if res, err = d.gather.result(ctx, t, &c); err != nil {
+				return nil, fmt.Errorf("dispatch: result of call %s (%s): %w", c.ID, c.Name, err)
+			}
+		}
+		out = append(out, Output{Call: c, Result: res})
+	}
+	return out, nil
+}
+
+func timedOut(t *Turn, key protocol.CallKey) bool {
+	for _, k := range t.TimedOut {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// submitWithRetry retries 429, 5xx and transport errors with exponential
+// backoff and jitter, honouring Retry-After, until the run expires.
+func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Output) (*Submission, error) {
+	p := d.platforms[t.Ref.Platform]
+	if p == nil {
+		return nil, fmt.Errorf("dispatch: no adapter for platform %q", t.Ref.Platform)
+	}
+	ctx, cancel := context.WithDeadline(ctx, t.ExpiresAt)
+	defer cancel()
+	backoff := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		actx, acancel := context.WithTimeout(ctx, 30*time.Second)
+		sub, err := p.Submit(actx, t, outputs)
+		acancel()
+		if err == nil {
+			return sub, nil
+		}
+		var pe *PlatformError
+		if !errors.As(err, &pe) || !pe.Retryable {
+			return nil, err
+		}
+		wait := max(pe.RetryAfter, jitter(backoff))
+		backoff = min(backoff*2, 8*time.Second)
+		if time.Now().Add(wait).After(t.ExpiresAt) {
+			return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)
+		}
+		d.log.Warn("submission failed; retrying", "turn", t.Key, "attempt", attempt, "wait", wait, "err", err)
+		sleepCtx(ctx, wait)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (gave up: %v)", err, context.Cause(ctx))
+		}
+	}
+}
+
+// jitter returns d less up to 25%.
+func jitter(d time.Duration) time.Duration {
+	return d - time.Duration(rand.Int64N(int64(d)/4+1))
+}
+
+// lateResult notes a result that arrived after its turn was closed: it is
+// recorded in the stream, but the turn was submitted without it.
+func (d *Dispatcher) lateResult(t *Turn) {
+	d.log.Info("late result for a closed turn; not submitted", "turn", t.Key, "state", t.State)
+}

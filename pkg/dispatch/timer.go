@@ -1,0 +1,69 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Deadline timers are JetStream scheduled messages: one per turn, armed at
+// intake, firing at the turn's deadline into a consumer all replicas share.
+// They live in the server, so they survive any dispatcher crash.
+
+const timersConsumer = "toolrelay_timers"
+
+// scheduleDeadline arms t's timer. Arming twice is deduplicated.
+func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
+	// @at has second resolution and would fire up to 1s early: round up.
+	at := t.Deadline.Truncate(time.Second)
+	if at.Before(t.Deadline) {
+		at = at.Add(time.Second)
+	}
+	_, err := d.js.Publish(ctx, protocol.TimerScheduleSubject(t.Key), []byte(t.Key),
+		jetstream.WithMsgID("timer."+string(t.Key)),
+		jetstream.WithScheduleAt(at),
+		jetstream.WithScheduleTarget(protocol.TimerFireSubject(t.Key)))
+	return err
+}
+
+func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
+	cons, err := provision.Consumer(ctx, d.timers, jetstream.ConsumerConfig{
+		Durable:       timersConsumer,
+		Description:   "toolrelay dispatchers firing turn deadlines",
+		FilterSubject: protocol.TimerSubjectPrefix + ".fire.>",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: 10000,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		key, err := protocol.ParseTimerFireSubject(msg.Subject())
+		if err != nil {
+			d.log.Error("ignoring malformed timer", "subject", msg.Subject(), "err", err)
+			_ = msg.Term()
+			return
+		}
+		_ = msg.Ack()
+		// Closing may submit to the platform: do it off the consumer.
+		if !d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) }) {
+			_ = msg.Nak()
+		}
+	}, jetstream.PullMaxMessages(256), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			d.log.Warn("consuming timers", "err", err)
+		}
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return func() { cc.Stop(); <-cc.Closed() }, nil
+}

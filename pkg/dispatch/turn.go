@@ -1,0 +1,158 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// TurnState is where a turn is in its life. It only moves forward:
+// collecting → submitting → submitted | failed, by compare-and-set.
+type TurnState string
+
+// Turn states.
+const (
+	StateCollecting TurnState = "collecting"
+	StateSubmitting TurnState = "submitting"
+	StateSubmitted  TurnState = "submitted"
+	StateFailed     TurnState = "failed"
+)
+
+// Turn is the dispatcher's record of one turn, kept in the turn bucket so
+// that any replica can finish it and a restarted one resumes it.
+type Turn struct {
+	Version int              `json:"v"`
+	Key     protocol.TurnKey `json:"key"`
+	Ref     Ref              `json:"ref"`
+	Scope   string           `json:"scope"`
+	TurnID  string           `json:"turn_id,omitempty"`
+	State   TurnState        `json:"state"`
+	Calls   []TurnCall       `json:"calls"`
+	// CreatedAt is when the dispatcher took the turn in.
+	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is when the platform expires the run; Deadline is when the
+	// dispatcher submits whatever it has (ExpiresAt minus the margin).
+	ExpiresAt time.Time `json:"expires_at"`
+	Deadline  time.Time `json:"deadline"`
+	// Owner is the replica that won the right to submit, since
+	// SubmittingSince.
+	Owner           string    `json:"owner,omitempty"`
+	SubmittingSince time.Time `json:"submitting_since,omitzero"`
+	SubmittedAt time.Time `json:"submitted_at,omitzero"`
+	// CutOff is set when the deadline, not the last result, closed the
+	// turn; TimedOut lists the calls submitted as timed out.
+	CutOff   bool               `json:"cut_off,omitempty"`
+	TimedOut []protocol.CallKey `json:"timed_out,omitempty"`
+	Error  string `json:"error,omitempty"`
+	// Next is what the submission created to drive next (Responses).
+	Next    *Ref   `json:"next,omitempty"`
+	WatchID string `json:"watch_id,omitempty"`
+}
+
+// TurnCall is one call of a turn.
+type TurnCall struct {
+	ID        string           `json:"id"`
+	Name      string           `json:"name"`
+	Key       protocol.CallKey `json:"key"`
+	Team      string           `json:"team"`
+	Arguments json.RawMessage  `json:"arguments"`
+	// Rejected calls failed at intake and were never published.
+	Rejected bool `json:"rejected,omitempty"`
+}
+
+// resultSubject is where this call's result is recorded.
+func (c *TurnCall) resultSubject() string { return protocol.ResultSubject(c.Team, c.Key) }
+
+// Open reports whether the turn still waits for results.
+func (t *Turn) Open() bool { return t.State == StateCollecting || t.State == StateSubmitting }
+
+func (t *Turn) call(key protocol.CallKey) *TurnCall {
+	for i := range t.Calls {
+		if t.Calls[i].Key == key {
+			return &t.Calls[i]
+		}
+	}
+	return nil
+}
+
+func encodeTurn(t *Turn) ([]byte, error) { return json.Marshal(t) }
+
+func decodeTurn(b []byte) (*Turn, error) {
+	var t Turn
+	if err := json.Unmarshal(b, &t); err != nil {
+		return nil, fmt.Errorf("dispatch: decode turn record: %w", err)
+	}
+	if err := t.Key.Validate(); err != nil {
+		return nil, fmt.Errorf("dispatch: turn record: %w", err)
+	}
+	return &t, nil
+}
+
+// turnStore reads and changes turn records by compare-and-set.
+type turnStore struct{ kv jetstream.KeyValue }
+
+// errConflict means another replica changed the record first.
+var errConflict = errors.New("dispatch: turn record changed concurrently")
+
+func (s turnStore) get(ctx context.Context, key protocol.TurnKey) (*Turn, uint64, error) {
+	e, err := s.kv.Get(ctx, string(key))
+	if err != nil {
+		return nil, 0, err
+	}
+	t, err := decodeTurn(e.Value())
+	return t, e.Revision(), err
+}
+
+// create stores a new record; it returns errConflict if one exists.
+func (s turnStore) create(ctx context.Context, t *Turn) (uint64, error) {
+	b, err := encodeTurn(t)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := s.kv.Create(ctx, string(t.Key), b)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, errConflict
+	}
+	return rev, err
+}
+
+// update replaces the record at revision rev; errConflict if it moved.
+func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, error) {
+	b, err := encodeTurn(t)
+	if err != nil {
+		return 0, err
+	}
+	rev, err = s.kv.Update(ctx, string(t.Key), b, rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, errConflict
+	}
+	return rev, err
+}
+
+// transition moves the record from one state to the next with change
+// applied, retrying on concurrent changes that leave it in from. It returns
+// the new record, or (nil, nil) if the turn is no longer in state from.
+func (s turnStore) transition(ctx context.Context, key protocol.TurnKey, from TurnState, change func(*Turn)) (*Turn, error) {
+	for {
+		t, rev, err := s.get(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if t.State != from {
+			return nil, nil
+		}
+		change(t)
+		if _, err := s.update(ctx, t, rev); errors.Is(err, errConflict) {
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		return t, nil
+	}
+}

@@ -1,0 +1,279 @@
+package dispatch
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// A watch is the dispatcher driving a platform object it cannot learn of
+// by webhook: it polls the object, takes in each required action as a turn,
+// and for Responses follows each continuation, until the object is done.
+
+// WatchState is where a watch is.
+type WatchState string
+
+// Watch states.
+const (
+	WatchActive    WatchState = "watching"
+	WatchCompleted WatchState = "completed"
+	WatchFailed    WatchState = "failed"
+)
+
+// Watch is the record of a watch, kept in the watch bucket.
+type Watch struct {
+	ID string `json:"id"`
+	// Ref is what was asked for; Current what is driven now (a Responses
+	// continuation moves it).
+	Ref       Ref                `json:"ref"`
+	Current   Ref                `json:"current"`
+	State     WatchState         `json:"state"`
+	Turns     []protocol.TurnKey `json:"turns"`
+	Answer    string             `json:"answer,omitempty"`
+	Error     string             `json:"error,omitempty"`
+	CreatedAt time.Time          `json:"created_at"`
+	UpdatedAt time.Time          `json:"updated_at"`
+}
+
+// ErrNotRunning is returned by Watch when the dispatcher is not running.
+var ErrNotRunning = errors.New("dispatch: dispatcher is not running")
+
+// watchID is stable per object, so asking twice to watch the same object
+// yields the same watch.
+func watchID(ref Ref) string {
+	b, _ := json.Marshal(ref)
+	sum := sha256.Sum256(b)
+	return "w_" + hex.EncodeToString(sum[:12])
+}
+
+// Watch starts driving ref and returns its record. Watching an object that
+// is already watched returns the existing watch.
+func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
+	if err := ref.Validate(); err != nil {
+		return nil, err
+	}
+	if _, ok := d.platforms[ref.Platform]; !ok {
+		return nil, &FieldError{Field: "platform", Message: fmt.Sprintf("platform %q is not configured on this dispatcher", ref.Platform)}
+	}
+	if !d.Ready() {
+		return nil, ErrNotRunning
+	}
+	id := watchID(ref)
+	now := time.Now().UTC()
+	w := &Watch{ID: id, Ref: ref, Current: ref, State: WatchActive, CreatedAt: now, UpdatedAt: now}
+	for {
+		e, err := d.watches.Get(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			b, _ := json.Marshal(w)
+			if _, err = d.watches.Create(ctx, id, b); errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+		} else if err == nil {
+			var have Watch
+			if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && time.Since(have.UpdatedAt) < time.Minute {
+				return &have, nil
+			}
+			b, _ := json.Marshal(w)
+			if _, err = d.watches.Update(ctx, id, b, e.Revision()); errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dispatch: record watch: %w", err)
+		}
+		break
+	}
+	if !d.background(func(ctx context.Context) { d.drive(ctx, w) }) {
+		return nil, ErrNotRunning
+	}
+	return w, nil
+}
+
+// WatchStatus returns the record of a watch, or jetstream.ErrKeyNotFound.
+func (d *Dispatcher) WatchStatus(ctx context.Context, id string) (*Watch, error) {
+	e, err := d.watches.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var w Watch
+	if err := json.Unmarshal(e.Value(), &w); err != nil {
+		return nil, fmt.Errorf("dispatch: decode watch %s: %w", id, err)
+	}
+	return &w, nil
+}
+
+// Turn returns the record of a turn, or jetstream.ErrKeyNotFound.
+func (d *Dispatcher) Turn(ctx context.Context, key protocol.TurnKey) (*Turn, error) {
+	t, _, err := d.turns.get(ctx, key)
+	return t, err
+}
+
+func (d *Dispatcher) saveWatch(ctx context.Context, w *Watch) {
+	w.UpdatedAt = time.Now().UTC()
+	b, _ := json.Marshal(w)
+	if _, err := d.watches.Put(ctx, w.ID, b); err != nil {
+		d.log.Warn("saving watch failed", "watch", w.ID, "err", err)
+	}
+}
+
+// drive polls w's object and takes in each required action until the
+// object is done, failed, or MaxSteps turns were driven.
+func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
+	log := d.log.With("watch", w.ID, "ref", w.Ref.String())
+	p := d.platforms[w.Ref.Platform]
+	backoff := d.opts.PollInterval
+	const maxBackoff = 5 * time.Second
+	wait := func() {
+		sleepCtx(ctx, jitter(backoff))
+		backoff = min(backoff*3/2, maxBackoff)
+	}
+	finish := func(state WatchState, answer, reason string) {
+		w.State, w.Answer, w.Error = state, answer, reason
+		d.saveWatch(ctx, w)
+		log.Info("watch ended", "state", state, "reason", reason)
+	}
+	lastSave := time.Now()
+	for ctx.Err() == nil {
+		if time.Since(lastSave) > 20*time.Second {
+			d.saveWatch(ctx, w) // keep UpdatedAt fresh: this watch is alive
+			lastSave = time.Now()
+		}
+		obs, err := p.Poll(ctx, w.Current)
+		if err != nil {
+			var pe *PlatformError
+			if errors.As(err, &pe) && !pe.Retryable {
+				finish(WatchFailed, "", err.Error())
+				return
+			}
+			log.Warn("poll failed; retrying", "err", err)
+			wait()
+			continue
+		}
+		switch obs.State {
+		case Running:
+			wait()
+		case Done:
+			finish(WatchCompleted, obs.Answer, "")
+			return
+		case Failed:
+			d.cancelTurns(ctx, w)
+			finish(WatchFailed, "", obs.Reason)
+			return
+		case RequiresAction:
+			if len(w.Turns) >= d.opts.MaxSteps {
+				finish(WatchFailed, "", fmt.Sprintf("stopped after %d turns (the max-steps limit)", d.opts.MaxSteps))
+				return
+			}
+			t, fresh, err := d.intakeForWatch(ctx, obs.Turn, w)
+			if err != nil {
+				log.Error("intake failed; retrying", "err", err)
+				wait()
+				continue
+			}
+			t, err = d.awaitClosed(ctx, t.Key)
+			if err != nil {
+				return // shutting down; resumeWatches picks it up
+			}
+			if t.State == StateFailed {
+				finish(WatchFailed, "", "submission failed: "+t.Error)
+				return
+			}
+			if t.Next != nil {
+				w.Current = *t.Next
+			}
+			d.saveWatch(ctx, w)
+			lastSave = time.Now()
+			if fresh {
+				backoff = d.opts.PollInterval
+			} else {
+				wait() // the platform has not caught up with our submission
+			}
+		}
+	}
+}
+
+// intakeForWatch takes the turn in and adds it to the watch; fresh reports
+// whether this call created it.
+func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Watch) (*Turn, bool, error) {
+	key := req.Key()
+	for _, k := range w.Turns {
+		if k == key {
+			t, _, err := d.turns.get(ctx, key)
+			return t, false, err
+		}
+	}
+	t, err := d.Intake(ctx, req)
+	if err != nil {
+		return nil, false, err
+	}
+	w.Turns = append(w.Turns, key)
+	d.saveWatch(ctx, w)
+	return t, true, nil
+}
+
+// awaitClosed waits until a turn is submitted or failed.
+func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey) (*Turn, error) {
+	kw, err := d.turns.kv.Watch(ctx, string(key))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = kw.Stop() }()
+	for {
+		select {
+		case e, ok := <-kw.Updates():
+			if !ok {
+				return nil, errors.New("dispatch: turn watch closed")
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			t, err := decodeTurn(e.Value())
+			if err != nil {
+				return nil, err
+			}
+			if t.State == StateSubmitted || t.State == StateFailed {
+				return t, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// cancelTurns closes the open turns of a watch whose object the platform
+// cancelled or expired: nothing can be submitted any more.
+func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch) {
+	for _, key := range w.Turns {
+		t, err := d.turns.transition(ctx, key, StateCollecting, func(t *Turn) {
+			t.State = StateFailed
+			t.Error = "the platform ended the run before the turn was submitted"
+		})
+		if err == nil && t != nil {
+			d.gather.forget(key)
+			d.emit(Event{Kind: TurnFailed, Turn: t})
+		}
+	}
+}
+
+// resumeWatches restarts the drivers of active watches (after a restart).
+func (d *Dispatcher) resumeWatches(ctx context.Context) {
+	keys, err := d.watches.ListKeys(ctx)
+	if err != nil {
+		return
+	}
+	for k := range keys.Keys() {
+		w, err := d.WatchStatus(ctx, k)
+		if err != nil || w.State != WatchActive {
+			continue
+		}
+		d.background(func(ctx context.Context) { d.drive(ctx, w) })
+	}
+}
