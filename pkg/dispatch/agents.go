@@ -140,4 +140,3 @@ func (a *Agents) submitOne(ctx context.Context, turn *Turn, o Output) error {
 func idempotencyKey(key protocol.CallKey) string {
 	return "toolrelay-" + strings.ReplaceAll(string(key), ".", "-")
 }
-

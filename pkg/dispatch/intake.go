@@ -228,4 +228,3 @@ func (d *Dispatcher) emit(e Event) {
 		d.opts.OnEvent(e)
 	}
 }
-

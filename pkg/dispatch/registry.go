@@ -1,20 +1,16 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/santhosh-tekuri/jsonschema/v6"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
 
+	"github.com/toolrelay/toolrelay/internal/schema"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -31,7 +27,7 @@ type registry struct {
 
 type function struct {
 	spec   *protocol.FunctionSpec
-	schema *jsonschema.Schema
+	schema *schema.Schema
 }
 
 func newRegistry(kv jetstream.KeyValue, log *slog.Logger) *registry {
@@ -110,76 +106,16 @@ func compileFunction(data []byte) (*function, error) {
 	if err != nil {
 		return nil, err
 	}
-	schema, err := compileSchema(spec.Name, spec.Parameters)
+	s, err := schema.Compile(spec.Name, spec.Parameters)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dispatch: %w", err)
 	}
-	return &function{spec: spec, schema: schema}, nil
-}
-
-// compileSchema compiles a function's parameter schema. References to other
-// documents are refused: a schema must be self-contained.
-func compileSchema(name string, raw []byte) (*jsonschema.Schema, error) {
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-	if err != nil {
-		return nil, fmt.Errorf("dispatch: schema of %s: %w", name, err)
-	}
-	c := jsonschema.NewCompiler()
-	c.UseLoader(refuseLoader{})
-	url := "toolrelay:///functions/" + name
-	if err := c.AddResource(url, doc); err != nil {
-		return nil, fmt.Errorf("dispatch: schema of %s: %w", name, err)
-	}
-	s, err := c.Compile(url)
-	if err != nil {
-		return nil, fmt.Errorf("dispatch: schema of %s: %w", name, err)
-	}
-	return s, nil
-}
-
-type refuseLoader struct{}
-
-func (refuseLoader) Load(url string) (any, error) {
-	return nil, fmt.Errorf("schema references %s: only self-contained schemas are allowed", url)
+	return &function{spec: spec, schema: s}, nil
 }
 
 // validate checks arguments against the function's schema and returns a
 // message for the model, or "" if they are valid.
-func (f *function) validate(args []byte) string {
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
-	if err != nil {
-		return fmt.Sprintf("The arguments for %s are not valid JSON (%v). Call it again with a JSON object that matches its parameters.", f.spec.Name, err)
-	}
-	if err := f.schema.Validate(inst); err != nil {
-		msg := err.Error()
-		var ve *jsonschema.ValidationError
-		if errors.As(err, &ve) {
-			msg = describeViolations(ve)
-		}
-		return protocol.Truncate(fmt.Sprintf("The arguments for %s do not match its parameters: %s. Fix them and call it again.", f.spec.Name, msg), 2048)
-	}
-	return ""
-}
-
-var printer = message.NewPrinter(language.English)
-
-// describeViolations lists the leaf errors as "at /path: message".
-func describeViolations(ve *jsonschema.ValidationError) string {
-	var parts []string
-	var walk func(e *jsonschema.ValidationError)
-	walk = func(e *jsonschema.ValidationError) {
-		if len(e.Causes) == 0 {
-			loc := "/" + strings.Join(e.InstanceLocation, "/")
-			parts = append(parts, fmt.Sprintf("at %s: %s", loc, e.ErrorKind.LocalizedString(printer)))
-			return
-		}
-		for _, c := range e.Causes {
-			walk(c)
-		}
-	}
-	walk(ve)
-	return strings.Join(parts, "; ")
-}
+func (f *function) validate(args []byte) string { return f.schema.Check(args) }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -44,12 +44,12 @@ type Turn struct {
 	// SubmittingSince.
 	Owner           string    `json:"owner,omitempty"`
 	SubmittingSince time.Time `json:"submitting_since,omitzero"`
-	SubmittedAt time.Time `json:"submitted_at,omitzero"`
+	SubmittedAt     time.Time `json:"submitted_at,omitzero"`
 	// CutOff is set when the deadline, not the last result, closed the
 	// turn; TimedOut lists the calls submitted as timed out.
 	CutOff   bool               `json:"cut_off,omitempty"`
 	TimedOut []protocol.CallKey `json:"timed_out,omitempty"`
-	Error  string `json:"error,omitempty"`
+	Error    string             `json:"error,omitempty"`
 	// Next is what the submission created to drive next (Responses).
 	Next    *Ref   `json:"next,omitempty"`
 	WatchID string `json:"watch_id,omitempty"`

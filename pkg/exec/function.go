@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/schema"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -31,6 +32,8 @@ type Function struct {
 	SideEffects bool
 	// Version is a label of the implementation, shown in the registry.
 	Version string
+
+	schema *schema.Schema
 }
 
 const (
@@ -48,10 +51,11 @@ func (f *Function) validate() error {
 	if len(f.Parameters) == 0 {
 		f.Parameters = json.RawMessage(`{"type":"object","properties":{}}`)
 	}
-	var schema map[string]any
-	if err := json.Unmarshal(f.Parameters, &schema); err != nil {
-		return fmt.Errorf("exec: function %s: parameters must be a JSON Schema object: %w", f.Name, err)
+	s, err := schema.Compile(f.Name, f.Parameters)
+	if err != nil {
+		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
 	}
+	f.schema = s
 	if f.Timeout < 0 || f.Concurrency < 0 || f.MaxConcurrency < 0 {
 		return fmt.Errorf("exec: function %s: timeout and concurrency must not be negative", f.Name)
 	}

@@ -100,6 +100,13 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 
+	// The dispatcher validated the arguments; checking again means a call
+	// published by anything else cannot feed a function bad input.
+	if problem := w.fn.schema.Check(call.Arguments); problem != "" {
+		log.Warn("refusing call with invalid arguments")
+		w.finish(ctx, msg, protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), log)
+		return
+	}
 	res, cancelled := w.run(ctx, msg, call, attempt, log)
 	if cancelled {
 		// Shutdown cut the run short: hand the call to another replica.

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// fileConfig is a functions file: YAML, or JSON (which is YAML).
+type fileConfig struct {
+	Functions []functionConfig `yaml:"functions"`
+}
+
+type functionConfig struct {
+	Name           string         `yaml:"name"`
+	Description    string         `yaml:"description"`
+	Parameters     map[string]any `yaml:"parameters"`
+	Owner          string         `yaml:"owner"`
+	Timeout        string         `yaml:"timeout"`
+	Concurrency    int            `yaml:"concurrency"`
+	MaxConcurrency int            `yaml:"max_concurrency"`
+	SideEffects    bool           `yaml:"side_effects"`
+	Version        string         `yaml:"version"`
+	Command        []string       `yaml:"command"`
+	HTTP           *httpConfig    `yaml:"http"`
+}
+
+type httpConfig struct {
+	URL string `yaml:"url"`
+}
+
+// loadConfig reads a functions file. Unknown keys, a bad schema, a bad or
+// duplicate name: the error names the file and the field, and nothing runs.
+// Functions are grouped by owning team.
+func loadConfig(path string) (map[string][]exec.Function, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var fc fileConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&fc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s: the file is empty; it needs a functions: list", path)
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(fc.Functions) == 0 {
+		return nil, fmt.Errorf("%s: functions: the list is empty", path)
+	}
+	teams := map[string][]exec.Function{}
+	seen := map[string]int{}
+	for i, f := range fc.Functions {
+		where := fmt.Sprintf("%s: functions[%d]", path, i)
+		if f.Name != "" {
+			where += " (" + f.Name + ")"
+		}
+		fail := func(field, format string, args ...any) error {
+			return fmt.Errorf("%s: %s: %s", where, field, fmt.Sprintf(format, args...))
+		}
+		if err := protocol.ValidateFunctionName(f.Name); err != nil {
+			return nil, fail("name", "%q must match %s", f.Name, protocol.FunctionNamePattern)
+		}
+		if j, dup := seen[f.Name]; dup {
+			return nil, fail("name", "%q is also declared by functions[%d]", f.Name, j)
+		}
+		seen[f.Name] = i
+		if err := protocol.ValidateTeamName(f.Owner); err != nil {
+			return nil, fail("owner", "%q must be a team name matching %s", f.Owner, protocol.TeamNamePattern)
+		}
+		fn := exec.Function{
+			Name: f.Name, Description: f.Description, Concurrency: f.Concurrency,
+			MaxConcurrency: f.MaxConcurrency, SideEffects: f.SideEffects, Version: f.Version,
+		}
+		if f.Timeout != "" {
+			if fn.Timeout, err = time.ParseDuration(f.Timeout); err != nil || fn.Timeout <= 0 {
+				return nil, fail("timeout", "%q is not a positive Go duration such as 30s", f.Timeout)
+			}
+		}
+		if f.Concurrency < 0 {
+			return nil, fail("concurrency", "must not be negative")
+		}
+		if f.MaxConcurrency < 0 {
+			return nil, fail("max_concurrency", "must not be negative")
+		}
+		if f.Parameters != nil {
+			if fn.Parameters, err = json.Marshal(f.Parameters); err != nil {
+				return nil, fail("parameters", "cannot be expressed as JSON: %v", err)
+			}
+		}
+		switch {
+		case f.Command != nil && f.HTTP != nil:
+			return nil, fail("command", "give either command or http, not both")
+		case f.Command != nil:
+			if fn.Handler, err = exec.CommandHandler(f.Command); err != nil {
+				return nil, fail("command", "%v", err)
+			}
+		case f.HTTP != nil:
+			if fn.Handler, err = exec.HTTPHandler(f.HTTP.URL, nil); err != nil {
+				return nil, fail("http.url", "%v", err)
+			}
+		default:
+			return nil, fail("command", "each function needs a command: [argv...] or an http: {url: ...}")
+		}
+		// Register's checks (the schema above all) run here too, so a bad
+		// file never starts serving.
+		probe, _ := exec.New(nil, f.Owner, exec.Options{})
+		if err := probe.Register(fn); err != nil {
+			return nil, fail("parameters", "%v", err)
+		}
+		teams[f.Owner] = append(teams[f.Owner], fn)
+	}
+	return teams, nil
+}

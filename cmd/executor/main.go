@@ -1,0 +1,123 @@
+// Command executor serves functions to toolrelay's dispatcher through NATS
+// JetStream: the seed examples (-demo), or the functions a config file
+// declares (-config), each run as a command or forwarded to an HTTP endpoint.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/demo"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+)
+
+// config is the executor's settings, read from the environment.
+type config struct {
+	NATSURL         string        `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS servers to connect to"`
+	Name            string        `envconfig:"TOOLRELAY_EXECUTOR_NAME" desc:"name of this process in results and logs (default: host-random)"`
+	ShutdownTimeout time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"how long running calls may finish after SIGTERM"`
+	Replicas        int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams the executor creates (3 on a cluster)"`
+	LogLevel        string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "executor:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("executor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	demoMode := fs.Bool("demo", false, "serve the seed example functions (team \"demo\")")
+	configPath := fs.String("config", "", "serve the functions declared in this YAML (or JSON) file")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: executor -demo | -config functions.yaml\n\nFlags:")
+		fs.PrintDefaults()
+		fmt.Fprintln(stderr, "\nSettings (environment variables):")
+		_ = envconfig.Usagef("", &config{}, stderr, envconfig.DefaultTableFormat)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *demoMode == (*configPath != "") {
+		fs.Usage()
+		return errors.New("give exactly one of -demo and -config")
+	}
+	var cfg config
+	if err := envconfig.Process("", &cfg); err != nil {
+		return fmt.Errorf("settings: %w", err)
+	}
+	log := newLogger(stderr, cfg.LogLevel)
+
+	teams := map[string][]exec.Function{demo.Team: demo.Functions()}
+	if !*demoMode {
+		var err error
+		if teams, err = loadConfig(*configPath); err != nil {
+			return err
+		}
+	}
+
+	nc, err := nats.Connect(cfg.NATSURL, nats.Name("toolrelay-executor"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	// One executor per team: a file may declare functions of several.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(teams))
+	for team, funcs := range teams {
+		ex, err := exec.New(js, team, exec.Options{
+			Logger: log, Name: cfg.Name, ShutdownTimeout: cfg.ShutdownTimeout, Replicas: cfg.Replicas,
+		})
+		if err != nil {
+			return err
+		}
+		for _, f := range funcs {
+			if err := ex.Register(f); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(stdout, "executor serving %d function(s) of team %q from %s\n", len(funcs), team, cfg.NATSURL)
+		go func() { errc <- ex.Run(ctx) }()
+	}
+	// The first executor to stop (an error, or the signal) stops the rest.
+	var errs []error
+	for range teams {
+		err := <-errc
+		cancel()
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+}

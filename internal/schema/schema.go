@@ -1,0 +1,95 @@
+// Package schema compiles functions' JSON Schemas and checks arguments
+// against them, with messages written for the model. It wraps
+// santhosh-tekuri/jsonschema, a maintained validator of drafts 4 to 2020-12.
+package schema
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+)
+
+// Schema is a compiled parameter schema. It is safe for concurrent use.
+type Schema struct {
+	function string
+	s        *jsonschema.Schema
+}
+
+// Compile compiles the parameter schema of function. The schema must be a
+// self-contained JSON object: references to other documents are refused.
+func Compile(function string, raw []byte) (*Schema, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("schema of %s: not JSON: %w", function, err)
+	}
+	if _, ok := doc.(map[string]any); !ok {
+		return nil, fmt.Errorf("schema of %s: must be a JSON object", function)
+	}
+	c := jsonschema.NewCompiler()
+	c.UseLoader(refuseLoader{})
+	url := "toolrelay:///functions/" + function
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, fmt.Errorf("schema of %s: %w", function, err)
+	}
+	s, err := c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("schema of %s: %w", function, err)
+	}
+	return &Schema{function: function, s: s}, nil
+}
+
+type refuseLoader struct{}
+
+func (refuseLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("references %s: only self-contained schemas are allowed", url)
+}
+
+// Check validates arguments and returns a message for the model saying
+// what is wrong, or "" when they are valid.
+func (s *Schema) Check(args []byte) string {
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
+	if err != nil {
+		return fmt.Sprintf("The arguments for %s are not valid JSON (%v). Call it again with a JSON object that matches its parameters.", s.function, err)
+	}
+	if err := s.s.Validate(inst); err != nil {
+		msg := err.Error()
+		var ve *jsonschema.ValidationError
+		if errors.As(err, &ve) {
+			msg = describe(ve)
+		}
+		return truncate(fmt.Sprintf("The arguments for %s do not match its parameters: %s. Fix them and call it again.", s.function, msg), 2048)
+	}
+	return ""
+}
+
+var printer = message.NewPrinter(language.English)
+
+// describe lists the leaf violations as "at /path: message".
+func describe(ve *jsonschema.ValidationError) string {
+	var parts []string
+	var walk func(e *jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) == 0 {
+			loc := "/" + strings.Join(e.InstanceLocation, "/")
+			parts = append(parts, fmt.Sprintf("at %s: %s", loc, e.ErrorKind.LocalizedString(printer)))
+			return
+		}
+		for _, c := range e.Causes {
+			walk(c)
+		}
+	}
+	walk(ve)
+	return strings.Join(parts, "; ")
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}

@@ -1,0 +1,54 @@
+package schema
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCheck(t *testing.T) {
+	s, err := Compile("get_weather", []byte(`{"type":"object","properties":{"location":{"type":"string"},"unit":{"enum":["c","f"]}},"required":["location"],"additionalProperties":false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args string
+		want []string // substrings of the message; nil means valid
+	}{
+		{`{"location":"Paris"}`, nil},
+		{`{"location":"Paris","unit":"c"}`, nil},
+		{`{}`, []string{"get_weather", "missing property", "location"}},
+		{`{"location":3}`, []string{"at /location", "string"}},
+		{`{"location":"x","unit":"k"}`, []string{"at /unit"}},
+		{`{"location":"x","extra":1}`, []string{"extra"}},
+		{`not json`, []string{"not valid JSON"}},
+		{`[]`, []string{"object"}},
+	}
+	for _, tc := range tests {
+		got := s.Check([]byte(tc.args))
+		if tc.want == nil {
+			if got != "" {
+				t.Errorf("Check(%s) = %q, want valid", tc.args, got)
+			}
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("Check(%s) = %q, want it to mention %q", tc.args, got, w)
+			}
+		}
+	}
+}
+
+func TestCompileRejects(t *testing.T) {
+	for name, raw := range map[string]string{
+		"not json":      `{`,
+		"not an object": `"string"`,
+		"bad keyword":   `{"type":"nonsense"}`,
+		"remote ref":    `{"$ref":"https://example.com/schema.json"}`,
+		"file ref":      `{"$ref":"file:///etc/passwd"}`,
+	} {
+		if _, err := Compile("f", []byte(raw)); err == nil {
+			t.Errorf("%s: Compile accepted %s", name, raw)
+		}
+	}
+}

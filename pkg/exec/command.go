@@ -1,0 +1,83 @@
+package exec
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	osexec "os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// CommandHandler runs argv for each call: the arguments JSON on stdin, the
+// output read from stdout. A non-zero exit is a failed call whose message is
+// the command's stderr. At the call's deadline the command's whole process
+// group is killed.
+//
+// The command inherits the executor's environment plus
+// TOOLRELAY_FUNCTION, TOOLRELAY_CALL_ID, TOOLRELAY_CALL_KEY and
+// TOOLRELAY_DEADLINE (RFC 3339).
+func CommandHandler(argv []string) (Handler, error) {
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, errors.New("exec: command is empty")
+	}
+	path, err := osexec.LookPath(argv[0])
+	if err != nil {
+		return nil, fmt.Errorf("exec: command %q: %w", argv[0], err)
+	}
+	args := append([]string(nil), argv[1:]...)
+	return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
+		cmd := osexec.CommandContext(ctx, path, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		// Children that keep stdout open must not keep the call waiting.
+		cmd.WaitDelay = time.Second
+		cmd.Stdin = bytes.NewReader(inv.Arguments)
+		cmd.Env = append(cmd.Environ(),
+			"TOOLRELAY_FUNCTION="+inv.Function,
+			"TOOLRELAY_CALL_ID="+inv.Call.CallID,
+			"TOOLRELAY_CALL_KEY="+string(inv.Call.Key),
+			"TOOLRELAY_DEADLINE="+inv.Call.Deadline.Format(time.RFC3339Nano),
+		)
+		stdout := &capped{limit: protocol.MaxOutputSize + 1}
+		stderr := &capped{limit: 4096}
+		cmd.Stdout, cmd.Stderr = stdout, stderr
+		err := cmd.Run()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err != nil {
+			msg := strings.TrimSpace(stderr.String())
+			if msg == "" {
+				msg = "no error output"
+			}
+			var exitErr *osexec.ExitError
+			if errors.As(err, &exitErr) {
+				return nil, fmt.Errorf("%s failed (%s): %s", inv.Function, exitErr.ProcessState, msg)
+			}
+			return nil, fmt.Errorf("%s could not run: %v", inv.Function, err)
+		}
+		return stdout.Bytes(), nil
+	}), nil
+}
+
+// capped keeps at most limit bytes and discards the rest, so a chatty
+// command cannot exhaust memory.
+type capped struct {
+	bytes.Buffer
+	limit int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.limit - c.Len(); room > 0 {
+		c.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*capped)(nil)

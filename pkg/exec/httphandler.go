@@ -1,0 +1,58 @@
+package exec
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// HTTPHandler POSTs each call's arguments JSON to endpoint; a 2xx response
+// body is the output, anything else is a failed call carrying the status and
+// the start of the body. The request is cut at the call's deadline. It
+// carries Idempotency-Key (the call key, stable across redeliveries),
+// Toolrelay-Call-Id, Toolrelay-Function and Toolrelay-Deadline headers.
+// A nil client means http.DefaultClient.
+func HTTPHandler(endpoint string, client *http.Client) (Handler, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("exec: http url %q must be an absolute http(s) URL", endpoint)
+	}
+	if client == nil {
+		client = http.DefaultClient
+	}
+	return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(inv.Arguments))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", string(inv.Call.Key))
+		req.Header.Set("Toolrelay-Call-Id", inv.Call.CallID)
+		req.Header.Set("Toolrelay-Function", inv.Function)
+		req.Header.Set("Toolrelay-Deadline", inv.Call.Deadline.Format(time.RFC3339Nano))
+		resp, err := client.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%s is unreachable: %v", inv.Function, err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, protocol.MaxOutputSize+1))
+		if err != nil {
+			return nil, fmt.Errorf("%s: reading its answer failed: %v", inv.Function, err)
+		}
+		if resp.StatusCode < 200 || resp.StatusCode > 299 {
+			msg := strings.TrimSpace(string(body))
+			return nil, fmt.Errorf("%s failed (HTTP %d): %s", inv.Function, resp.StatusCode, protocol.Truncate(msg, 2048))
+		}
+		return body, nil
+	}), nil
+}
