@@ -41,6 +41,10 @@ type Options struct {
 	PollInterval time.Duration
 	// Replicas of the streams and buckets the dispatcher creates. Default: 1.
 	Replicas int
+	// ShutdownTimeout is how long Run waits, once its context ends, for
+	// submissions in progress before cancelling them (another replica, or
+	// this one restarted, then repeats them). Default: 10s.
+	ShutdownTimeout time.Duration
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
@@ -88,6 +92,7 @@ type Dispatcher struct {
 	// spawn runs background work (watch drivers) under Run's lifetime.
 	spawnMu sync.Mutex
 	spawn   func(func(context.Context))
+	runDone <-chan struct{}
 }
 
 // New returns a dispatcher for the given platforms on js.
@@ -113,6 +118,9 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	}
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = 200 * time.Millisecond
+	}
+	if opts.ShutdownTimeout <= 0 {
+		opts.ShutdownTimeout = 10 * time.Second
 	}
 	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}}
 	for _, p := range platforms {
@@ -157,12 +165,20 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	d.registry = newRegistry(regKV, d.log)
 
+	// Background work outlives ctx by up to ShutdownTimeout, so that a
+	// submission in flight is not cut off by a routine restart; watch
+	// drivers and consumers stop with ctx.
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	bctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(errShutdown)
+	stopAfter := context.AfterFunc(ctx, func() {
+		time.AfterFunc(d.opts.ShutdownTimeout, func() { cancel(errShutdown) })
+	})
+	defer stopAfter()
 	d.spawnMu.Lock()
 	d.spawn = func(f func(context.Context)) { wg.Go(func() { f(bctx) }) }
+	d.runDone = ctx.Done()
 	d.spawnMu.Unlock()
 	defer func() { // before wg.Wait: no new background work once stopping
 		d.spawnMu.Lock()
@@ -171,7 +187,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}()
 
 	regReady := make(chan struct{})
-	wg.Go(func() { d.registry.watch(bctx, regReady) })
+	wg.Go(func() { d.registry.watch(ctx, regReady) })
 	select {
 	case <-regReady:
 	case <-time.After(10 * time.Second):
@@ -180,12 +196,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return nil
 	}
 
-	stopResults, err := d.gather.start(bctx)
+	stopResults, err := d.gather.start(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopResults()
-	stopTimers, err := d.startTimers(bctx)
+	stopTimers, err := d.startTimers(ctx)
 	if err != nil {
 		return err
 	}
@@ -198,6 +214,28 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.ready.Store(false)
 	return nil
 }
+
+// withRunContext derives a context that also ends when Run's context
+// does: for background work that should stop at once on shutdown (polling,
+// waiting), unlike submissions.
+func (d *Dispatcher) withRunContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	d.spawnMu.Lock()
+	done := d.runDone
+	d.spawnMu.Unlock()
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// errShutdown cancels background work still running ShutdownTimeout after
+// Run's context ended.
+var errShutdown = errors.New("dispatch: dispatcher shut down")
 
 // background runs f under Run's lifetime; it reports false if Run is not
 // running.

@@ -62,8 +62,11 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 		}
 		wait := time.Until(t.SubmittingSince.Add(stuckAfter))
 		if wait > 0 {
-			sleepCtx(ctx, wait)
-			if ctx.Err() != nil {
+			wctx, stop := d.withRunContext(ctx)
+			sleepCtx(wctx, wait)
+			stopping := wctx.Err() != nil
+			stop()
+			if stopping {
 				return
 			}
 			continue

@@ -127,6 +127,10 @@ func (d *Dispatcher) saveWatch(ctx context.Context, w *Watch) {
 // drive polls w's object and takes in each required action until the
 // object is done, failed, or MaxSteps turns were driven.
 func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
+	// Drivers stop at once on shutdown; the watch stays active in the
+	// bucket and a restarted dispatcher resumes it.
+	ctx, stop := d.withRunContext(ctx)
+	defer stop()
 	log := d.log.With("watch", w.ID, "ref", w.Ref.String())
 	p := d.platforms[w.Ref.Platform]
 	backoff := d.opts.PollInterval

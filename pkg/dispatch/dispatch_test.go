@@ -1,0 +1,247 @@
+package dispatch_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+const weatherSchema = `{"type":"object","properties":{"location":{"type":"string"},"unit":{"enum":["c","f"]}},"required":["location"],"additionalProperties":false}`
+
+func weatherScenario(name, prompt, args string) platformsim.Scenario {
+	return platformsim.Scenario{
+		Name: name, Prompt: prompt,
+		Steps:  []platformsim.Step{{{Name: "get_weather", Arguments: args}}},
+		Answer: `weather: {{out "get_weather"}}`,
+	}
+}
+
+func TestEachPlatformIsSubmittedOnce(t *testing.T) {
+	e := newEnv(t, platformsim.SeedScenarios()...)
+	for _, fn := range []string{"get_customer", "get_weather", "get_horoscope", "getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"} {
+		e.register("demo", fn, `{"type":"object"}`)
+	}
+	outputs := map[string]string{
+		"get_customer": `{"name":"Example Customer","plan":"pro"}`, "get_weather": `{"location":"Paris","conditions":"fog","temperature":"9c"}`,
+		"get_horoscope": "Aquarius: otters.", "getUserFavoriteCity": "Seattle, WA", "getCityNickname": "The Emerald City",
+		"getCurrentWeatherAtLocation": "70f",
+	}
+	ran := e.serve("demo", func(c *protocol.Call) (string, bool) { return outputs[c.Function], false })
+	d, _ := e.dispatcher(dispatch.Options{})
+
+	cases := []struct {
+		ref  dispatch.Ref
+		want string
+	}{
+		{e.session("customer 123 please"), "Customer 123 is Example Customer on the pro plan. In Paris it is fog and 9c."},
+		{e.assistantsRun("my favorite city", nil), "Your favorite city, Seattle, WA, is also known as The Emerald City. The current weather there is 70f."},
+		{e.response("my horoscope"), "Your horoscope: Aquarius: otters."},
+	}
+	for _, tc := range cases {
+		w := finish(t, d, tc.ref, 20*time.Second)
+		if w.State != dispatch.WatchCompleted || w.Answer != tc.want {
+			t.Errorf("%s: watch %s %q (%s), want answer %q", tc.ref, w.State, w.Answer, w.Error, tc.want)
+		}
+	}
+	st := e.sim.Stats()
+	if st.ToolResults != 2 || st.SubmitToolOutputs != 2 || st.FunctionCallOutputs != 1 {
+		t.Errorf("platform accepted %+v; want 2 tool results, 2 submissions, 1 output", st)
+	}
+	if ran.Load() != 6 {
+		t.Errorf("executor ran %d calls, want 6", ran.Load())
+	}
+}
+
+func TestBadCallsFailAtOnceWithoutRunning(t *testing.T) {
+	e := newEnv(t,
+		weatherScenario("schema", "schema violation", `{"location":5}`),
+		platformsim.Scenario{Name: "unknown", Prompt: "unknown function",
+			Steps: []platformsim.Step{{{Name: "no_such_function"}}}, Answer: `{{out "no_such_function"}}`},
+	)
+	e.register("geo", "get_weather", weatherSchema)
+	ran := e.serve("geo", func(c *protocol.Call) (string, bool) { return "sunny", false })
+	d, _ := e.dispatcher(dispatch.Options{})
+
+	w := finish(t, d, e.response("schema violation"), 10*time.Second)
+	var out struct {
+		Error protocol.CallError `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(w.Answer, "weather: ")), &out); err != nil {
+		t.Fatalf("answer %q does not carry a JSON error: %v", w.Answer, err)
+	}
+	if out.Error.Code != protocol.CodeInvalidArguments || !strings.Contains(out.Error.Message, "/location") {
+		t.Errorf("error = %+v, want invalid_arguments naming /location", out.Error)
+	}
+
+	w = finish(t, d, e.response("unknown function"), 10*time.Second)
+	if !strings.Contains(w.Answer, `"type":"unknown_function"`) || !strings.Contains(w.Answer, "no_such_function") {
+		t.Errorf("answer = %q, want an unknown_function error", w.Answer)
+	}
+	if n := ran.Load(); n != 0 {
+		t.Errorf("the executor ran %d calls; bad calls must not run", n)
+	}
+}
+
+func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
+	e := newEnv(t, weatherScenario("slow", "slow weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	release := make(chan *protocol.Call, 1)
+	e.serve("geo", func(c *protocol.Call) (string, bool) {
+		release <- c
+		return "", false // never answers in time
+	})
+	// No expiry on Responses: RUN_TTL applies; a quarter of it is the margin.
+	d, _ := e.dispatcher(dispatch.Options{RunTTL: 4 * time.Second})
+	start := time.Now()
+	w := finish(t, d, e.response("slow weather"), 15*time.Second)
+	if w.State != dispatch.WatchCompleted || !strings.Contains(w.Answer, `"type":"timeout"`) || !strings.Contains(w.Answer, "get_weather timed out") {
+		t.Fatalf("watch %s answer %q (%s), want a timeout result", w.State, w.Answer, w.Error)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("submitted after %s, past the run's expiry", took)
+	}
+	turn, err := d.Turn(context.Background(), w.Turns[0])
+	if err != nil || !turn.CutOff || len(turn.TimedOut) != 1 {
+		t.Fatalf("turn = %+v, %v; want cut off with one timed-out call", turn, err)
+	}
+
+	// The straggler's result arrives late: recorded, never submitted.
+	c := <-release
+	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function, Output: "late", FinishedAt: time.Now()}
+	data, _ := protocol.EncodeResult(res)
+	if _, err := e.js.Publish(context.Background(), res.Subject(), data); err != nil {
+		t.Fatal(err)
+	}
+	before := e.sim.Stats().FunctionCallOutputs
+	waitFor(t, 5*time.Second, func() bool {
+		s, err := e.js.Stream(context.Background(), protocol.ResultStream)
+		if err != nil {
+			return false
+		}
+		_, err = s.GetLastMsgForSubject(context.Background(), res.Subject())
+		return err == nil
+	})
+	if after := e.sim.Stats().FunctionCallOutputs; after != before {
+		t.Errorf("late result was submitted: outputs %d -> %d", before, after)
+	}
+}
+
+func TestReplicasSubmitEachTurnOnce(t *testing.T) {
+	e := newEnv(t, platformsim.FavoriteCityScenario)
+	for _, fn := range []string{"getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"} {
+		e.register("demo", fn, `{"type":"object"}`)
+	}
+	e.serve("demo", func(c *protocol.Call) (string, bool) {
+		return map[string]string{"getUserFavoriteCity": "Seattle, WA", "getCityNickname": "The Emerald City", "getCurrentWeatherAtLocation": "70f"}[c.Function], false
+	})
+	var ds []*dispatch.Dispatcher
+	for range 3 {
+		d, _ := e.dispatcher(dispatch.Options{})
+		ds = append(ds, d)
+	}
+	const runs = 10
+	var wg sync.WaitGroup
+	for i := range runs {
+		ref := e.assistantsRun("favorite city", nil)
+		wg.Go(func() {
+			// Every replica is asked to drive the same run.
+			var ws []*dispatch.Watch
+			for _, d := range ds {
+				ws = append(ws, finish(t, d, ref, 30*time.Second))
+			}
+			for _, w := range ws {
+				if w.State != dispatch.WatchCompleted || !strings.Contains(w.Answer, "The Emerald City") {
+					t.Errorf("run %d: watch %s %q %s", i, w.State, w.Answer, w.Error)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := e.sim.Stats().SubmitToolOutputs; got != 2*runs {
+		t.Errorf("accepted submissions = %d, want exactly %d (two steps per run)", got, 2*runs)
+	}
+	if rej := e.sim.Stats().Rejected; rej != 0 {
+		t.Errorf("the platform rejected %d requests", rej)
+	}
+}
+
+func TestIntakeIsIdempotent(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_weather", weatherSchema)
+	ran := e.serve("geo", func(c *protocol.Call) (string, bool) { return "sunny", false })
+	d1, _ := e.dispatcher(dispatch.Options{})
+	d2, _ := e.dispatcher(dispatch.Options{})
+	req := &dispatch.TurnRequest{
+		Ref:   dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_x"},
+		Scope: "resp_x",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: json.RawMessage(`{"location":"Oslo"}`)}},
+	}
+	var wg sync.WaitGroup
+	keys := make([]protocol.TurnKey, 8)
+	for i := range keys {
+		d := d1
+		if i%2 == 1 {
+			d = d2
+		}
+		wg.Go(func() {
+			turn, err := d.Intake(context.Background(), req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			keys[i] = turn.Key
+		})
+	}
+	wg.Wait()
+	for _, k := range keys {
+		if k != keys[0] {
+			t.Fatalf("different keys for one required action: %v", keys)
+		}
+	}
+	waitFor(t, 5*time.Second, func() bool { return ran.Load() >= 1 })
+	if n := ran.Load(); n != 1 {
+		t.Errorf("the call ran %d times, want once", n)
+	}
+}
+
+func TestResumeAfterRestart(t *testing.T) {
+	e := newEnv(t, weatherScenario("resume", "resume weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	// The team's executors have run before (their stream exists) but none
+	// is up now.
+	if _, err := provision.Stream(context.Background(), e.js, provision.CallStreamConfig("geo", provision.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	d1, stop1 := e.dispatcher(dispatch.Options{})
+	ref := e.response("resume weather")
+	w, err := d1.Watch(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		w, err = d1.WatchStatus(context.Background(), w.ID)
+		return err == nil && len(w.Turns) == 1
+	})
+	stop1() // the dispatcher goes away with the call queued and no executor
+
+	e.serve("geo", func(c *protocol.Call) (string, bool) { return "sunny", false })
+	d2, _ := e.dispatcher(dispatch.Options{})
+	waitFor(t, 20*time.Second, func() bool {
+		w, err = d2.WatchStatus(context.Background(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after restart: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+	if n := e.sim.Stats().FunctionCallOutputs; n != 1 {
+		t.Errorf("outputs submitted = %d, want 1", n)
+	}
+}

@@ -1,0 +1,228 @@
+package dispatch_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// env is a real JetStream server, the platform simulator and the means to
+// run dispatchers and minimal executors against them. The executors here are
+// written against the wire contract (pkg/protocol) alone, as a team in
+// another language would.
+type env struct {
+	t      *testing.T
+	srv    *natstest.Server
+	js     jetstream.JetStream
+	sim    *platformsim.Server
+	client openai.Client
+}
+
+func newEnv(t *testing.T, scenarios ...platformsim.Scenario) *env {
+	t.Helper()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	sim := platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: scenarios}})
+	hs := httptest.NewServer(sim)
+	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
+	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("sk-test"))
+	return &env{t: t, srv: srv, js: js, sim: sim, client: client}
+}
+
+// dispatcher starts a dispatcher replica on its own connection; it stops
+// when the test ends or when stop is called.
+func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop func()) {
+	e.t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = testLogger()
+	}
+	_, js := e.srv.Connect(e.t)
+	d, err := dispatch.New(js, dispatch.NewPlatforms(e.client), opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("dispatcher Run: %v", err)
+		}
+	}
+	e.t.Cleanup(stop)
+	waitFor(e.t, 10*time.Second, d.Ready)
+	return d, stop
+}
+
+// register announces a function in the registry, as an executor does.
+func (e *env) register(team, name, schema string) {
+	e.t.Helper()
+	kv, err := provision.KeyValue(context.Background(), e.js, provision.RegistryBucketConfig(provision.Options{}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	b, err := protocol.EncodeFunctionSpec(&protocol.FunctionSpec{
+		Version: protocol.Version, Name: name, Team: team, Parameters: json.RawMessage(schema), UpdatedAt: time.Now(),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := kv.Put(context.Background(), name, b); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// serve runs a minimal executor for every function of team: it answers each
+// call with fn's output (or error message, when fails is true). It returns
+// the number of calls it ran.
+func (e *env) serve(team string, fn func(c *protocol.Call) (string, bool)) *atomic.Int32 {
+	e.t.Helper()
+	ctx := context.Background()
+	s, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(team, provision.Options{}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(provision.Options{})); err != nil {
+		e.t.Fatal(err)
+	}
+	cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "all", FilterSubject: "fncall." + team + ".>", AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var ran atomic.Int32
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		c, err := protocol.DecodeCall(msg.Data())
+		if err != nil {
+			e.t.Errorf("executor got a malformed call: %v", err)
+			_ = msg.Term()
+			return
+		}
+		ran.Add(1)
+		out, failed := fn(c)
+		if out == "" && !failed {
+			return // never answers: leaves the call to the deadline
+		}
+		res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
+			Output: out, FinishedAt: time.Now()}
+		if failed {
+			res.Output, res.Error = "", &protocol.CallError{Code: protocol.CodeFunctionError, Message: out}
+		}
+		data, err := protocol.EncodeResult(res)
+		if err != nil {
+			e.t.Errorf("encode result: %v", err)
+			return
+		}
+		if _, err := e.js.Publish(ctx, res.Subject(), data, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+			e.t.Logf("publish result: %v", err)
+		}
+		_ = msg.Ack()
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(cc.Stop)
+	return &ran
+}
+
+// response starts a Responses conversation with prompt and returns its ref.
+func (e *env) response(prompt string) dispatch.Ref {
+	e.t.Helper()
+	r, err := e.client.Responses.New(context.Background(), responses.ResponseNewParams{
+		Model: "gpt-5.5", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: r.ID}
+}
+
+// assistantsRun starts an Assistants run with prompt; metadata may set the
+// simulator's run TTL.
+func (e *env) assistantsRun(prompt string, metadata map[string]string) dispatch.Ref {
+	e.t.Helper()
+	ctx := context.Background()
+	a, err := e.client.Beta.Assistants.New(ctx, openai.BetaAssistantNewParams{Model: "gpt-4o"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r, err := e.client.Beta.Threads.NewAndRun(ctx, openai.BetaThreadNewAndRunParams{
+		AssistantID: a.ID, Metadata: metadata,
+		Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
+			Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String(prompt)},
+		}}},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return dispatch.Ref{Platform: protocol.PlatformAssistants, ThreadID: r.ThreadID, RunID: r.ID}
+}
+
+// session starts an Agents session with prompt.
+func (e *env) session(prompt string) dispatch.Ref {
+	e.t.Helper()
+	s, err := e.client.Beta.Agents.Sessions.New(context.Background(), openai.BetaAgentSessionNewParams{
+		Environment: openai.EnvironmentParamUnion{OfParamNone: &openai.EnvironmentParamNone{}},
+		Input:       openai.BetaAgentSessionNewParamsInputUnion{OfString: openai.String(prompt)},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return dispatch.Ref{Platform: protocol.PlatformAgents, SessionID: s.ID}
+}
+
+// finish watches ref with d and waits until the watch ends.
+func finish(t *testing.T, d *dispatch.Dispatcher, ref dispatch.Ref, within time.Duration) *dispatch.Watch {
+	t.Helper()
+	w, err := d.Watch(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, within, func() bool {
+		w, err = d.WatchStatus(context.Background(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	return w
+}
+
+// testLogger discards logs unless TOOLRELAY_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("TOOLRELAY_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func waitFor(t testing.TB, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s", within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
