@@ -22,6 +22,12 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 		if err != nil || t.State != StateCollecting {
 			return
 		}
+		if early := time.Until(t.Deadline); early > 0 {
+			sleepCtx(ctx, early) // the timer fires on the whole second before
+			if t, _, err = d.turns.get(ctx, key); err != nil || t.State != StateCollecting {
+				return
+			}
+		}
 		for i := range t.Calls {
 			c := &t.Calls[i]
 			if _, err := d.gather.result(ctx, t, c); err != nil {

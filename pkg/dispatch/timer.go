@@ -19,11 +19,10 @@ const timersConsumer = "toolrelay_timers"
 
 // scheduleDeadline arms t's timer. Arming twice is deduplicated.
 func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
-	// @at has second resolution and would fire up to 1s early: round up.
+	// @at has second resolution. Fire at the second before the deadline
+	// and wait out the rest in-process (closeTurn): rounding up would eat
+	// up to a second of the margin.
 	at := t.Deadline.Truncate(time.Second)
-	if at.Before(t.Deadline) {
-		at = at.Add(time.Second)
-	}
 	_, err := d.js.Publish(ctx, protocol.TimerScheduleSubject(t.Key), []byte(t.Key),
 		jetstream.WithMsgID("timer."+string(t.Key)),
 		jetstream.WithScheduleAt(at),
