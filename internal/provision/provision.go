@@ -267,3 +267,30 @@ func Consumer(ctx context.Context, s jetstream.Stream, want jetstream.ConsumerCo
 	}
 	return c, nil
 }
+
+// DeadLetterStreamConfig keeps dead letters for two weeks, one per call.
+func DeadLetterStreamConfig(o Options) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        protocol.DeadLetterStream,
+		Description: "toolrelay dead letters: calls that failed for good, and replays",
+		Subjects:    []string{protocol.DeadLetterSubjectPrefix + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    o.replicas(),
+		MaxAge:      14 * 24 * time.Hour,
+		Duplicates:  dedupeWindow,
+		AllowDirect: true,
+	}
+}
+
+// AttemptBucketConfig records started attempts of side-effect functions.
+func AttemptBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      protocol.AttemptBucket,
+		Description: "toolrelay attempts of side-effect functions",
+		History:     1,
+		TTL:         turnTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    o.replicas(),
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,6 +33,8 @@ type harness struct {
 	t       *testing.T
 	js      jetstream.JetStream
 	results jetstream.Stream
+	// stopFirst stops the executor start began with.
+	stopFirst func()
 }
 
 func start(t *testing.T, team string, opts exec.Options, fns ...exec.Function) *harness {
@@ -39,7 +42,7 @@ func start(t *testing.T, team string, opts exec.Options, fns ...exec.Function) *
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	h := &harness{t: t, js: js}
-	h.run(team, opts, fns...)
+	h.stopFirst = h.run(team, opts, fns...)
 	return h
 }
 
@@ -58,17 +61,16 @@ func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (sto
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
+	var once sync.Once
 	stop = func() {
-		cancel()
-		if err := <-done; err != nil {
-			h.t.Errorf("Run: %v", err)
-		}
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				h.t.Errorf("Run: %v", err)
+			}
+		})
 	}
-	h.t.Cleanup(func() {
-		if ctx.Err() == nil {
-			stop()
-		}
-	})
+	h.t.Cleanup(stop)
 	// Wait until the consumers exist, i.e. the executor is serving.
 	waitFor(h.t, 10*time.Second, func() bool {
 		s, err := h.js.Stream(context.Background(), protocol.CallStream(team))

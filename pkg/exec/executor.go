@@ -29,13 +29,14 @@ type Options struct {
 	// executor went silent; running calls send a heartbeat every AckWait/3.
 	// Default: 30s.
 	AckWait time.Duration
-	// MaxDeliver bounds the deliveries of one call. Default: 5.
-	MaxDeliver int
 	// ShutdownTimeout is how long Run waits for running calls after its
 	// context ends before cancelling them. Default: 10s.
 	ShutdownTimeout time.Duration
 	// Replicas of the streams and buckets the executor creates. Default: 1.
 	Replicas int
+	// Retry is how retryable errors are retried; a Function may override
+	// it. Default: 3 attempts, backoff from 200ms doubling to 10s.
+	Retry RetryPolicy
 }
 
 // ErrShutdown is the cause of a handler's context cancelled because the
@@ -73,9 +74,6 @@ func New(js jetstream.JetStream, team string, opts Options) (*Executor, error) {
 	}
 	if opts.AckWait <= 0 {
 		opts.AckWait = 30 * time.Second
-	}
-	if opts.MaxDeliver <= 0 {
-		opts.MaxDeliver = 5
 	}
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = 10 * time.Second
@@ -137,6 +135,17 @@ func (e *Executor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if _, err := provision.Stream(ctx, e.js, provision.DeadLetterStreamConfig(popts)); err != nil {
+		return err
+	}
+	var marks attempts
+	for _, f := range funcs {
+		if f.SideEffects && marks.kv == nil {
+			if marks.kv, err = provision.KeyValue(ctx, e.js, provision.AttemptBucketConfig(popts)); err != nil {
+				return err
+			}
+		}
+	}
 	workers := make([]*worker, 0, len(funcs))
 	for _, f := range funcs {
 		if err := e.announce(ctx, registry, f); err != nil {
@@ -146,8 +155,13 @@ func (e *Executor) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		retry := e.opts.Retry
+		if f.Retry != nil {
+			retry = *f.Retry
+		}
 		workers = append(workers, &worker{
-			e: e, fn: f, cons: cons, results: results,
+			e: e, fn: f, cons: cons, results: results, attempts: marks,
+			retry:   retry.withDefaults(),
 			handler: chain(f.Handler, e.opts.Middleware),
 			log:     e.log.With("fn", f.Name),
 		})
@@ -189,7 +203,10 @@ func (e *Executor) consumerConfig(f *Function) jetstream.ConsumerConfig {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckWait:       e.opts.AckWait,
-		MaxDeliver:    e.opts.MaxDeliver,
+		// Attempts are bounded by the executor (MaxAttempts, plus a few
+		// deliveries for executors that died mid-run) and by the call's
+		// TTL, so that every call ends in a result, never stuck.
+		MaxDeliver:    -1,
 		MaxAckPending: f.MaxConcurrency,
 		Metadata:      map[string]string{"toolrelay.team": e.team, "toolrelay.function": f.Name},
 	}

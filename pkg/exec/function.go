@@ -29,7 +29,17 @@ type Function struct {
 	// (the consumer's MaxAckPending). Default: 1000.
 	MaxConcurrency int
 	// SideEffects marks a function that must not run twice for one call.
+	// An attempt that may have run without recording a result (its
+	// executor died, or was shut down mid-run) is never re-run blindly:
+	// Reconcile decides, or the call fails saying it may have run.
 	SideEffects bool
+	// Reconcile, for a SideEffects function, is called instead of Handler
+	// when an earlier attempt may have run. It returns the output to give
+	// the model (for instance after finding the effect by the call key), an
+	// error, or ErrDidNotRun to run Handler normally. Optional.
+	Reconcile Handler
+	// Retry overrides the executor's RetryPolicy for this function.
+	Retry *RetryPolicy
 	// Version is a label of the implementation, shown in the registry.
 	Version string
 
@@ -58,6 +68,9 @@ func (f *Function) validate() error {
 	f.schema = s
 	if f.Timeout < 0 || f.Concurrency < 0 || f.MaxConcurrency < 0 {
 		return fmt.Errorf("exec: function %s: timeout and concurrency must not be negative", f.Name)
+	}
+	if f.Reconcile != nil && !f.SideEffects {
+		return fmt.Errorf("exec: function %s: Reconcile is only for SideEffects functions", f.Name)
 	}
 	if f.Concurrency == 0 {
 		f.Concurrency = defaultConcurrency

@@ -3,6 +3,7 @@ package exec
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -56,4 +57,50 @@ const invocationKey ctxKey = iota
 func InvocationFrom(ctx context.Context) (*Invocation, bool) {
 	inv, ok := ctx.Value(invocationKey).(*Invocation)
 	return inv, ok
+}
+
+// CallID returns the platform's ID of the call a handler runs for.
+func CallID(ctx context.Context) (string, bool) {
+	inv, ok := InvocationFrom(ctx)
+	if !ok {
+		return "", false
+	}
+	return inv.Call.CallID, true
+}
+
+// TurnKey returns the key of the turn the call belongs to.
+func TurnKey(ctx context.Context) (protocol.TurnKey, bool) {
+	inv, ok := InvocationFrom(ctx)
+	if !ok {
+		return "", false
+	}
+	return inv.Call.Key.Turn(), true
+}
+
+// Platform returns the platform that asked for the call.
+func Platform(ctx context.Context) (protocol.Platform, bool) {
+	inv, ok := InvocationFrom(ctx)
+	if !ok {
+		return "", false
+	}
+	return inv.Call.Platform, true
+}
+
+// Attempt returns which run of the call this is, from 1.
+func Attempt(ctx context.Context) (int, bool) {
+	inv, ok := InvocationFrom(ctx)
+	if !ok {
+		return 0, false
+	}
+	return inv.Attempt, true
+}
+
+// Deadline returns the call's absolute deadline (the handler's context may
+// end earlier, at the function's timeout).
+func Deadline(ctx context.Context) (time.Time, bool) {
+	inv, ok := InvocationFrom(ctx)
+	if !ok {
+		return time.Time{}, false
+	}
+	return inv.Call.Deadline, true
 }

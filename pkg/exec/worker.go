@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,12 +19,14 @@ import (
 // its free slots (so AckWait clocks do not run on buffered calls) and runs
 // each under the call's deadline.
 type worker struct {
-	e       *Executor
-	fn      *Function
-	cons    jetstream.Consumer
-	results jetstream.Stream
-	handler Handler
-	log     *slog.Logger
+	e        *Executor
+	fn       *Function
+	cons     jetstream.Consumer
+	results  jetstream.Stream
+	attempts attempts
+	retry    RetryPolicy
+	handler  Handler
+	log      *slog.Logger
 }
 
 func (w *worker) serve(ctx, hctx context.Context) error {
@@ -69,11 +70,16 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 	}
 }
 
+// crashAllowance is how many deliveries beyond MaxAttempts a call gets for
+// executors that died mid-run (those attempts end in no result at all).
+const crashAllowance = 2
+
 func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	attempt := 1
 	if meta, err := msg.Metadata(); err == nil {
 		attempt = int(meta.NumDelivered)
 	}
+	replay, _ := strconv.Atoi(msg.Headers().Get(protocol.HeaderReplay))
 	call, err := protocol.DecodeCall(msg.Data())
 	if err == nil && (call.Team != w.e.team || call.Function != w.fn.Name) {
 		err = fmt.Errorf("call for %s/%s arrived on %s", call.Team, call.Function, msg.Subject())
@@ -86,136 +92,153 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log := w.log.With("call_key", call.Key, "call_id", call.CallID, "attempt", attempt)
+	if replay > 0 {
+		log = log.With("replay", replay)
+	}
+	d := decision{w: w, msg: msg, call: call, attempt: attempt, replay: replay, log: log}
 
-	if attempt > 1 && w.resultRecorded(ctx, call) {
+	if replay == 0 && attempt > 1 && w.resultRecorded(ctx, call) {
 		log.Info("result already recorded; skipping redelivered call")
 		_ = msg.Ack()
 		return
 	}
 	now := time.Now()
 	if !now.Before(call.Deadline) {
-		res := protocol.NewFailure(call, protocol.CodeTimeout,
-			fmt.Sprintf("%s was not started: its deadline passed while it waited to run. Try again later or with a simpler request.", call.Function), now)
-		w.finish(ctx, msg, res, log)
+		d.finish(ctx, protocol.NewFailure(call, protocol.CodeTimeout,
+			fmt.Sprintf("%s was not started: its deadline passed while it waited to run. Try again later or with a simpler request.", call.Function), now), "")
 		return
 	}
-
 	// The dispatcher validated the arguments; checking again means a call
 	// published by anything else cannot feed a function bad input.
 	if problem := w.fn.schema.Check(call.Arguments); problem != "" {
 		log.Warn("refusing call with invalid arguments")
-		w.finish(ctx, msg, protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), log)
+		d.finish(ctx, protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), "")
 		return
 	}
-	res, cancelled := w.run(ctx, msg, call, attempt, log)
-	if cancelled {
-		// Shutdown cut the run short: hand the call to another replica.
+	if attempt > w.retry.MaxAttempts+crashAllowance {
+		d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
+			fmt.Sprintf("%s could not be completed: its executors stopped %d times while running it. Continue without it.", call.Function, attempt-1), now),
+			protocol.ReasonUndelivered)
+		return
+	}
+
+	handler := w.handler
+	if w.fn.SideEffects && replay == 0 {
+		may, err := w.attempts.mayHaveRun(ctx, call.Key)
+		if err != nil {
+			log.Warn("cannot tell whether an earlier attempt ran; retrying later", "err", err)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		if may {
+			if w.fn.Reconcile == nil {
+				log.Warn("an earlier attempt may have run; not re-running a side-effect function")
+				d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
+					fmt.Sprintf("%s may have run already (an earlier attempt was interrupted) and was not retried, to avoid doing it twice. Check whether its effect happened before calling it again.", call.Function), now),
+					protocol.ReasonMayHaveRun)
+				return
+			}
+			o := invoke(ctx, w.fn.Reconcile, call, attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = msg.InProgress() }, w.e.opts.Name, log)
+			if o.cancelled {
+				_ = msg.Nak()
+				return
+			}
+			if !errors.Is(o.err, ErrDidNotRun) {
+				log.Info("reconciled an attempt that may have run", "ok", o.res.OK())
+				d.conclude(ctx, o)
+				return
+			}
+			log.Info("reconcile found no effect; running the call")
+		}
+		if err := w.attempts.mark(ctx, call.Key, attemptRunning, attempt, w.e.opts.Name); err != nil {
+			log.Warn("cannot record the attempt; retrying later", "err", err)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+	}
+
+	o := invoke(ctx, handler, call, attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = msg.InProgress() }, w.e.opts.Name, log)
+	if o.cancelled {
+		// Shutdown cut the run short: hand the call to another replica. A
+		// side-effect function's mark stays "running", so the next attempt
+		// reconciles instead of re-running it.
 		_ = msg.Nak()
 		return
 	}
-	w.finish(ctx, msg, res, log)
-}
-
-// run runs the handler under the call's deadline with heartbeats, and turns
-// whatever it returns (or a panic) into a result.
-func (w *worker) run(ctx context.Context, msg jetstream.Msg, call *protocol.Call, attempt int, log *slog.Logger) (res *protocol.Result, cancelled bool) {
-	deadline := call.Deadline
-	if w.fn.Timeout > 0 {
-		deadline = minTime(deadline, time.Now().Add(w.fn.Timeout))
-	}
-	rctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	inv := &Invocation{Function: call.Function, Arguments: call.Arguments, Call: call, Attempt: attempt}
-	rctx = context.WithValue(rctx, invocationKey, inv)
-
-	hb := time.NewTicker(w.e.opts.AckWait / 3)
-	defer hb.Stop()
-	type outcome struct {
-		out []byte
-		err error
-	}
-	done := make(chan outcome, 1)
-	started := time.Now()
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				log.Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
-				done <- outcome{err: errPanic}
+	if o.retry && replay == 0 && attempt < w.retry.MaxAttempts {
+		delay := w.retry.backoff(attempt)
+		if time.Until(call.Deadline) > delay+time.Second {
+			if w.fn.SideEffects {
+				if err := w.attempts.mark(ctx, call.Key, attemptRetryable, attempt, w.e.opts.Name); err != nil {
+					log.Warn("cannot record the failed attempt", "err", err)
+				}
 			}
-		}()
-		out, err := w.handler.Handle(rctx, inv)
-		done <- outcome{out, err}
-	}()
-	// A handler that ignores its context is abandoned shortly after the
-	// deadline, so the call still gets its timeout result.
-	abandon := time.NewTimer(time.Until(deadline) + abandonGrace)
-	defer abandon.Stop()
-	var o outcome
-wait:
-	for {
-		select {
-		case o = <-done:
-			break wait
-		case <-hb.C:
-			_ = msg.InProgress()
-		case <-abandon.C:
-			log.Error("handler ignored its context past the deadline; abandoning it", "grace", abandonGrace)
-			o = outcome{err: context.DeadlineExceeded}
-			break wait
+			log.Info("retryable error; retrying", "delay", delay, "err", o.err)
+			_ = msg.NakWithDelay(delay)
+			return
 		}
 	}
-	if errors.Is(context.Cause(ctx), ErrShutdown) {
-		return nil, true
-	}
-
-	res = &protocol.Result{
-		Version: protocol.Version, Key: call.Key, CallID: call.CallID,
-		Team: call.Team, Function: call.Function,
-		Executor: w.e.opts.Name, Attempt: attempt,
-		StartedAt: started.UTC(), FinishedAt: time.Now().UTC(),
-	}
-	switch {
-	case o.err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded):
-		res.Error = &protocol.CallError{Code: protocol.CodeTimeout,
-			Message: fmt.Sprintf("%s timed out after %s. Try a narrower request, or continue without this result.", call.Function, time.Since(started).Round(time.Millisecond))}
-	case errors.Is(o.err, errPanic):
-		res.Error = &protocol.CallError{Code: protocol.CodeFunctionError,
-			Message: fmt.Sprintf("%s failed with an internal error. Do not retry it with the same arguments.", call.Function)}
-	case o.err != nil:
-		msg := o.err.Error()
-		if msg == "" || !utf8.ValidString(msg) {
-			msg = call.Function + " failed."
-		}
-		res.Error = &protocol.CallError{Code: protocol.CodeFunctionError, Message: protocol.Truncate(msg, 4096)}
-	case !utf8.Valid(o.out):
-		res.Error = &protocol.CallError{Code: protocol.CodeFunctionError,
-			Message: fmt.Sprintf("%s returned output that is not valid UTF-8.", call.Function)}
-	default:
-		res.Output = protocol.Truncate(string(o.out), protocol.MaxOutputSize)
-	}
-	return res, false
+	d.conclude(ctx, o)
 }
 
-var errPanic = errors.New("exec: handler panicked")
+// decision carries one delivery to its end.
+type decision struct {
+	w       *worker
+	msg     jetstream.Msg
+	call    *protocol.Call
+	attempt int
+	replay  int
+	log     *slog.Logger
+}
 
-// abandonGrace is how long a handler may run past its deadline before the
-// executor stops waiting for it.
-const abandonGrace = 2 * time.Second
+// conclude records a run's final outcome, with a dead letter when it
+// failed for good.
+func (d decision) conclude(ctx context.Context, o outcome) {
+	reason := ""
+	switch {
+	case o.panicked:
+		reason = protocol.ReasonPanic
+	case o.retry:
+		reason = protocol.ReasonExhausted
+	case o.res.Error != nil && o.res.Error.Code == protocol.CodeFunctionError:
+		reason = protocol.ReasonPermanent
+	}
+	d.finish(ctx, o.res, reason)
+}
 
-// finish records the result (first result wins) and then acks the call. If
-// the result cannot be recorded, the call is left for redelivery.
-func (w *worker) finish(ctx context.Context, msg jetstream.Msg, res *protocol.Result, log *slog.Logger) {
-	if err := recordResult(ctx, w.e.js, res); err != nil {
-		log.Error("could not record result; call will be redelivered", "err", err)
-		_ = msg.NakWithDelay(time.Second)
+// finish records the result (first result wins), after the dead letter
+// when there is one, and then acks the call. If either cannot be recorded,
+// the call is left for redelivery. A replay's outcome goes to the dead
+// letters only: its turn is long closed.
+func (d decision) finish(ctx context.Context, res *protocol.Result, reason string) {
+	js := d.w.e.js
+	if d.replay > 0 {
+		if err := deadLetter(ctx, js, d.call, res, protocol.ReasonReplayed, d.attempt, d.replay, d.w.e.opts.Name); err != nil {
+			d.log.Error("could not record the replay's outcome; it will be redelivered", "err", err)
+			_ = d.msg.NakWithDelay(time.Second)
+			return
+		}
+		_ = d.msg.Ack()
 		return
 	}
-	if err := msg.Ack(); err != nil {
+	if reason != "" {
+		if err := deadLetter(ctx, js, d.call, res, reason, d.attempt, 0, d.w.e.opts.Name); err != nil {
+			d.log.Error("could not record the dead letter; call will be redelivered", "err", err)
+			_ = d.msg.NakWithDelay(time.Second)
+			return
+		}
+	}
+	if err := recordResult(ctx, js, res); err != nil {
+		d.log.Error("could not record result; call will be redelivered", "err", err)
+		_ = d.msg.NakWithDelay(time.Second)
+		return
+	}
+	if err := d.msg.Ack(); err != nil {
 		// The result is recorded: a redelivery finds it and skips the call.
-		log.Warn("ack failed after recording the result", "err", err)
+		d.log.Warn("ack failed after recording the result", "err", err)
 	}
 	if res.Error != nil {
-		log.Info("call failed", "code", res.Error.Code)
+		d.log.Info("call failed", "code", res.Error.Code, "dead_letter", reason)
 	}
 }
 
@@ -257,11 +280,4 @@ func isAlreadyRecorded(err error) bool {
 func (w *worker) resultRecorded(ctx context.Context, call *protocol.Call) bool {
 	_, err := w.results.GetLastMsgForSubject(ctx, call.ResultSubject())
 	return err == nil
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }

@@ -221,6 +221,14 @@ func (r *Result) ModelOutput() string {
 	return string(b)
 }
 
+func marshal(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: encode: %w", err)
+	}
+	return b, nil
+}
+
 // decodeStrictJSON decodes one JSON value with size and trailing-data checks.
 // Unknown fields are allowed so that newer minor versions stay readable.
 func decodeStrictJSON(data []byte, v any) error {

@@ -138,3 +138,26 @@ func FuzzTruncate(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeDeadLetter(f *testing.F) {
+	c := sampleCall()
+	dl := &DeadLetter{Version: Version, Call: c, Result: sampleResults()["result_failed"], Reason: ReasonPanic, Attempts: 1, At: c.CreatedAt}
+	b, err := EncodeDeadLetter(dl)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := DecodeDeadLetter(data)
+		if err != nil {
+			return
+		}
+		b, err := EncodeDeadLetter(d)
+		if err != nil {
+			t.Fatalf("accepted dead letter does not re-encode: %v", err)
+		}
+		if _, err := DecodeDeadLetter(b); err != nil {
+			t.Fatalf("re-encoded dead letter rejected: %v", err)
+		}
+	})
+}

@@ -1,0 +1,247 @@
+package exec_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// deadLetters reads every dead letter recorded so far.
+func (h *harness) deadLetters() []*protocol.DeadLetter {
+	h.t.Helper()
+	ctx := context.Background()
+	s, err := h.js.Stream(ctx, protocol.DeadLetterStream)
+	if err != nil {
+		return nil
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []*protocol.DeadLetter
+	for {
+		batch, err := c.FetchNoWait(100)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			d, err := protocol.DecodeDeadLetter(m.Data())
+			if err != nil {
+				h.t.Fatalf("dead letter does not decode: %v", err)
+			}
+			out = append(out, d)
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+func fastRetry() *exec.RetryPolicy {
+	return &exec.RetryPolicy{MaxAttempts: 3, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+}
+
+func TestRetryableErrorIsRetried(t *testing.T) {
+	var runs atomic.Int32
+	fn := exec.Function{Name: "flaky", Retry: fastRetry(), Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		if n := runs.Add(1); n < 3 {
+			return nil, exec.Retryable(fmt.Errorf("backend busy (%d)", n))
+		}
+		a, _ := exec.Attempt(ctx)
+		return fmt.Appendf(nil, "ok on attempt %d", a), nil
+	})}
+	h := start(t, "team-a", exec.Options{}, fn)
+	res := h.result(h.call("team-a", "flaky", `{}`, time.Now().Add(time.Minute)), 10*time.Second)
+	if !res.OK() || res.Output != "ok on attempt 3" || res.Attempt != 3 {
+		t.Fatalf("result = %+v", res)
+	}
+	if dl := h.deadLetters(); len(dl) != 0 {
+		t.Errorf("a call that succeeded left %d dead letters", len(dl))
+	}
+}
+
+func TestExhaustedRetriesGiveOneFailureAndADeadLetter(t *testing.T) {
+	var runs atomic.Int32
+	fn := exec.Function{Name: "down", Retry: fastRetry(), Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		runs.Add(1)
+		return nil, exec.Retryable(errors.New("the billing backend is down; try again later"))
+	})}
+	h := start(t, "team-a", exec.Options{}, fn)
+	c := h.call("team-a", "down", `{}`, time.Now().Add(time.Minute))
+	res := h.result(c, 10*time.Second)
+	if res.OK() || res.Error.Message != "the billing backend is down; try again later" || res.Attempt != 3 {
+		t.Fatalf("result = %+v", res)
+	}
+	var dl []*protocol.DeadLetter
+	waitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	if dl[0].Reason != protocol.ReasonExhausted || dl[0].Call.Key != c.Key || dl[0].Attempts != 3 {
+		t.Errorf("dead letter = %+v", dl[0])
+	}
+	if n := runs.Load(); n != 3 {
+		t.Errorf("ran %d times, want 3", n)
+	}
+}
+
+func TestPanicLeavesADeadLetter(t *testing.T) {
+	fn := exec.Function{Name: "boom", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		panic("nil map")
+	})}
+	h := start(t, "team-a", exec.Options{}, fn)
+	c := h.call("team-a", "boom", `{}`, time.Now().Add(time.Minute))
+	if res := h.result(c, 10*time.Second); res.OK() {
+		t.Fatal("panic produced a successful result")
+	}
+	var dl []*protocol.DeadLetter
+	waitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	if dl[0].Reason != protocol.ReasonPanic || dl[0].Call.Key != c.Key {
+		t.Errorf("dead letter = %+v", dl[0])
+	}
+}
+
+// sideEffect is a function with an effect that must happen at most once per
+// call; the first run blocks until the executor running it shuts down.
+func sideEffect(effects *atomic.Int32, started chan<- struct{}, reconcile exec.Handler) exec.Function {
+	return exec.Function{
+		Name: "issue_refund", SideEffects: true, Reconcile: reconcile,
+		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+			if effects.Add(1) == 1 {
+				started <- struct{}{}
+				<-ctx.Done() // the executor dies mid-run
+				return nil, ctx.Err()
+			}
+			return []byte("refunded"), nil
+		}),
+	}
+}
+
+func TestSideEffectFunctionNeverRunsTwice(t *testing.T) {
+	var effects atomic.Int32
+	started := make(chan struct{}, 1)
+	fn := sideEffect(&effects, started, nil)
+	h := start(t, "team-a", exec.Options{ShutdownTimeout: 10 * time.Millisecond}, fn)
+	c := h.call("team-a", "issue_refund", `{}`, time.Now().Add(time.Minute))
+	<-started
+	// A second replica comes up; the first dies mid-run.
+	h.run("team-a", exec.Options{ShutdownTimeout: 10 * time.Millisecond}, fn)
+	h.stopFirst()
+	res := h.result(c, 15*time.Second)
+	if res.OK() || res.Error.Code != protocol.CodeUnavailable {
+		t.Fatalf("result = %+v, want 'may have run' failure", res)
+	}
+	if n := effects.Load(); n != 1 {
+		t.Fatalf("the side effect happened %d times", n)
+	}
+	var dl []*protocol.DeadLetter
+	waitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	if dl[0].Reason != protocol.ReasonMayHaveRun {
+		t.Errorf("dead letter reason = %s", dl[0].Reason)
+	}
+}
+
+func TestReconcileDecidesForAnAttemptThatMayHaveRun(t *testing.T) {
+	var effects, reconciled atomic.Int32
+	started := make(chan struct{}, 1)
+	fn := sideEffect(&effects, started, exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		reconciled.Add(1)
+		return []byte("refund r-1 already issued"), nil
+	}))
+	h := start(t, "team-a", exec.Options{ShutdownTimeout: 10 * time.Millisecond}, fn)
+	c := h.call("team-a", "issue_refund", `{}`, time.Now().Add(time.Minute))
+	<-started
+	h.run("team-a", exec.Options{ShutdownTimeout: 10 * time.Millisecond}, fn)
+	h.stopFirst()
+	res := h.result(c, 15*time.Second)
+	if !res.OK() || res.Output != "refund r-1 already issued" {
+		t.Fatalf("result = %+v", res)
+	}
+	if effects.Load() != 1 || reconciled.Load() != 1 {
+		t.Errorf("effects %d, reconciled %d; want 1 and 1", effects.Load(), reconciled.Load())
+	}
+}
+
+func TestReplicasShareTheLoad(t *testing.T) {
+	fn := func() exec.Function {
+		return exec.Function{Name: "work", Concurrency: 1, Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+			time.Sleep(20 * time.Millisecond)
+			return []byte("done"), nil
+		})}
+	}
+	h := start(t, "team-a", exec.Options{Name: "one"}, fn())
+	h.run("team-a", exec.Options{Name: "two"}, fn())
+	var calls []*protocol.Call
+	for i := range 20 {
+		calls = append(calls, h.call("team-a", "work", fmt.Sprintf(`{"i":%d}`, i), time.Now().Add(time.Minute)))
+	}
+	by := map[string]int{}
+	for _, c := range calls {
+		by[h.result(c, 20*time.Second).Executor]++
+	}
+	if by["one"] == 0 || by["two"] == 0 || by["one"]+by["two"] != 20 {
+		t.Errorf("calls by executor = %v; want both to take a share of 20", by)
+	}
+}
+
+func TestGlobalConcurrencyCapHoldsAcrossReplicas(t *testing.T) {
+	const limit = 2
+	var running, peak atomic.Int32
+	var mu sync.Mutex
+	fn := func() exec.Function {
+		return exec.Function{Name: "capped", Concurrency: 4, MaxConcurrency: limit,
+			Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+				n := running.Add(1)
+				mu.Lock()
+				peak.Store(max(peak.Load(), n))
+				mu.Unlock()
+				time.Sleep(30 * time.Millisecond)
+				running.Add(-1)
+				return []byte("ok"), nil
+			})}
+	}
+	h := start(t, "team-a", exec.Options{}, fn())
+	h.run("team-a", exec.Options{}, fn())
+	h.run("team-a", exec.Options{}, fn())
+	var calls []*protocol.Call
+	for i := range 24 {
+		calls = append(calls, h.call("team-a", "capped", fmt.Sprintf(`{"i":%d}`, i), time.Now().Add(time.Minute)))
+	}
+	for _, c := range calls {
+		h.result(c, 30*time.Second)
+	}
+	if p := peak.Load(); p > limit {
+		t.Errorf("%d calls ran at once across three replicas; the cap is %d", p, limit)
+	}
+	if p := peak.Load(); p < limit {
+		t.Logf("peak concurrency %d (below the cap; the cap was not exercised)", p)
+	}
+}
+
+func TestShutdownFinishesRunningCalls(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	fn := exec.Function{Name: "steady", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		started <- struct{}{}
+		<-release
+		return []byte("finished"), nil
+	})}
+	h := start(t, "team-a", exec.Options{ShutdownTimeout: 10 * time.Second}, fn)
+	c := h.call("team-a", "steady", `{}`, time.Now().Add(time.Minute))
+	<-started
+	stopped := make(chan struct{})
+	go func() { h.stopFirst(); close(stopped) }()
+	close(release)
+	<-stopped
+	if res := h.result(c, 5*time.Second); !res.OK() || res.Output != "finished" {
+		t.Fatalf("result = %+v", res)
+	}
+}

@@ -1,0 +1,69 @@
+package exec
+
+import (
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// ErrRetryable marks an error worth retrying: a transient failure the
+// same call may not hit again (a timeout talking to a backend, a 503). Wrap
+// it with [Retryable]. Errors not marked so fail the call at once.
+var ErrRetryable = errors.New("exec: retryable")
+
+// ErrDidNotRun is returned by a Reconcile hook that established the
+// earlier attempt had no effect: the call then runs normally.
+var ErrDidNotRun = errors.New("exec: earlier attempt had no effect")
+
+// Retryable marks err as retryable. The call is retried with backoff while
+// attempts remain and the deadline leaves room; the model sees err's
+// message only if it never succeeds.
+func Retryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &retryableError{err}
+}
+
+type retryableError struct{ err error }
+
+func (e *retryableError) Error() string        { return e.err.Error() }
+func (e *retryableError) Unwrap() error        { return e.err }
+func (e *retryableError) Is(target error) bool { return target == ErrRetryable }
+
+// RetryPolicy says how retryable errors are retried. Retries go back
+// through JetStream, so another replica may take the next attempt.
+type RetryPolicy struct {
+	// MaxAttempts bounds the runs of one call, the first included.
+	// Default: 3.
+	MaxAttempts int
+	// InitialBackoff is the delay before the second attempt; it doubles
+	// with each attempt, with 20% jitter. Default: 200ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps the delay. Default: 10s.
+	MaxBackoff time.Duration
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = 3
+	}
+	if p.InitialBackoff <= 0 {
+		p.InitialBackoff = 200 * time.Millisecond
+	}
+	if p.MaxBackoff <= 0 {
+		p.MaxBackoff = 10 * time.Second
+	}
+	return p
+}
+
+// backoff is the delay before attempt+1.
+func (p RetryPolicy) backoff(attempt int) time.Duration {
+	d := p.InitialBackoff
+	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, p.MaxBackoff)
+	spread := int64(d) / 5
+	return d - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1))
+}

@@ -1,0 +1,153 @@
+package exec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+	"unicode/utf8"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// outcome is what one run of a handler came to.
+type outcome struct {
+	res *protocol.Result
+	// retry: the handler returned a retryable error.
+	retry bool
+	// panicked: the handler panicked (res says so, without the value).
+	panicked bool
+	// cancelled: shutdown cut the run short; there is no result.
+	cancelled bool
+	err       error
+}
+
+// abandonGrace is how long a handler may run past its deadline before the
+// executor stops waiting for it.
+const abandonGrace = 2 * time.Second
+
+// invoke runs h for call under the call's deadline (and timeout), calling
+// heartbeat periodically, and turns whatever it returns, or a panic, into a
+// result. It is the one place where a handler runs.
+func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, timeout time.Duration,
+	every time.Duration, heartbeat func(), executor string, log *slog.Logger) outcome {
+	deadline := call.Deadline
+	if timeout > 0 {
+		deadline = minTime(deadline, time.Now().Add(timeout))
+	}
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	inv := &Invocation{Function: call.Function, Arguments: call.Arguments, Call: call, Attempt: attempt}
+	rctx = context.WithValue(rctx, invocationKey, inv)
+
+	type ret struct {
+		out      []byte
+		err      error
+		panicked bool
+	}
+	done := make(chan ret, 1)
+	started := time.Now()
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error("handler panicked", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				done <- ret{panicked: true}
+			}
+		}()
+		out, err := h.Handle(rctx, inv)
+		done <- ret{out: out, err: err}
+	}()
+	var tick <-chan time.Time
+	if heartbeat != nil && every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	// A handler that ignores its context is abandoned shortly after the
+	// deadline, so the call still gets its timeout result.
+	abandon := time.NewTimer(time.Until(deadline) + abandonGrace)
+	defer abandon.Stop()
+	var r ret
+wait:
+	for {
+		select {
+		case r = <-done:
+			break wait
+		case <-tick:
+			heartbeat()
+		case <-abandon.C:
+			log.Error("handler ignored its context past the deadline; abandoning it", "grace", abandonGrace)
+			r = ret{err: context.DeadlineExceeded}
+			break wait
+		}
+	}
+	if errors.Is(context.Cause(ctx), ErrShutdown) {
+		return outcome{cancelled: true}
+	}
+
+	res := &protocol.Result{
+		Version: protocol.Version, Key: call.Key, CallID: call.CallID, Team: call.Team, Function: call.Function,
+		Executor: executor, Attempt: attempt, StartedAt: started.UTC(), FinishedAt: time.Now().UTC(),
+	}
+	o := outcome{res: res, err: r.err}
+	fail := func(code protocol.ErrorCode, msg string) {
+		res.Error = &protocol.CallError{Code: code, Message: protocol.Truncate(msg, 4096)}
+	}
+	switch {
+	case r.panicked:
+		o.panicked = true
+		fail(protocol.CodeFunctionError, fmt.Sprintf("%s failed with an internal error. Do not call it again with the same arguments.", call.Function))
+	case r.err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded):
+		fail(protocol.CodeTimeout, fmt.Sprintf("%s timed out after %s. Try a narrower request, or continue without this result.",
+			call.Function, time.Since(started).Round(time.Millisecond)))
+	case r.err != nil:
+		msg := r.err.Error()
+		if msg == "" || !utf8.ValidString(msg) {
+			msg = call.Function + " failed."
+		}
+		o.retry = errors.Is(r.err, ErrRetryable)
+		fail(protocol.CodeFunctionError, msg)
+	case !utf8.Valid(r.out):
+		fail(protocol.CodeFunctionError, fmt.Sprintf("%s returned output that is not valid UTF-8.", call.Function))
+	default:
+		res.Output = protocol.Truncate(string(r.out), protocol.MaxOutputSize)
+	}
+	return o
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// Invoke runs fn for one call the way an executor does — argument check
+// against the schema, the call's deadline and the function's timeout,
+// panic recovery, output checks — but without NATS, and returns the result
+// the executor would record. Retries, dead letters and side-effect
+// bookkeeping are not applied. It is for tests (see package exectest) and
+// for embedding a function elsewhere. The error reports an invalid fn.
+func Invoke(ctx context.Context, fn Function, call *protocol.Call) (*protocol.Result, error) {
+	if err := fn.validate(); err != nil {
+		return nil, err
+	}
+	if err := call.Validate(); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	if !now.Before(call.Deadline) {
+		return protocol.NewFailure(call, protocol.CodeTimeout,
+			fmt.Sprintf("%s was not started: its deadline passed while it waited to run.", call.Function), now), nil
+	}
+	if problem := fn.schema.Check(call.Arguments); problem != "" {
+		return protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), nil
+	}
+	o := invoke(ctx, fn.Handler, call, 1, fn.Timeout, 0, nil, "invoke", slog.Default())
+	if o.cancelled {
+		return nil, ErrShutdown
+	}
+	return o.res, nil
+}
