@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/demo"
 )
 
@@ -23,7 +24,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	logger := slog.New(slog.DiscardHandler)
 	if *verbose {
-		logger = newLogger(stderr, "warn")
+		logger = cliutil.Logger(stderr, "warn")
 	}
 	return demo.Run(ctx, demo.Options{
 		Out: stdout, Logger: logger, NATSURL: os.Getenv("NATS_URL"), DataDir: *dataDir,

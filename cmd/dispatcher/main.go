@@ -5,6 +5,7 @@
 //	dispatcher [serve]   the service (settings from the environment)
 //	dispatcher demo      offline demo: embedded JetStream, platform simulator, seed executors
 //	dispatcher simulator serve the platform simulator alone (for trying the service locally)
+//	dispatcher tools     print the registry as a platform's tool definitions
 package main
 
 import (
@@ -13,7 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -49,6 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return demoCmd(ctx, args, stdout, stderr)
 	case "simulator":
 		return simulatorCmd(ctx, args, stdout, stderr)
+	case "tools":
+		return toolsCmd(ctx, args, stdout, stderr)
 	case "help":
 		usage(stdout)
 		return nil
@@ -65,13 +67,6 @@ func usage(w io.Writer) {
   demo        play one example per platform offline: embedded JetStream, platform simulator,
               in-process seed executors; exits 0 when every answer arrived
   simulator   serve the platform simulator alone, to try the service without OpenAI
+  tools       print the functions executors serve as a platform's tool definitions
 `)
-}
-
-func newLogger(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		l = slog.LevelInfo
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
 }

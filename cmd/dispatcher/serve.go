@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 )
@@ -40,7 +41,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: dispatcher [serve]\n\nSettings (environment variables):")
-		_ = envconfig.Usagef("", &config{}, stderr, envconfig.DefaultTableFormat)
+		cliutil.PrintSettings(stderr, &config{})
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -49,7 +50,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := envconfig.Process("", &cfg); err != nil {
 		return fmt.Errorf("settings: %w", err)
 	}
-	log := newLogger(stderr, cfg.LogLevel)
+	log := cliutil.Logger(stderr, cfg.LogLevel)
 
 	natsURL := cfg.NATSURL
 	if natsURL == "" {

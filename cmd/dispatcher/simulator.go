@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 )
 
@@ -24,7 +25,7 @@ func simulatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	sim := platformsim.New(platformsim.Options{
 		Model: &platformsim.Model{Scenarios: platformsim.SeedScenarios()}, APIKey: *key, RunTTL: *ttl,
-		Logger: newLogger(stderr, "warn"),
+		Logger: cliutil.Logger(stderr, "warn"),
 	})
 	defer sim.Close()
 	ln, err := net.Listen("tcp", *addr)

@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -19,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/demo"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
@@ -28,6 +28,7 @@ type config struct {
 	NATSURL         string        `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS servers to connect to"`
 	Name            string        `envconfig:"TOOLRELAY_EXECUTOR_NAME" desc:"name of this process in results and logs (default: host-random)"`
 	ShutdownTimeout time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"how long running calls may finish after SIGTERM"`
+	AckWait         time.Duration `envconfig:"TOOLRELAY_ACK_WAIT" default:"30s" desc:"a call whose executor goes silent this long is redelivered (heartbeats every third of it)"`
 	Replicas        int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams the executor creates (3 on a cluster)"`
 	LogLevel        string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
@@ -45,15 +46,18 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "dlq" {
+		return dlqCmd(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("executor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	demoMode := fs.Bool("demo", false, "serve the seed example functions (team \"demo\")")
 	configPath := fs.String("config", "", "serve the functions declared in this YAML (or JSON) file")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: executor -demo | -config functions.yaml\n\nFlags:")
+		fmt.Fprintln(stderr, "usage: executor -demo | -config functions.yaml\n       executor dlq list [-team T] [-json] | executor dlq replay [-timeout 5m] <call-key>\n\nFlags:")
 		fs.PrintDefaults()
 		fmt.Fprintln(stderr, "\nSettings (environment variables):")
-		_ = envconfig.Usagef("", &config{}, stderr, envconfig.DefaultTableFormat)
+		cliutil.PrintSettings(stderr, &config{})
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -66,7 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := envconfig.Process("", &cfg); err != nil {
 		return fmt.Errorf("settings: %w", err)
 	}
-	log := newLogger(stderr, cfg.LogLevel)
+	log := cliutil.Logger(stderr, cfg.LogLevel)
 
 	teams := map[string][]exec.Function{demo.Team: demo.Functions()}
 	if !*demoMode {
@@ -91,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	errc := make(chan error, len(teams))
 	for team, funcs := range teams {
 		ex, err := exec.New(js, team, exec.Options{
-			Logger: log, Name: cfg.Name, ShutdownTimeout: cfg.ShutdownTimeout, Replicas: cfg.Replicas,
+			Logger: log, Name: cfg.Name, ShutdownTimeout: cfg.ShutdownTimeout, Replicas: cfg.Replicas, AckWait: cfg.AckWait,
 		})
 		if err != nil {
 			return err
@@ -112,12 +116,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-func newLogger(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		l = slog.LevelInfo
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
 }

@@ -245,3 +245,46 @@ func TestShutdownFinishesRunningCalls(t *testing.T) {
 		t.Fatalf("result = %+v", res)
 	}
 }
+
+func TestDeadLettersCanBeListedAndReplayed(t *testing.T) {
+	var fixed atomic.Bool
+	fn := exec.Function{Name: "charge", SideEffects: true, Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		if !fixed.Load() {
+			return nil, errors.New("card processor rejected the request")
+		}
+		return []byte("charged"), nil
+	})}
+	h := start(t, "team-a", exec.Options{}, fn)
+	c := h.call("team-a", "charge", `{}`, time.Now().Add(time.Minute))
+	if res := h.result(c, 10*time.Second); res.OK() {
+		t.Fatal("first run should fail")
+	}
+	var dl []*protocol.DeadLetter
+	waitFor(t, 5*time.Second, func() bool {
+		var err error
+		dl, err = exec.DeadLetters(context.Background(), h.js, "team-a")
+		return err == nil && len(dl) == 1
+	})
+	if dl[0].Reason != protocol.ReasonPermanent || dl[0].Result.Error.Message != "card processor rejected the request" {
+		t.Fatalf("dead letter = %+v", dl[0])
+	}
+	if other, _ := exec.DeadLetters(context.Background(), h.js, "team-b"); len(other) != 0 {
+		t.Errorf("team-b sees %d of team-a's dead letters", len(other))
+	}
+
+	fixed.Store(true) // the operator fixed the card processor
+	n, err := exec.Replay(context.Background(), h.js, c.Key, time.Minute)
+	if err != nil || n != 1 {
+		t.Fatalf("Replay = %d, %v", n, err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		dl, _ = exec.DeadLetters(context.Background(), h.js, "team-a")
+		return len(dl) == 2
+	})
+	if r := dl[1]; r.Replay != 1 || r.Reason != protocol.ReasonReplayed || !r.Result.OK() || r.Result.Output != "charged" {
+		t.Errorf("replay record = %+v", r)
+	}
+	if _, err := exec.Replay(context.Background(), h.js, protocol.NewTurnKey("agents", "x", nil).Call("y"), time.Minute); !errors.Is(err, exec.ErrNoDeadLetter) {
+		t.Errorf("replaying an unknown key: %v", err)
+	}
+}

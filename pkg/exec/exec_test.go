@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +51,12 @@ func start(t *testing.T, team string, opts exec.Options, fns ...exec.Function) *
 // run starts one more executor process on the same server.
 func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (stop func()) {
 	h.t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+		if os.Getenv("TOOLRELAY_TEST_LOG") != "" {
+			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		}
+	}
 	e, err := exec.New(h.js, team, opts)
 	if err != nil {
 		h.t.Fatal(err)

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// dlqCmd lists and replays dead letters:
+//
+//	executor dlq list [-team T] [-json]
+//	executor dlq replay [-timeout 5m] <call-key>
+func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	usage := errors.New("usage: executor dlq list [-team T] [-json] | executor dlq replay [-timeout 5m] <call-key>")
+	if len(args) == 0 {
+		return usage
+	}
+	var cfg config
+	if err := envconfig.Process("", &cfg); err != nil {
+		return fmt.Errorf("settings: %w", err)
+	}
+	connect := func() (jetstream.JetStream, func(), error) {
+		nc, err := nats.Connect(cfg.NATSURL, nats.Name("toolrelay-dlq"))
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+		return js, nc.Close, nil
+	}
+	switch args[0] {
+	case "list":
+		fs := flag.NewFlagSet("executor dlq list", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		team := fs.String("team", "", "only this team's dead letters")
+		asJSON := fs.Bool("json", false, "print the records as JSON lines")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		js, closeNC, err := connect()
+		if err != nil {
+			return err
+		}
+		defer closeNC()
+		dls, err := exec.DeadLetters(ctx, js, *team)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			for _, d := range dls {
+				if err := enc.Encode(d); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "AT\tCALL KEY\tTEAM\tFUNCTION\tREASON\tATTEMPTS\tREPLAY\tOUTCOME")
+		for _, d := range dls {
+			outcome := "ok"
+			if d.Result.Error != nil {
+				outcome = string(d.Result.Error.Code) + ": " + protocol.Truncate(d.Result.Error.Message, 80)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", d.At.Format(time.RFC3339), d.Call.Key, d.Call.Team,
+				d.Call.Function, d.Reason, d.Attempts, d.Replay, outcome)
+		}
+		return tw.Flush()
+	case "replay":
+		fs := flag.NewFlagSet("executor dlq replay", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		timeout := fs.Duration("timeout", 5*time.Minute, "deadline of the replayed call, from now")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() != 1 {
+			return usage
+		}
+		key, err := protocol.ParseCallKey(fs.Arg(0))
+		if err != nil {
+			return err
+		}
+		js, closeNC, err := connect()
+		if err != nil {
+			return err
+		}
+		defer closeNC()
+		n, err := exec.Replay(ctx, js, key, *timeout)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "replay %d of %s queued; its outcome appears in \"executor dlq list\"\n", n, key)
+		return nil
+	}
+	return usage
+}
