@@ -33,6 +33,7 @@ func TestMain(m *testing.M) {
 // calls the way the dispatcher does and read back the recorded results.
 type harness struct {
 	t       *testing.T
+	srv     *natstest.Server
 	js      jetstream.JetStream
 	results jetstream.Stream
 	// stopFirst stops the executor start began with.
@@ -43,7 +44,7 @@ func start(t *testing.T, team string, opts exec.Options, fns ...exec.Function) *
 	t.Helper()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
-	h := &harness{t: t, js: js}
+	h := &harness{t: t, srv: srv, js: js}
 	h.stopFirst = h.run(team, opts, fns...)
 	return h
 }
@@ -57,7 +58,8 @@ func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (sto
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 		}
 	}
-	e, err := exec.New(h.js, team, opts)
+	_, js := h.srv.Connect(h.t) // each executor has its own connection, like a process
+	e, err := exec.New(js, team, opts)
 	if err != nil {
 		h.t.Fatal(err)
 	}

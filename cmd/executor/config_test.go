@@ -1,0 +1,65 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "functions.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadConfigAcceptsTheExample(t *testing.T) {
+	teams, err := loadConfig("../../testdata/functions.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fns := teams["orders"]; len(fns) != 2 || fns[0].Name != "get_order_status" || fns[0].Timeout.String() != "10s" || fns[0].Concurrency != 4 {
+		t.Errorf("orders = %+v", fns)
+	}
+}
+
+func TestLoadConfigErrorsNameFileAndField(t *testing.T) {
+	const ok = "    owner: t\n    command: [\"cat\"]\n"
+	tests := map[string]struct {
+		body string
+		want []string
+	}{
+		"unknown key":       {"functions:\n  - name: f\n    colour: blue\n" + ok, []string{"colour"}},
+		"bad name":          {"functions:\n  - name: a.b\n" + ok, []string{"functions[0]", "name", "a.b"}},
+		"duplicate name":    {"functions:\n  - name: f\n" + ok + "  - name: f\n" + ok, []string{"functions[1]", "name", "also declared by functions[0]"}},
+		"bad owner":         {"functions:\n  - name: f\n    owner: Bad Team\n    command: [\"cat\"]\n", []string{"owner"}},
+		"invalid schema":    {"functions:\n  - name: f\n    parameters: {type: nonsense}\n" + ok, []string{"functions[0] (f)", "parameters"}},
+		"bad timeout":       {"functions:\n  - name: f\n    timeout: soon\n" + ok, []string{"timeout", "soon"}},
+		"no implementation": {"functions:\n  - name: f\n    owner: t\n", []string{"command", "http"}},
+		"both":              {"functions:\n  - name: f\n    http: {url: \"http://x\"}\n" + ok, []string{"not both"}},
+		"bad url":           {"functions:\n  - name: f\n    owner: t\n    http: {url: \"ftp://x\"}\n", []string{"http.url"}},
+		"missing binary":    {"functions:\n  - name: f\n    owner: t\n    command: [\"no-such-binary-xyz\"]\n", []string{"command", "no-such-binary-xyz"}},
+		"empty list":        {"functions: []\n", []string{"empty"}},
+		"empty file":        {"", []string{"empty"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			path := writeFile(t, tc.body)
+			_, err := loadConfig(path)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), path) {
+				t.Errorf("error does not name the file: %v", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
