@@ -30,8 +30,15 @@ type functionConfig struct {
 	MaxConcurrency int            `yaml:"max_concurrency"`
 	SideEffects    bool           `yaml:"side_effects"`
 	Version        string         `yaml:"version"`
+	Retry          *retryConfig   `yaml:"retry"`
 	Command        []string       `yaml:"command"`
 	HTTP           *httpConfig    `yaml:"http"`
+}
+
+type retryConfig struct {
+	MaxAttempts    int    `yaml:"max_attempts"`
+	InitialBackoff string `yaml:"initial_backoff"`
+	MaxBackoff     string `yaml:"max_backoff"`
 }
 
 type httpConfig struct {
@@ -87,6 +94,18 @@ func loadConfig(path string) (map[string][]exec.Function, error) {
 				return nil, fail("timeout", "%q is not a positive Go duration such as 30s", f.Timeout)
 			}
 		}
+		if r := f.Retry; r != nil {
+			if r.MaxAttempts < 0 {
+				return nil, fail("retry.max_attempts", "must not be negative")
+			}
+			fn.Retry = &exec.RetryPolicy{MaxAttempts: r.MaxAttempts}
+			if fn.Retry.InitialBackoff, err = optionalDuration(r.InitialBackoff); err != nil {
+				return nil, fail("retry.initial_backoff", "%v", err)
+			}
+			if fn.Retry.MaxBackoff, err = optionalDuration(r.MaxBackoff); err != nil {
+				return nil, fail("retry.max_backoff", "%v", err)
+			}
+		}
 		if f.Concurrency < 0 {
 			return nil, fail("concurrency", "must not be negative")
 		}
@@ -121,4 +140,16 @@ func loadConfig(path string) (map[string][]exec.Function, error) {
 		teams[f.Owner] = append(teams[f.Owner], fn)
 	}
 	return teams, nil
+}
+
+// optionalDuration parses a positive Go duration; "" is zero (the default).
+func optionalDuration(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q is not a positive Go duration such as 200ms", s)
+	}
+	return d, nil
 }

@@ -43,6 +43,7 @@ func TestLoadConfigErrorsNameFileAndField(t *testing.T) {
 		"bad url":           {"functions:\n  - name: f\n    owner: t\n    http: {url: \"ftp://x\"}\n", []string{"http.url"}},
 		"missing binary":    {"functions:\n  - name: f\n    owner: t\n    command: [\"no-such-binary-xyz\"]\n", []string{"command", "no-such-binary-xyz"}},
 		"empty list":        {"functions: []\n", []string{"empty"}},
+		"bad backoff":       {"functions:\n  - name: f\n    retry: {max_attempts: 3, max_backoff: never}\n" + ok, []string{"retry.max_backoff", "never"}},
 		"empty file":        {"", []string{"empty"}},
 	}
 	for name, tc := range tests {

@@ -16,8 +16,9 @@ import (
 
 // CommandHandler runs argv for each call: the arguments JSON on stdin, the
 // output read from stdout. A non-zero exit is a failed call whose message is
-// the command's stderr. At the call's deadline the command's whole process
-// group is killed.
+// the command's stderr; exit status 75 (EX_TEMPFAIL) marks the failure
+// retryable. At the call's deadline the command's whole process group is
+// killed.
 //
 // The command inherits the executor's environment plus
 // TOOLRELAY_FUNCTION, TOOLRELAY_CALL_ID, TOOLRELAY_CALL_KEY and
@@ -58,13 +59,20 @@ func CommandHandler(argv []string) (Handler, error) {
 			}
 			var exitErr *osexec.ExitError
 			if errors.As(err, &exitErr) {
-				return nil, fmt.Errorf("%s failed (%s): %s", inv.Function, exitErr.ProcessState, msg)
+				err := fmt.Errorf("%s failed (%s): %s", inv.Function, exitErr.ProcessState, msg)
+				if exitErr.ExitCode() == exitTempFail {
+					return nil, Retryable(err)
+				}
+				return nil, err
 			}
 			return nil, fmt.Errorf("%s could not run: %v", inv.Function, err)
 		}
 		return stdout.Bytes(), nil
 	}), nil
 }
+
+// exitTempFail is sysexits.h's EX_TEMPFAIL: "try again later".
+const exitTempFail = 75
 
 // capped keeps at most limit bytes and discards the rest, so a chatty
 // command cannot exhaust memory.

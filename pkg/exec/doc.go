@@ -6,28 +6,49 @@
 // [Executor.Run] provisions the team's work-queue stream FNCALLS_<team> and
 // one durable pull consumer per function, announces the functions in the
 // registry (refusing a name another team owns) and serves calls until its
-// context ends.
+// context ends. Handlers follow the net/http pattern: [Handler],
+// [HandlerFunc] and [Middleware] (the first given runs outermost).
+// [CommandHandler] and [HTTPHandler] run a program or call an endpoint.
 //
 // # Delivery
 //
 // Calls are delivered at least once. Every replica of a function shares its
 // consumer, so each delivery goes to one process; the consumer's
-// MaxAckPending is the function's global concurrency cap. A handler runs
-// under the call's absolute deadline and sends a heartbeat while it runs, so
-// long calls are not redelivered mid-run. Its result is recorded before the
-// call is acknowledged, and the first result recorded for a call wins: a
-// redelivered call whose result exists is acknowledged without running.
+// MaxAckPending is the function's global concurrency cap
+// ([Function.MaxConcurrency]) and each process pulls no more calls than it
+// has free workers ([Function.Concurrency]). A handler runs under the
+// call's absolute deadline (and the function's timeout) and heartbeats
+// while it runs, so long calls are not redelivered mid-run. Its result is
+// recorded before the call is acknowledged, and the first result recorded
+// for a call wins: a redelivered call whose result exists is acknowledged
+// without running. Per-call metadata is read from the context: [CallID],
+// [TurnKey], [Platform], [Attempt], [Deadline].
 //
-// # Errors
+// # Errors and retries
 //
 // A handler's error becomes a failed result whose message the model reads;
-// write it for the model. A handler that passes the deadline yields a
-// "timed out" result; a panic is recovered, its stack logged, and the model
-// sees only that the function failed.
+// write it for the model. An error wrapped with [Retryable] is retried with
+// exponential backoff and jitter ([RetryPolicy]) while attempts remain and
+// the deadline leaves room. A permanent error, a recovered panic (its stack
+// logged, never shown to the model) or exhausted attempts end in exactly one
+// failed result and a dead-letter record, which [DeadLetters] lists and
+// [Replay] runs again.
+//
+// # Side effects
+//
+// A [Function] with SideEffects never runs twice for one call: an attempt
+// that may have run without recording a result (its executor died or was
+// shut down mid-run) goes to the function's Reconcile hook, or fails saying
+// the call may have run.
 //
 // # Shutdown
 //
 // When Run's context ends the executor stops fetching, waits up to
 // [Options.ShutdownTimeout] for running calls, then cancels them with
 // [ErrShutdown]; calls not finished are redelivered to another replica.
+//
+// # Testing
+//
+// Package exectest runs a handler exactly as an executor would, without
+// NATS.
 package exec

@@ -1,6 +1,7 @@
 package exec_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -37,6 +38,13 @@ func TestCommandHandler(t *testing.T) {
 		res := exectest.Run(t, command(t, `echo "order not found" >&2; exit 3`), `{}`, exectest.Options{})
 		if res.OK() || !strings.Contains(res.Error.Message, "order not found") || !strings.Contains(res.Error.Message, "exit status 3") {
 			t.Fatalf("result = %+v", res)
+		}
+	})
+	t.Run("exit 75 is retryable", func(t *testing.T) {
+		fn := command(t, `echo "busy" >&2; exit 75`)
+		_, err := fn.Handler.Handle(t.Context(), &exec.Invocation{Function: "cmd", Arguments: []byte(`{}`), Call: exectest.Call(fn, `{}`, exectest.Options{})})
+		if !errors.Is(err, exec.ErrRetryable) {
+			t.Errorf("exit 75: %v is not retryable", err)
 		}
 	})
 	t.Run("process group killed at the deadline", func(t *testing.T) {

@@ -15,7 +15,8 @@ import (
 
 // HTTPHandler POSTs each call's arguments JSON to endpoint; a 2xx response
 // body is the output, anything else is a failed call carrying the status and
-// the start of the body. The request is cut at the call's deadline. It
+// the start of the body. 429, 502, 503, 504 and connection failures are
+// retryable. The request is cut at the call's deadline. It
 // carries Idempotency-Key (the call key, stable across redeliveries),
 // Toolrelay-Call-Id, Toolrelay-Function and Toolrelay-Deadline headers.
 // A nil client means http.DefaultClient.
@@ -42,7 +43,7 @@ func HTTPHandler(endpoint string, client *http.Client) (Handler, error) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return nil, fmt.Errorf("%s is unreachable: %v", inv.Function, err)
+			return nil, Retryable(fmt.Errorf("%s is unreachable: %v", inv.Function, err))
 		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(io.LimitReader(resp.Body, protocol.MaxOutputSize+1))
@@ -51,7 +52,12 @@ func HTTPHandler(endpoint string, client *http.Client) (Handler, error) {
 		}
 		if resp.StatusCode < 200 || resp.StatusCode > 299 {
 			msg := strings.TrimSpace(string(body))
-			return nil, fmt.Errorf("%s failed (HTTP %d): %s", inv.Function, resp.StatusCode, protocol.Truncate(msg, 2048))
+			err := fmt.Errorf("%s failed (HTTP %d): %s", inv.Function, resp.StatusCode, protocol.Truncate(msg, 2048))
+			switch resp.StatusCode {
+			case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+				return nil, Retryable(err)
+			}
+			return nil, err
 		}
 		return body, nil
 	}), nil
