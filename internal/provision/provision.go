@@ -294,3 +294,15 @@ func AttemptBucketConfig(o Options) jetstream.KeyValueConfig {
 		Replicas:    o.replicas(),
 	}
 }
+
+// OpenTurnBucketConfig indexes open turns for the reconciliation sweep.
+func OpenTurnBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      protocol.OpenTurnBucket,
+		Description: "toolrelay open turns",
+		History:     1,
+		TTL:         turnTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    o.replicas(),
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
-	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -26,7 +25,8 @@ func weatherScenario(name, prompt, args string) platformsim.Scenario {
 
 func TestEachPlatformIsSubmittedOnce(t *testing.T) {
 	e := newEnv(t, platformsim.SeedScenarios()...)
-	for _, fn := range []string{"get_customer", "get_weather", "get_horoscope", "getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"} {
+	seeds := []string{"get_customer", "get_weather", "get_horoscope", "getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"}
+	for _, fn := range seeds {
 		e.register("demo", fn, `{"type":"object"}`)
 	}
 	outputs := map[string]string{
@@ -34,7 +34,7 @@ func TestEachPlatformIsSubmittedOnce(t *testing.T) {
 		"get_horoscope": "Aquarius: otters.", "getUserFavoriteCity": "Seattle, WA", "getCityNickname": "The Emerald City",
 		"getCurrentWeatherAtLocation": "70f",
 	}
-	ran := e.serve("demo", func(c *protocol.Call) (string, bool) { return outputs[c.Function], false })
+	ran := e.serve("demo", seeds, func(c *protocol.Call) (string, bool) { return outputs[c.Function], false })
 	d, _ := e.dispatcher(dispatch.Options{})
 
 	cases := []struct {
@@ -67,7 +67,7 @@ func TestBadCallsFailAtOnceWithoutRunning(t *testing.T) {
 			Steps: []platformsim.Step{{{Name: "no_such_function"}}}, Answer: `{{out "no_such_function"}}`},
 	)
 	e.register("geo", "get_weather", weatherSchema)
-	ran := e.serve("geo", func(c *protocol.Call) (string, bool) { return "sunny", false })
+	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
 	d, _ := e.dispatcher(dispatch.Options{})
 
 	w := finish(t, d, e.response("schema violation"), 10*time.Second)
@@ -94,7 +94,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 	e := newEnv(t, weatherScenario("slow", "slow weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	release := make(chan *protocol.Call, 1)
-	e.serve("geo", func(c *protocol.Call) (string, bool) {
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) {
 		release <- c
 		return "", false // never answers in time
 	})
@@ -135,10 +135,11 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 
 func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 	e := newEnv(t, platformsim.FavoriteCityScenario)
-	for _, fn := range []string{"getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"} {
+	city := []string{"getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"}
+	for _, fn := range city {
 		e.register("demo", fn, `{"type":"object"}`)
 	}
-	e.serve("demo", func(c *protocol.Call) (string, bool) {
+	e.serve("demo", city, func(c *protocol.Call) (string, bool) {
 		return map[string]string{"getUserFavoriteCity": "Seattle, WA", "getCityNickname": "The Emerald City", "getCurrentWeatherAtLocation": "70f"}[c.Function], false
 	})
 	var ds []*dispatch.Dispatcher
@@ -175,7 +176,7 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 func TestIntakeIsIdempotent(t *testing.T) {
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
-	ran := e.serve("geo", func(c *protocol.Call) (string, bool) { return "sunny", false })
+	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
 	d1, _ := e.dispatcher(dispatch.Options{})
 	d2, _ := e.dispatcher(dispatch.Options{})
 	req := &dispatch.TurnRequest{
@@ -214,14 +215,13 @@ func TestIntakeIsIdempotent(t *testing.T) {
 func TestResumeAfterRestart(t *testing.T) {
 	e := newEnv(t, weatherScenario("resume", "resume weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
-	// The team's executors have run before (their stream exists) but none
-	// is up now.
-	if _, err := provision.Stream(context.Background(), e.js, provision.CallStreamConfig("geo", provision.Options{})); err != nil {
-		t.Fatal(err)
-	}
+	release := make(chan struct{})
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) {
+		<-release // the result comes only after the dispatcher is gone
+		return "sunny", false
+	})
 	d1, stop1 := e.dispatcher(dispatch.Options{})
-	ref := e.response("resume weather")
-	w, err := d1.Watch(context.Background(), ref)
+	w, err := d1.Watch(context.Background(), e.response("resume weather"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,9 +229,9 @@ func TestResumeAfterRestart(t *testing.T) {
 		w, err = d1.WatchStatus(context.Background(), w.ID)
 		return err == nil && len(w.Turns) == 1
 	})
-	stop1() // the dispatcher goes away with the call queued and no executor
+	stop1() // the dispatcher goes away mid-gather
+	close(release)
 
-	e.serve("geo", func(c *protocol.Call) (string, bool) { return "sunny", false })
 	d2, _ := e.dispatcher(dispatch.Options{})
 	waitFor(t, 20*time.Second, func() bool {
 		w, err = d2.WatchStatus(context.Background(), w.ID)
@@ -242,5 +242,19 @@ func TestResumeAfterRestart(t *testing.T) {
 	}
 	if n := e.sim.Stats().FunctionCallOutputs; n != 1 {
 		t.Errorf("outputs submitted = %d, want 1", n)
+	}
+}
+
+func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
+	e := newEnv(t, weatherScenario("orphan", "orphan weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema) // announced, but its executors are gone
+	d, _ := e.dispatcher(dispatch.Options{ServeGrace: 200 * time.Millisecond})
+	w := finish(t, d, e.response("orphan weather"), 10*time.Second)
+	if !strings.Contains(w.Answer, `"type":"unavailable"`) || !strings.Contains(w.Answer, "no executor is serving it") {
+		t.Fatalf("answer = %q, want an unavailable error", w.Answer)
+	}
+	turn, err := d.Turn(context.Background(), w.Turns[0])
+	if err != nil || !turn.Calls[0].Rejected || turn.CutOff {
+		t.Errorf("turn = %+v, %v; want the call rejected at intake, not cut off", turn, err)
 	}
 }

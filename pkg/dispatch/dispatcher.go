@@ -41,6 +41,14 @@ type Options struct {
 	PollInterval time.Duration
 	// Replicas of the streams and buckets the dispatcher creates. Default: 1.
 	Replicas int
+	// ServeGrace is how long intake waits for an executor to serve a
+	// function nobody serves (none pulling, none working) before failing
+	// its calls as unavailable. Default: 3s.
+	ServeGrace time.Duration
+	// SweepInterval is how often each replica looks for stuck turns and
+	// orphaned watches (a replica died mid-way) and repairs them.
+	// Default: 10s.
+	SweepInterval time.Duration
 	// ShutdownTimeout is how long Run waits, once its context ends, for
 	// submissions in progress before cancelling them (another replica, or
 	// this one restarted, then repeats them). Default: 10s.
@@ -81,11 +89,13 @@ type Dispatcher struct {
 	log       *slog.Logger
 
 	turns    turnStore
+	open     jetstream.KeyValue
 	watches  jetstream.KeyValue
 	results  jetstream.Stream
 	timers   jetstream.Stream
 	registry *registry
 	gather   *gatherer
+	served   *servedCache
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -93,6 +103,9 @@ type Dispatcher struct {
 	spawnMu sync.Mutex
 	spawn   func(func(context.Context))
 	runDone <-chan struct{}
+
+	driversMu sync.Mutex
+	drivers   map[string]bool // watches this replica drives
 }
 
 // New returns a dispatcher for the given platforms on js.
@@ -122,6 +135,12 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = 10 * time.Second
 	}
+	if opts.ServeGrace <= 0 {
+		opts.ServeGrace = 3 * time.Second
+	}
+	if opts.SweepInterval <= 0 {
+		opts.SweepInterval = 10 * time.Second
+	}
 	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}}
 	for _, p := range platforms {
 		if _, dup := d.platforms[p.Name()]; dup {
@@ -130,6 +149,8 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 		d.platforms[p.Name()] = p
 	}
 	d.gather = newGatherer(d)
+	d.served = newServedCache(js)
+	d.drivers = map[string]bool{}
 	return d, nil
 }
 
@@ -156,6 +177,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	d.turns = turnStore{kv: kv}
+	if d.open, err = provision.KeyValue(ctx, d.js, provision.OpenTurnBucketConfig(popts)); err != nil {
+		return err
+	}
 	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
 		return err
 	}
@@ -249,28 +273,20 @@ func (d *Dispatcher) background(f func(context.Context)) bool {
 	return true
 }
 
-// resume re-drives every open turn (a restart, or a replica that died) and
-// every active watch. Everything is idempotent: publishes are deduplicated
-// by message ID and state changes are compare-and-set.
+// resume sweeps once at start (a restart finds what it left open), then
+// every SweepInterval.
 func (d *Dispatcher) resume(ctx context.Context) {
-	keys, err := d.turns.kv.ListKeys(ctx)
-	if err == nil {
-		for k := range keys.Keys() {
-			key, err := protocol.ParseTurnKey(k)
-			if err != nil {
-				continue
+	d.sweep(ctx, true)
+	d.background(func(bctx context.Context) {
+		ctx, stop := d.withRunContext(bctx)
+		defer stop()
+		for ctx.Err() == nil {
+			sleepCtx(ctx, jitter(d.opts.SweepInterval))
+			if ctx.Err() == nil {
+				d.sweep(ctx, false)
 			}
-			t, _, err := d.turns.get(ctx, key)
-			if err != nil || !t.Open() {
-				continue
-			}
-			d.log.Info("resuming turn", "turn", key, "state", t.State)
-			d.resumeTurn(ctx, t)
 		}
-	} else if !errors.Is(err, jetstream.ErrNoKeysFound) {
-		d.log.Warn("listing turns to resume failed", "err", err)
-	}
-	d.resumeWatches(ctx)
+	})
 }
 
 func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn) {
@@ -279,8 +295,16 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn) {
 		if err := d.scheduleDeadline(ctx, t); err != nil {
 			d.log.Warn("re-arming deadline failed", "turn", t.Key, "err", err)
 		}
-		d.publishCalls(ctx, t)
+		// Re-publish only calls without a result: a call already run and
+		// acknowledged must not be queued again once the dedupe window
+		// has passed.
+		recorded, err := d.gather.recorded(ctx, t)
+		if err != nil {
+			d.log.Warn("re-arming turn: reading its results failed", "turn", t.Key, "err", err)
+			return
+		}
 		d.gather.track(t)
+		d.publishCalls(ctx, t, recorded)
 		d.gather.recheckSoon(t.Key)
 	case StateSubmitting:
 		// The replica that won may have died mid-submission: take the turn

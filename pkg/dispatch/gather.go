@@ -226,25 +226,30 @@ func (g *gatherer) recheck(key protocol.TurnKey) {
 
 // present counts the calls of t whose result is recorded.
 func (g *gatherer) present(ctx context.Context, t *Turn) (int, error) {
-	info, err := g.d.results.Info(ctx, jetstream.WithSubjectFilter(protocol.TurnResultsFilter(t.Key)))
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for i := range t.Calls {
-		if info.State.Subjects[t.Calls[i].resultSubject()] > 0 {
-			n++
-		}
-	}
-	return n, nil
+	rec, err := g.recorded(ctx, t)
+	return len(rec), err
 }
 
-// has reports whether this replica holds a result for the call.
-func (g *gatherer) has(turn protocol.TurnKey, key protocol.CallKey) bool {
+// recorded returns the calls of t whose result is in the stream.
+func (g *gatherer) recorded(ctx context.Context, t *Turn) (map[protocol.CallKey]bool, error) {
+	info, err := g.d.results.Info(ctx, jetstream.WithSubjectFilter(protocol.TurnResultsFilter(t.Key)))
+	if err != nil {
+		return nil, err
+	}
+	rec := map[protocol.CallKey]bool{}
+	for i := range t.Calls {
+		if info.State.Subjects[t.Calls[i].resultSubject()] > 0 {
+			rec[t.Calls[i].Key] = true
+		}
+	}
+	return rec, nil
+}
+
+// tracking reports whether this replica gathers results for the turn.
+func (g *gatherer) tracking(key protocol.TurnKey) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st := g.turns[turn]
-	return st != nil && st.results[key] != nil
+	return g.turns[key] != nil
 }
 
 // result returns the result of a call: the one this replica saw, or the

@@ -94,10 +94,11 @@ func (e *env) register(team, name, schema string) {
 	}
 }
 
-// serve runs a minimal executor for every function of team: it answers each
-// call with fn's output (or error message, when fails is true). It returns
-// the number of calls it ran.
-func (e *env) serve(team string, fn func(c *protocol.Call) (string, bool)) *atomic.Int32 {
+// serve runs a minimal executor for the named functions of team, with one
+// durable consumer per function like a real executor: it answers each call
+// with fn's output (or error message, when fails is true); an empty output
+// means never answering. It returns the number of calls it ran.
+func (e *env) serve(team string, functions []string, fn func(c *protocol.Call) (string, bool)) *atomic.Int32 {
 	e.t.Helper()
 	ctx := context.Background()
 	s, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(team, provision.Options{}))
@@ -107,44 +108,46 @@ func (e *env) serve(team string, fn func(c *protocol.Call) (string, bool)) *atom
 	if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(provision.Options{})); err != nil {
 		e.t.Fatal(err)
 	}
-	cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable: "all", FilterSubject: "fncall." + team + ".>", AckPolicy: jetstream.AckExplicitPolicy,
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	var ran atomic.Int32
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		c, err := protocol.DecodeCall(msg.Data())
+	for _, name := range functions {
+		cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: name, FilterSubject: protocol.CallSubject(team, name), AckPolicy: jetstream.AckExplicitPolicy,
+		})
 		if err != nil {
-			e.t.Errorf("executor got a malformed call: %v", err)
-			_ = msg.Term()
-			return
+			e.t.Fatal(err)
 		}
-		ran.Add(1)
-		out, failed := fn(c)
-		if out == "" && !failed {
-			return // never answers: leaves the call to the deadline
-		}
-		res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
-			Output: out, FinishedAt: time.Now()}
-		if failed {
-			res.Output, res.Error = "", &protocol.CallError{Code: protocol.CodeFunctionError, Message: out}
-		}
-		data, err := protocol.EncodeResult(res)
+		cc, err := cons.Consume(func(msg jetstream.Msg) {
+			c, err := protocol.DecodeCall(msg.Data())
+			if err != nil {
+				e.t.Errorf("executor got a malformed call: %v", err)
+				_ = msg.Term()
+				return
+			}
+			ran.Add(1)
+			out, failed := fn(c)
+			if out == "" && !failed {
+				return // never answers: leaves the call to the deadline
+			}
+			res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
+				Output: out, FinishedAt: time.Now()}
+			if failed {
+				res.Output, res.Error = "", &protocol.CallError{Code: protocol.CodeFunctionError, Message: out}
+			}
+			data, err := protocol.EncodeResult(res)
+			if err != nil {
+				e.t.Errorf("encode result: %v", err)
+				return
+			}
+			if _, err := e.js.Publish(ctx, res.Subject(), data, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+				e.t.Logf("publish result: %v", err)
+			}
+			_ = msg.Ack()
+		}, jetstream.PullMaxMessages(16))
 		if err != nil {
-			e.t.Errorf("encode result: %v", err)
-			return
+			e.t.Fatal(err)
 		}
-		if _, err := e.js.Publish(ctx, res.Subject(), data, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
-			e.t.Logf("publish result: %v", err)
-		}
-		_ = msg.Ack()
-	})
-	if err != nil {
-		e.t.Fatal(err)
+		e.t.Cleanup(cc.Stop)
 	}
-	e.t.Cleanup(cc.Stop)
 	return &ran
 }
 

@@ -64,6 +64,12 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		t.Calls = append(t.Calls, tc)
 	}
 
+	// Index the turn as open before recording it: the sweep then finds it
+	// whatever step a crash interrupts (an index entry without a record is
+	// dropped by the sweep).
+	if _, err := d.open.Put(ctx, string(key), []byte(t.Deadline.Format(time.RFC3339Nano))); err != nil {
+		return nil, fmt.Errorf("dispatch: index turn %s: %w", key, err)
+	}
 	if _, err := d.turns.create(ctx, t); errors.Is(err, errConflict) {
 		existing, _, err := d.turns.get(ctx, key)
 		return existing, err
@@ -83,7 +89,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		c := t.call(k)
 		d.recordFailure(ctx, t, c, cerr)
 	}
-	d.publishCalls(ctx, t)
+	d.publishCalls(ctx, t, nil)
 	return t, nil
 }
 
@@ -112,12 +118,22 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallErr
 	if msg := f.validate(c.Arguments); msg != "" {
 		return &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: msg}
 	}
+	ok, err := d.served.served(ctx, c.Team, c.Name, d.opts.ServeGrace)
+	if err != nil {
+		d.log.Warn("cannot tell whether executors serve the function; publishing anyway", "fn", c.Name, "err", err)
+		return nil
+	}
+	if !ok {
+		return &protocol.CallError{Code: protocol.CodeUnavailable,
+			Message: fmt.Sprintf("%s is unavailable: no executor is serving it right now. Continue without it, or try again later.", c.Name)}
+	}
 	return nil
 }
 
-// publishCalls publishes every call of t that has no result yet. Message
-// IDs make a repeat (resume after a crash) a no-op on the server.
-func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn) {
+// publishCalls publishes every call of t not rejected at intake and not in
+// skip. Message IDs make a repeat (resume after a crash) a no-op on the
+// server.
+func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protocol.CallKey]bool) {
 	type pending struct {
 		call *TurnCall
 		ack  jetstream.PubAckFuture
@@ -125,7 +141,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn) {
 	var acks []pending
 	for i := range t.Calls {
 		c := &t.Calls[i]
-		if c.Rejected || d.gather.has(t.Key, c.Key) {
+		if c.Rejected || skip[c.Key] {
 			continue
 		}
 		msg, err := d.callMsg(t, c)

@@ -118,6 +118,9 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
 		d.log.Error("recording the submission failed", "turn", t.Key, "err", cerr)
 		return
 	}
+	if err := d.open.Delete(ctx, string(t.Key)); err != nil {
+		d.log.Debug("dropping the open-turn index entry failed; the sweep will", "turn", t.Key, "err", err)
+	}
 	ev := Event{Kind: TurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
 	if err != nil {
 		ev.Kind = TurnFailed

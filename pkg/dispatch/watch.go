@@ -78,7 +78,7 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 			}
 		} else if err == nil {
 			var have Watch
-			if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && time.Since(have.UpdatedAt) < time.Minute {
+			if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && time.Since(have.UpdatedAt) < watchStaleAfter {
 				return &have, nil
 			}
 			b, _ := json.Marshal(w)
@@ -91,7 +91,7 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 		}
 		break
 	}
-	if !d.background(func(ctx context.Context) { d.drive(ctx, w) }) {
+	if !d.startDriver(w) {
 		return nil, ErrNotRunning
 	}
 	return w, nil
@@ -184,7 +184,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			}
 			t, err = d.awaitClosed(ctx, t.Key)
 			if err != nil {
-				return // shutting down; resumeWatches picks it up
+				return // shutting down; the sweep picks it up
 			}
 			if t.State == StateFailed {
 				finish(WatchFailed, "", "submission failed: "+t.Error)
@@ -262,22 +262,40 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch) {
 		})
 		if err == nil && t != nil {
 			d.gather.forget(key)
+			_ = d.open.Delete(ctx, string(key))
 			d.emit(Event{Kind: TurnFailed, Turn: t})
 		}
 	}
 }
 
-// resumeWatches restarts the drivers of active watches (after a restart).
-func (d *Dispatcher) resumeWatches(ctx context.Context) {
-	keys, err := d.watches.ListKeys(ctx)
-	if err != nil {
-		return
+// startDriver drives w in the background unless this replica already does.
+func (d *Dispatcher) startDriver(w *Watch) bool {
+	d.driversMu.Lock()
+	if d.drivers[w.ID] {
+		d.driversMu.Unlock()
+		return true
 	}
-	for k := range keys.Keys() {
-		w, err := d.WatchStatus(ctx, k)
-		if err != nil || w.State != WatchActive {
-			continue
-		}
-		d.background(func(ctx context.Context) { d.drive(ctx, w) })
+	d.drivers[w.ID] = true
+	d.driversMu.Unlock()
+	ok := d.background(func(ctx context.Context) {
+		defer func() {
+			d.driversMu.Lock()
+			delete(d.drivers, w.ID)
+			d.driversMu.Unlock()
+		}()
+		d.drive(ctx, w)
+	})
+	if !ok {
+		d.driversMu.Lock()
+		delete(d.drivers, w.ID)
+		d.driversMu.Unlock()
 	}
+	return ok
+}
+
+// driving reports whether this replica drives the watch.
+func (d *Dispatcher) driving(id string) bool {
+	d.driversMu.Lock()
+	defer d.driversMu.Unlock()
+	return d.drivers[id]
 }

@@ -25,6 +25,9 @@ const (
 	TurnBucket = "toolrelay_turns"
 	// WatchBucket maps watch IDs to what the dispatcher drives for them.
 	WatchBucket = "toolrelay_watches"
+	// OpenTurnBucket indexes the turns not yet submitted, so that a sweep
+	// finds stuck ones without reading every turn.
+	OpenTurnBucket = "toolrelay_open_turns"
 )
 
 // CallStream returns the name of team's work-queue stream of calls.

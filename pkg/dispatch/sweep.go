@@ -1,0 +1,123 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// The sweep repairs what a dead replica left behind. Every replica runs it;
+// everything it does is idempotent or compare-and-set, so sweeping twice is
+// harmless.
+//
+//   - a turn collecting past its deadline (its timer was never armed) is
+//     cut off and submitted;
+//   - a turn collecting whose results are all recorded (the replica that
+//     saw the last one died before closing it) is closed;
+//   - a turn collecting for a while is re-armed: its timer and its calls
+//     re-published (deduplicated), in case intake died half-way;
+//   - a turn stuck in submitting is taken over and submitted again;
+//   - a watch whose driver stopped reporting is driven again;
+//   - index entries of closed turns are dropped.
+const (
+	// stuckAfter is how old an open turn must be before the sweep touches
+	// it: a healthy turn is closed by its own replica long before.
+	stuckAfter = 15 * time.Second
+	// watchStaleAfter is how long a driver may stay silent (drivers save
+	// every 20s) before another replica drives its watch.
+	watchStaleAfter = time.Minute
+)
+
+func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
+	keys, err := d.open.ListKeys(ctx)
+	switch {
+	case errors.Is(err, jetstream.ErrNoKeysFound):
+	case err != nil:
+		d.log.Warn("sweep: listing open turns failed", "err", err)
+	default:
+		for k := range keys.Keys() {
+			if ctx.Err() != nil {
+				return
+			}
+			d.sweepTurn(ctx, k, startup)
+		}
+	}
+	d.sweepWatches(ctx, startup)
+}
+
+func (d *Dispatcher) sweepTurn(ctx context.Context, k string, startup bool) {
+	key, err := protocol.ParseTurnKey(k)
+	if err != nil {
+		_ = d.open.Delete(ctx, k)
+		return
+	}
+	t, _, err := d.turns.get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		if e, gerr := d.open.Get(ctx, k); gerr == nil && time.Since(e.Created()) > stuckAfter {
+			_ = d.open.Delete(ctx, k) // intake died before recording it
+		}
+		return
+	}
+	if err != nil {
+		return
+	}
+	if !t.Open() {
+		_ = d.open.Delete(ctx, k)
+		return
+	}
+	now := time.Now()
+	age := now.Sub(t.CreatedAt)
+	switch t.State {
+	case StateCollecting:
+		switch {
+		case now.After(t.Deadline.Add(2 * time.Second)):
+			d.log.Warn("sweep: turn past its deadline; cutting it off", "turn", key)
+			d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
+		case startup || age > stuckAfter:
+			if !d.gather.tracking(key) || startup {
+				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))
+				d.resumeTurn(ctx, t)
+			} else {
+				d.gather.recheckSoon(key)
+			}
+		}
+	case StateSubmitting:
+		if startup || now.Sub(t.SubmittingSince) > stuckAfter {
+			d.background(func(ctx context.Context) { d.takeOver(ctx, key) })
+		}
+	}
+}
+
+// sweepWatches drives watches whose driver went silent.
+func (d *Dispatcher) sweepWatches(ctx context.Context, startup bool) {
+	keys, err := d.watches.ListKeys(ctx)
+	if err != nil {
+		return
+	}
+	for k := range keys.Keys() {
+		e, err := d.watches.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var w Watch
+		if json.Unmarshal(e.Value(), &w) != nil || w.State != WatchActive {
+			continue
+		}
+		if d.driving(w.ID) || (!startup && time.Since(w.UpdatedAt) < watchStaleAfter) {
+			continue
+		}
+		// Claim it by compare-and-set so one replica revives it.
+		w.UpdatedAt = time.Now().UTC()
+		b, _ := json.Marshal(&w)
+		if _, err := d.watches.Update(ctx, k, b, e.Revision()); err != nil {
+			continue
+		}
+		d.log.Info("sweep: driving a watch whose driver stopped", "watch", w.ID)
+		d.startDriver(&w)
+	}
+}
