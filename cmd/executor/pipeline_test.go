@@ -18,6 +18,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -53,46 +55,34 @@ func waitFor(t testing.TB, within time.Duration, cond func() bool) {
 	}
 }
 
-func TestCommandAndHTTPFunctionsAnswerThroughThePipeline(t *testing.T) {
+// pipeline is a JetStream server, the executor command serving a functions
+// file in-process, the platform simulator and a dispatcher.
+type pipeline struct {
+	js     jetstream.JetStream
+	sim    *platformsim.Server
+	client openai.Client
+	d      *dispatch.Dispatcher
+}
+
+func newPipeline(t *testing.T, config string, scenarios ...platformsim.Scenario) *pipeline {
+	t.Helper()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
-	eta := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		fmt.Fprintf(w, "eta for %s: 2026-01-03", body)
-	}))
-	defer eta.Close()
-	cfg := writeFile(t, fmt.Sprintf(`functions:
-  - name: get_order_status
-    owner: orders
-    parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id], additionalProperties: false}
-    command: ["sh", "-c", "read a; echo \"status of $a: shipped\""]
-  - name: get_shipping_eta
-    owner: orders
-    parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id]}
-    http: {url: %q}
-`, eta.URL))
 	t.Setenv("NATS_URL", srv.ClientURL())
 	t.Setenv("TOOLRELAY_LOG_LEVEL", "error")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-config", cfg}, io.Discard, io.Discard) }()
-	defer func() {
+	go func() { done <- run(ctx, []string{"-config", writeFile(t, config)}, io.Discard, io.Discard) }()
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("executor: %v", err)
 		}
-	}()
+	})
 
-	sim := platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: []platformsim.Scenario{{
-		Name: "orders", Prompt: "order A-1",
-		Steps: []platformsim.Step{
-			{{Name: "get_order_status", Arguments: `{"order_id":"A-1"}`}, {Name: "get_shipping_eta", Arguments: `{"order_id":"A-1"}`}},
-			{{Name: "get_order_status", Arguments: `{"order_id":7}`, As: "bad"}}, // a schema violation
-		},
-		Answer: `{{out "get_order_status"}} | {{out "get_shipping_eta"}} | {{out "bad"}}`,
-	}}}})
+	sim := platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: scenarios}})
 	hs := httptest.NewServer(sim)
-	defer func() { hs.CloseClientConnections(); sim.Close(); hs.Close() }()
+	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
 	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("k"))
 	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -101,31 +91,125 @@ func TestCommandAndHTTPFunctionsAnswerThroughThePipeline(t *testing.T) {
 	dctx, dcancel := context.WithCancel(context.Background())
 	ddone := make(chan error, 1)
 	go func() { ddone <- d.Run(dctx) }()
-	defer func() { dcancel(); <-ddone }()
-	waitFor(t, 10*time.Second, func() bool {
-		specs, _ := dispatch.Functions(context.Background(), js)
-		return d.Ready() && len(specs) == 2
-	})
+	t.Cleanup(func() { dcancel(); <-ddone })
+	return &pipeline{js: js, sim: sim, client: client, d: d}
+}
 
-	r, err := client.Responses.New(context.Background(), responses.ResponseNewParams{
+func (p *pipeline) waitServing(t *testing.T, functions int) {
+	t.Helper()
+	waitFor(t, 10*time.Second, func() bool {
+		specs, _ := dispatch.Functions(context.Background(), p.js)
+		return p.d.Ready() && len(specs) == functions
+	})
+}
+
+func (p *pipeline) finish(t *testing.T, ref dispatch.Ref) *dispatch.Watch {
+	t.Helper()
+	w, err := p.d.Watch(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		w, err = p.d.WatchStatus(context.Background(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	return w
+}
+
+func TestCommandAndHTTPFunctionsAnswerThroughThePipeline(t *testing.T) {
+	eta := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "eta for %s: 2026-01-03", body)
+	}))
+	defer eta.Close()
+	p := newPipeline(t, fmt.Sprintf(`functions:
+  - name: get_order_status
+    owner: orders
+    parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id], additionalProperties: false}
+    command: ["sh", "-c", "read a; echo \"status of $a: shipped\""]
+  - name: get_shipping_eta
+    owner: orders
+    parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id]}
+    http: {url: %q}
+`, eta.URL), platformsim.Scenario{
+		Name: "orders", Prompt: "order A-1",
+		Steps: []platformsim.Step{
+			{{Name: "get_order_status", Arguments: `{"order_id":"A-1"}`}, {Name: "get_shipping_eta", Arguments: `{"order_id":"A-1"}`}},
+			{{Name: "get_order_status", Arguments: `{"order_id":7}`, As: "bad"}}, // a schema violation
+		},
+		Answer: `{{out "get_order_status"}} | {{out "get_shipping_eta"}} | {{out "bad"}}`,
+	})
+	p.waitServing(t, 2)
+	r, err := p.client.Responses.New(context.Background(), responses.ResponseNewParams{
 		Model: "m", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("where is order A-1")},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.Watch(context.Background(), dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: r.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 20*time.Second, func() bool {
-		w, err = d.WatchStatus(context.Background(), w.ID)
-		return err == nil && w.State != dispatch.WatchActive
-	})
+	w := p.finish(t, dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: r.ID})
 	// The second step's bad arguments never reached the command: its
 	// output is the validation error; the first step's outputs stand.
 	for _, want := range []string{`status of {"order_id":"A-1"}: shipped`, `eta for {"order_id":"A-1"}: 2026-01-03`, `"type":"invalid_arguments"`} {
 		if w.State != dispatch.WatchCompleted || !strings.Contains(w.Answer, want) {
 			t.Errorf("watch %s answer %q (%s) lacks %q", w.State, w.Answer, w.Error, want)
 		}
+	}
+}
+
+func TestCancelledRunStopsItsCalls(t *testing.T) {
+	p := newPipeline(t, `functions:
+  - name: long_report
+    owner: reports
+    command: ["sleep", "60"]
+`, platformsim.Scenario{Name: "report", Prompt: "report", Steps: []platformsim.Step{{{Name: "long_report"}}}, Answer: `{{out "long_report"}}`})
+	p.waitServing(t, 1)
+	ctx := context.Background()
+	a, err := p.client.Beta.Assistants.New(ctx, openai.BetaAssistantNewParams{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := p.client.Beta.Threads.NewAndRun(ctx, openai.BetaThreadNewAndRunParams{AssistantID: a.ID,
+		Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
+			Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String("the report")}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := dispatch.Ref{Platform: protocol.PlatformAssistants, ThreadID: run.ThreadID, RunID: run.ID}
+	w, err := p.d.Watch(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		w, _ = p.d.WatchStatus(ctx, w.ID)
+		return len(w.Turns) == 1
+	})
+	turn, err := p.d.Turn(ctx, w.Turns[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.sim.CancelRun(run.ID) // the user cancels the run while the report runs
+	waitFor(t, 30*time.Second, func() bool {
+		w, _ = p.d.WatchStatus(ctx, w.ID)
+		return w.State != dispatch.WatchActive
+	})
+	if w.State != dispatch.WatchFailed || !strings.Contains(w.Error, "cancelled") {
+		t.Fatalf("watch %s %q, want failed because the run was cancelled", w.State, w.Error)
+	}
+	// The executor stopped the running command and recorded why.
+	s, _ := p.js.Stream(ctx, protocol.ResultStream)
+	var res *protocol.Result
+	waitFor(t, 10*time.Second, func() bool {
+		m, err := s.GetLastMsgForSubject(ctx, protocol.ResultSubject("reports", turn.Calls[0].Key))
+		if err != nil {
+			return false
+		}
+		res, err = protocol.DecodeResult(m.Data)
+		return err == nil
+	})
+	if res.OK() || !strings.Contains(res.Error.Message, "cancelled") || res.FinishedAt.Sub(res.StartedAt) > 30*time.Second {
+		t.Errorf("result = %+v; want the call cancelled well before its 60s", res)
+	}
+	if n := p.sim.Stats().SubmitToolOutputs; n != 0 {
+		t.Errorf("%d submissions to a cancelled run", n)
 	}
 }

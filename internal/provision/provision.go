@@ -306,3 +306,21 @@ func OpenTurnBucketConfig(o Options) jetstream.KeyValueConfig {
 		Replicas:    o.replicas(),
 	}
 }
+
+// CancelStreamConfig keeps turn cancellations long enough for an executor
+// starting late to learn of them (longer than any turn lives).
+func CancelStreamConfig(o Options) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        protocol.CancelStream,
+		Description: "toolrelay turn cancellations",
+		Subjects:    []string{protocol.CancelSubjectPrefix + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    o.replicas(),
+		MaxAge:      CancelMemory,
+		Duplicates:  time.Minute,
+	}
+}
+
+// CancelMemory is how long a cancellation is remembered.
+const CancelMemory = 30 * time.Minute

@@ -183,6 +183,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
 		return err
 	}
+	if _, err := provision.Stream(ctx, d.js, provision.CancelStreamConfig(popts)); err != nil {
+		return err
+	}
 	regKV, err := provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts))
 	if err != nil {
 		return err

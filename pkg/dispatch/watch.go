@@ -168,7 +168,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			finish(WatchCompleted, obs.Answer, "")
 			return
 		case Failed:
-			d.cancelTurns(ctx, w)
+			d.cancelTurns(ctx, w, obs.Reason)
 			finish(WatchFailed, "", obs.Reason)
 			return
 		case RequiresAction:
@@ -182,9 +182,16 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 				wait()
 				continue
 			}
-			t, err = d.awaitClosed(ctx, t.Key)
+			t, ended, err := d.awaitClosed(ctx, t.Key, p, w.Current)
 			if err != nil {
 				return // shutting down; the sweep picks it up
+			}
+			if ended != nil {
+				// The platform cancelled, expired or finished the run while
+				// its calls were still running: stop them.
+				d.cancelTurns(ctx, w, ended.Reason)
+				finish(WatchFailed, "", ended.Reason)
+				return
 			}
 			if t.State == StateFailed {
 				finish(WatchFailed, "", "submission failed: "+t.Error)
@@ -223,48 +230,76 @@ func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Wa
 	return t, true, nil
 }
 
-// awaitClosed waits until a turn is submitted or failed.
-func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey) (*Turn, error) {
+// awaitClosed waits until a turn is submitted or failed, polling the
+// platform meanwhile: if the platform stops waiting for the turn (the run
+// was cancelled, expired or finished), it returns that observation.
+func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref) (*Turn, *Observation, error) {
 	kw, err := d.turns.kv.Watch(ctx, string(key))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { _ = kw.Stop() }()
+	every := 2 * time.Second
+	poll := time.NewTimer(every)
+	defer poll.Stop()
 	for {
 		select {
 		case e, ok := <-kw.Updates():
 			if !ok {
-				return nil, errors.New("dispatch: turn watch closed")
+				return nil, nil, errors.New("dispatch: turn watch closed")
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
 				continue
 			}
 			t, err := decodeTurn(e.Value())
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if t.State == StateSubmitted || t.State == StateFailed {
-				return t, nil
+				return t, nil, nil
 			}
+		case <-poll.C:
+			obs, err := p.Poll(ctx, ref)
+			if err == nil && obs.State == Failed {
+				return nil, obs, nil
+			}
+			if err == nil && obs.State == Done {
+				return nil, &Observation{State: Failed, Reason: "the platform finished the run without the calls' results"}, nil
+			}
+			every = min(every*2, 10*time.Second)
+			poll.Reset(every)
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 	}
 }
 
-// cancelTurns closes the open turns of a watch whose object the platform
-// cancelled or expired: nothing can be submitted any more.
-func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch) {
+// cancelTurns closes the open turns of a watch whose run the platform
+// ended: nothing can be submitted any more. The executors of each turn's
+// calls are told, so running handlers are cancelled and queued calls skip.
+func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 	for _, key := range w.Turns {
 		t, err := d.turns.transition(ctx, key, StateCollecting, func(t *Turn) {
 			t.State = StateFailed
-			t.Error = "the platform ended the run before the turn was submitted"
+			t.Error = "not submitted: " + reason
 		})
-		if err == nil && t != nil {
-			d.gather.forget(key)
-			_ = d.open.Delete(ctx, string(key))
-			d.emit(Event{Kind: TurnFailed, Turn: t})
+		if err != nil || t == nil {
+			continue
 		}
+		d.gather.forget(key)
+		_ = d.open.Delete(ctx, string(key))
+		teams := map[string]bool{}
+		for _, c := range t.Calls {
+			if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
+				teams[c.Team] = true
+				if _, err := d.js.Publish(ctx, protocol.CancelSubject(c.Team, key), []byte(reason),
+					jetstream.WithMsgID("cancel."+string(key)+"."+c.Team)); err != nil {
+					d.log.Warn("telling executors of a cancelled turn failed", "turn", key, "team", c.Team, "err", err)
+				}
+			}
+		}
+		d.log.Warn("turn cancelled: the platform ended the run", "turn", key, "reason", reason)
+		d.emit(Event{Kind: TurnFailed, Turn: t})
 	}
 }
 

@@ -146,6 +146,12 @@ func (e *Executor) Run(ctx context.Context) error {
 			}
 		}
 	}
+	cancelled := newCancels()
+	stopCancels, err := cancelled.follow(ctx, e.js, e.team, popts)
+	if err != nil {
+		return err
+	}
+	defer stopCancels()
 	workers := make([]*worker, 0, len(funcs))
 	for _, f := range funcs {
 		if err := e.announce(ctx, registry, f); err != nil {
@@ -160,7 +166,7 @@ func (e *Executor) Run(ctx context.Context) error {
 			retry = *f.Retry
 		}
 		workers = append(workers, &worker{
-			e: e, fn: f, cons: cons, results: results, attempts: marks,
+			e: e, fn: f, cons: cons, results: results, attempts: marks, cancels: cancelled,
 			retry:   retry.withDefaults(),
 			handler: chain(f.Handler, e.opts.Middleware),
 			log:     e.log.With("fn", f.Name),

@@ -24,6 +24,7 @@ type worker struct {
 	cons     jetstream.Consumer
 	results  jetstream.Stream
 	attempts attempts
+	cancels  *cancels
 	retry    RetryPolicy
 	handler  Handler
 	log      *slog.Logger
@@ -103,6 +104,11 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	now := time.Now()
+	if replay == 0 && w.cancels.cancelled(call.Key.Turn()) {
+		d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
+			fmt.Sprintf("%s was not run: the platform ended the run before it started.", call.Function), now), "")
+		return
+	}
 	if !now.Before(call.Deadline) {
 		d.finish(ctx, protocol.NewFailure(call, protocol.CodeTimeout,
 			fmt.Sprintf("%s was not started: its deadline passed while it waited to run. Try again later or with a simpler request.", call.Function), now), "")
@@ -157,7 +163,18 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 	}
 
-	o := invoke(ctx, handler, call, attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = msg.InProgress() }, w.e.opts.Name, log)
+	cctx, untrack := w.cancels.track(ctx, call.Key)
+	o := invoke(cctx, handler, call, attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = msg.InProgress() }, w.e.opts.Name, log)
+	cancelledByPlatform := errors.Is(context.Cause(cctx), ErrCallCancelled)
+	untrack()
+	if cancelledByPlatform && !o.cancelled {
+		log.Info("the platform ended the run; the call was cancelled")
+		o.res.Error = &protocol.CallError{Code: protocol.CodeUnavailable,
+			Message: fmt.Sprintf("%s was cancelled: the platform ended the run.", call.Function)}
+		o.res.Output, o.retry, o.panicked = "", false, false
+		d.finish(ctx, o.res, "")
+		return
+	}
 	if o.cancelled {
 		// Shutdown cut the run short: hand the call to another replica. A
 		// side-effect function's mark stays "running", so the next attempt

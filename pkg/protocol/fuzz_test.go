@@ -161,3 +161,17 @@ func FuzzDecodeDeadLetter(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseCancelSubject(f *testing.F) {
+	f.Add(CancelSubject("geo", NewTurnKey(PlatformAgents, "s", []string{"c"})))
+	f.Add("fncancel.a.b")
+	f.Fuzz(func(t *testing.T, s string) {
+		team, turn, err := ParseCancelSubject(s)
+		if err != nil {
+			return
+		}
+		if got := CancelSubject(team, turn); got != s {
+			t.Fatalf("round trip %q -> %q", s, got)
+		}
+	})
+}

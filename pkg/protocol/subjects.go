@@ -104,3 +104,33 @@ func ParseTimerFireSubject(subject string) (TurnKey, error) {
 	}
 	return ParseTurnKey(rest)
 }
+
+// Cancellations: when a platform cancels or expires a run, the dispatcher
+// tells the owning teams' executors to stop the turn's calls.
+const (
+	CancelSubjectPrefix = "fncancel"
+	CancelStream        = "FNCANCELS"
+)
+
+// CancelSubject is where the cancellation of a turn is sent to team.
+func CancelSubject(team string, turn TurnKey) string {
+	return CancelSubjectPrefix + "." + team + "." + string(turn)
+}
+
+// TeamCancelFilter matches every cancellation sent to team.
+func TeamCancelFilter(team string) string {
+	return CancelSubjectPrefix + "." + team + ".*"
+}
+
+// ParseCancelSubject returns the team and turn of a cancellation.
+func ParseCancelSubject(subject string) (team string, turn TurnKey, err error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 3 || parts[0] != CancelSubjectPrefix {
+		return "", "", fmt.Errorf("protocol: malformed cancel subject %q", subject)
+	}
+	if err := ValidateTeamName(parts[1]); err != nil {
+		return "", "", err
+	}
+	turn, err = ParseTurnKey(parts[2])
+	return parts[1], turn, err
+}

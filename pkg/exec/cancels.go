@@ -1,0 +1,103 @@
+package exec
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// ErrCallCancelled is the cause of a handler's context cancelled because
+// the platform cancelled or expired the run the call belongs to.
+var ErrCallCancelled = errors.New("exec: the platform ended the run this call belongs to")
+
+// cancels tracks the turns the dispatcher cancelled, so running handlers of
+// such a turn are cancelled and its queued calls do not run.
+type cancels struct {
+	mu      sync.Mutex
+	turns   map[protocol.TurnKey]time.Time
+	running map[protocol.TurnKey]map[protocol.CallKey]context.CancelCauseFunc
+}
+
+func newCancels() *cancels {
+	return &cancels{turns: map[protocol.TurnKey]time.Time{}, running: map[protocol.TurnKey]map[protocol.CallKey]context.CancelCauseFunc{}}
+}
+
+func (c *cancels) cancelled(turn protocol.TurnKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.turns[turn]
+	return ok
+}
+
+func (c *cancels) cancel(turn protocol.TurnKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.turns[turn] = now
+	for t, at := range c.turns {
+		if now.Sub(at) > provision.CancelMemory {
+			delete(c.turns, t)
+		}
+	}
+	for _, stop := range c.running[turn] {
+		stop(ErrCallCancelled)
+	}
+}
+
+// track derives the context a call runs under, cancelled if its turn is.
+func (c *cancels) track(ctx context.Context, key protocol.CallKey) (context.Context, func()) {
+	ctx, stop := context.WithCancelCause(ctx)
+	turn := key.Turn()
+	c.mu.Lock()
+	if c.running[turn] == nil {
+		c.running[turn] = map[protocol.CallKey]context.CancelCauseFunc{}
+	}
+	c.running[turn][key] = stop
+	_, gone := c.turns[turn]
+	c.mu.Unlock()
+	if gone {
+		stop(ErrCallCancelled)
+	}
+	return ctx, func() {
+		c.mu.Lock()
+		delete(c.running[turn], key)
+		if len(c.running[turn]) == 0 {
+			delete(c.running, turn)
+		}
+		c.mu.Unlock()
+		stop(nil)
+	}
+}
+
+// follow applies the cancellations sent to team, starting far enough back
+// to learn of every turn still alive, until the returned stop is called.
+func (c *cancels) follow(ctx context.Context, js jetstream.JetStream, team string, popts provision.Options) (stop func(), err error) {
+	s, err := provision.Stream(ctx, js, provision.CancelStreamConfig(popts))
+	if err != nil {
+		return nil, err
+	}
+	since := time.Now().Add(-provision.CancelMemory)
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{protocol.TeamCancelFilter(team)},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &since,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		if _, turn, err := protocol.ParseCancelSubject(msg.Subject()); err == nil {
+			c.cancel(turn)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cc.Stop, nil
+}
