@@ -45,6 +45,11 @@ type Options struct {
 	// function nobody serves (none pulling, none working) before failing
 	// its calls as unavailable. Default: 3s.
 	ServeGrace time.Duration
+	// MaxInFlightPublishes bounds the calls being published at once, and
+	// MaxInFlightPerTeam any one team's share of them, so one team's burst
+	// cannot starve the others. Defaults: 4096 and 1024.
+	MaxInFlightPublishes int
+	MaxInFlightPerTeam   int
 	// SweepInterval is how often each replica looks for stuck turns and
 	// orphaned watches (a replica died mid-way) and repairs them.
 	// Default: 10s.
@@ -96,6 +101,7 @@ type Dispatcher struct {
 	registry *registry
 	gather   *gatherer
 	served   *servedCache
+	limiter  *limiter
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -138,6 +144,12 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.ServeGrace <= 0 {
 		opts.ServeGrace = 3 * time.Second
 	}
+	if opts.MaxInFlightPublishes <= 0 {
+		opts.MaxInFlightPublishes = 4096
+	}
+	if opts.MaxInFlightPerTeam <= 0 {
+		opts.MaxInFlightPerTeam = 1024
+	}
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = 10 * time.Second
 	}
@@ -150,6 +162,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	}
 	d.gather = newGatherer(d)
 	d.served = newServedCache(js)
+	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
 	return d, nil
 }

@@ -135,10 +135,27 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallErr
 // server.
 func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protocol.CallKey]bool) {
 	type pending struct {
-		call *TurnCall
-		ack  jetstream.PubAckFuture
+		call    *TurnCall
+		ack     jetstream.PubAckFuture
+		release func()
 	}
-	var acks []pending
+	// Acks are awaited beside the publishing loop, so slots come back as
+	// acks arrive even while the loop waits for one.
+	acks := make(chan pending, len(t.Calls))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for p := range acks {
+			select {
+			case <-p.ack.Ok():
+			case err := <-p.ack.Err():
+				d.publishFailed(ctx, t, p.call, err)
+			case <-ctx.Done():
+			}
+			p.release()
+		}
+	}()
+	defer func() { close(acks); <-done }()
 	for i := range t.Calls {
 		c := &t.Calls[i]
 		if c.Rejected || skip[c.Key] {
@@ -149,22 +166,18 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
 			continue
 		}
+		release, err := d.limiter.acquire(ctx, c.Team)
+		if err != nil {
+			return // shutting down; the sweep re-publishes
+		}
 		ttl := time.Until(t.Deadline) + time.Minute
 		f, err := d.js.PublishMsgAsync(msg, jetstream.WithMsgID(string(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second)))
 		if err != nil {
+			release()
 			d.publishFailed(ctx, t, c, err)
 			continue
 		}
-		acks = append(acks, pending{c, f})
-	}
-	for _, p := range acks {
-		select {
-		case <-p.ack.Ok():
-		case err := <-p.ack.Err():
-			d.publishFailed(ctx, t, p.call, err)
-		case <-ctx.Done():
-			return
-		}
+		acks <- pending{c, f, release}
 	}
 }
 
