@@ -6,8 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
@@ -19,6 +22,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // config is the dispatcher service's settings, read from the environment.
@@ -34,6 +38,9 @@ type config struct {
 	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	OpenAIAPIKey  string        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
 	OpenAIBaseURL string        `envconfig:"OPENAI_BASE_URL" desc:"platform base URL; Foundry: {project endpoint}/openai/v1"`
+	// CrashAt kills the process (SIGKILL) when a turn reaches this stage:
+	// for resilience tests only.
+	CrashAt string `envconfig:"TOOLRELAY_TEST_CRASH_AT" desc:"tests only: kill -9 this process when a turn reaches intake, fanout, gather or submitted"`
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -80,9 +87,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		opts = append(opts, option.WithBaseURL(cfg.OpenAIBaseURL))
 	}
 	client := openai.NewClient(opts...)
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{
+	dopts := dispatch.Options{
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
-	})
+	}
+	if cfg.CrashAt != "" {
+		dopts.OnStage = crashAt(dispatch.Stage(cfg.CrashAt), log)
+	}
+	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dopts)
 	if err != nil {
 		return err
 	}
@@ -109,4 +120,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		err = <-runErr
 	}
 	return err
+}
+
+// crashAt kills this process with SIGKILL, as an operator's kill -9 would,
+// the first time a turn reaches stage.
+func crashAt(stage dispatch.Stage, log *slog.Logger) func(dispatch.Stage, protocol.TurnKey) {
+	return func(s dispatch.Stage, key protocol.TurnKey) {
+		if s == stage {
+			log.Warn("crashing on purpose (TOOLRELAY_TEST_CRASH_AT)", "stage", s, "turn", key)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // SIGKILL is not delivered synchronously
+		}
+	}
 }

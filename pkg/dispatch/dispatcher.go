@@ -61,6 +61,32 @@ type Options struct {
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
+	// OnStage, if set, is called as a turn passes each Stage, in the
+	// goroutine doing the work. It exists for observing and for fault
+	// injection in resilience tests; it must not block.
+	OnStage func(Stage, protocol.TurnKey)
+}
+
+// Stage is a point in a turn's life where a dispatcher may stop.
+type Stage string
+
+// Stages, in order.
+const (
+	// StageTakenIn: the turn is recorded; no call is published yet.
+	StageTakenIn Stage = "intake"
+	// StagePublished: every call is published.
+	StagePublished Stage = "fanout"
+	// StageResult: a result was taken in; the turn may not be complete.
+	StageResult Stage = "gather"
+	// StageSubmitted: the platform accepted the outputs; the turn is not
+	// yet marked submitted.
+	StageSubmitted Stage = "submitted"
+)
+
+func (d *Dispatcher) stage(s Stage, key protocol.TurnKey) {
+	if d.opts.OnStage != nil {
+		d.opts.OnStage(s, key)
+	}
 }
 
 // Event reports a step in a turn's life.

@@ -140,6 +140,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		log.Warn("result for a call this team does not own; ignored", "turn", turnKey, "team", team)
 		return
 	}
+	g.d.stage(StageResult, turnKey)
 	if g.add(st, res) {
 		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
 	}

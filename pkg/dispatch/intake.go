@@ -76,6 +76,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	} else if err != nil {
 		return nil, fmt.Errorf("dispatch: record turn %s: %w", key, err)
 	}
+	d.stage(StageTakenIn, key)
 	d.gather.track(t)
 	d.emit(Event{Kind: TurnStarted, Turn: t})
 	d.log.InfoContext(ctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls), "deadline", t.Deadline)
@@ -90,6 +91,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		d.recordFailure(ctx, t, c, cerr)
 	}
 	d.publishCalls(ctx, t, nil)
+	d.stage(StagePublished, key)
 	return t, nil
 }
 

@@ -99,7 +99,9 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
 	outputs, err := d.outputs(ctx, t)
 	var sub *Submission
 	if err == nil {
-		sub, err = d.submitWithRetry(ctx, t, outputs)
+		if sub, err = d.submitWithRetry(ctx, t, outputs); err == nil {
+			d.stage(StageSubmitted, t.Key)
+		}
 	}
 	now := time.Now().UTC()
 	final, cerr := d.turns.transition(ctx, t.Key, StateSubmitting, func(r *Turn) {

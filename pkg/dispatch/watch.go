@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -212,21 +213,30 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 }
 
 // intakeForWatch takes the turn in and adds it to the watch; fresh reports
-// whether this call created it.
+// whether this call created it. The turn is listed in the watch before the
+// intake, so a crash in between leaves the watch naming its turn.
 func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Watch) (*Turn, bool, error) {
 	key := req.Key()
 	for _, k := range w.Turns {
 		if k == key {
 			t, _, err := d.turns.get(ctx, key)
-			return t, false, err
+			if err == nil {
+				return t, false, nil
+			}
+			if !errors.Is(err, jetstream.ErrKeyNotFound) {
+				return nil, false, err
+			}
+			break // listed, but the intake never happened: do it now
 		}
+	}
+	if !slices.Contains(w.Turns, key) {
+		w.Turns = append(w.Turns, key)
+		d.saveWatch(ctx, w)
 	}
 	t, err := d.Intake(ctx, req)
 	if err != nil {
 		return nil, false, err
 	}
-	w.Turns = append(w.Turns, key)
-	d.saveWatch(ctx, w)
 	return t, true, nil
 }
 
