@@ -34,6 +34,10 @@ type config struct {
 	SubmitMargin  time.Duration `envconfig:"TOOLRELAY_SUBMIT_MARGIN" default:"30s" desc:"submit this long before a run expires"`
 	RunTTL        time.Duration `envconfig:"TOOLRELAY_RUN_TTL" default:"10m" desc:"expiry assumed where the platform gives none"`
 	MaxSteps      int           `envconfig:"TOOLRELAY_MAX_STEPS" default:"16" desc:"most turns one watch drives"`
+	ServeGrace    time.Duration `envconfig:"TOOLRELAY_SERVE_GRACE" default:"3s" desc:"how long a call waits for an executor of a function nobody serves before failing as unavailable"`
+	SweepInterval time.Duration `envconfig:"TOOLRELAY_SWEEP_INTERVAL" default:"10s" desc:"how often each replica repairs turns and watches a dead replica left"`
+	MaxInFlight   int           `envconfig:"TOOLRELAY_MAX_INFLIGHT" default:"4096" desc:"calls being published at once"`
+	MaxPerTeam    int           `envconfig:"TOOLRELAY_MAX_INFLIGHT_PER_TEAM" default:"1024" desc:"one team's share of them"`
 	Replicas      int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams and buckets (3 on a cluster)"`
 	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	OpenAIAPIKey  string        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
@@ -89,6 +93,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	client := openai.NewClient(opts...)
 	dopts := dispatch.Options{
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
+		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
+		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam,
 	}
 	if cfg.CrashAt != "" {
 		dopts.OnStage = crashAt(dispatch.Stage(cfg.CrashAt), log)
