@@ -9,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/demo"
+	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
@@ -31,6 +34,7 @@ type config struct {
 	AckWait         time.Duration `envconfig:"TOOLRELAY_ACK_WAIT" default:"30s" desc:"a call whose executor goes silent this long is redelivered (heartbeats every third of it)"`
 	Replicas        int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams the executor creates (3 on a cluster)"`
 	LogLevel        string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	MetricsAddr     string        `envconfig:"TOOLRELAY_METRICS_ADDR" desc:"serve GET /metrics (Prometheus) on this address; empty: no HTTP server"`
 }
 
 func main() {
@@ -71,6 +75,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("settings: %w", err)
 	}
 	log := cliutil.Logger(stderr, cfg.LogLevel)
+	tel, err := telemetry.Setup(ctx, telemetry.Options{Service: "toolrelay-executor"})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
+	if cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics: listen on %s: %w", cfg.MetricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", tel.Metrics)
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(ln) }()
+		defer msrv.Close()
+	}
 
 	teams := map[string][]exec.Function{demo.Team: demo.Functions()}
 	if !*demoMode {

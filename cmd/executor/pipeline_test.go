@@ -179,14 +179,15 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var turn *dispatch.Turn
 	waitFor(t, 10*time.Second, func() bool {
 		w, _ = p.d.WatchStatus(ctx, w.ID)
-		return len(w.Turns) == 1
+		if len(w.Turns) != 1 {
+			return false
+		}
+		turn, err = p.d.Turn(ctx, w.Turns[0]) // listed just before it is taken in
+		return err == nil
 	})
-	turn, err := p.d.Turn(ctx, w.Turns[0])
-	if err != nil {
-		t.Fatal(err)
-	}
 	p.sim.CancelRun(run.ID) // the user cancels the run while the report runs
 	waitFor(t, 30*time.Second, func() bool {
 		w, _ = p.d.WatchStatus(ctx, w.ID)

@@ -8,6 +8,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/kelseyhightower/envconfig"
+
+	"github.com/toolrelay/toolrelay/internal/telemetry"
 )
 
 const settingsFormat = `VARIABLE	DEFAULT	MEANING
@@ -21,11 +23,12 @@ func PrintSettings(w io.Writer, spec any) {
 	_ = tw.Flush()
 }
 
-// Logger returns a JSON logger at the named level (info when unknown).
+// Logger returns a JSON logger at the named level (info when unknown) that
+// adds trace_id and span_id to records logged with a span's context.
 func Logger(w io.Writer, level string) *slog.Logger {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		l = slog.LevelInfo
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})))
 }

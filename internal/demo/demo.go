@@ -18,6 +18,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
@@ -79,6 +81,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 	out := &lockedWriter{w: opts.Out}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Spans are kept in memory and printed as each turn's trace tree.
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
 
 	natsURL, stopNATS, err := startNATS(opts)
 	if err != nil {
@@ -109,7 +115,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 			return err
 		}
 		defer nc.Close()
-		ex, err := exec.New(js, Team, exec.Options{Logger: opts.Logger, Middleware: []exec.Middleware{announce(out)}})
+		ex, err := exec.New(js, Team, exec.Options{Logger: opts.Logger, Middleware: []exec.Middleware{announce(out)}, TracerProvider: tp})
 		if err != nil {
 			return err
 		}
@@ -135,7 +141,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	defer nc.Close()
 	client := openai.NewClient(option.WithBaseURL(baseURL), option.WithAPIKey("sk-demo"))
 	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{
-		Logger: opts.Logger, OnEvent: reportTurns(out),
+		Logger: opts.Logger, OnEvent: reportTurns(out), TracerProvider: tp,
 	})
 	if err != nil {
 		return err
@@ -147,7 +153,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 
 	for _, sc := range scenarios {
-		if err := play(ctx, out, client, d, sc, opts.Timeout); err != nil {
+		if err := play(ctx, out, client, d, rec, sc, opts.Timeout); err != nil {
 			return fmt.Errorf("demo: %s: %w", sc.title, err)
 		}
 	}
@@ -226,7 +232,7 @@ func registered(ctx context.Context, js jetstream.JetStream) bool {
 
 // play starts the scenario on the platform, asks the dispatcher to drive
 // it, and prints the answer.
-func play(ctx context.Context, out *lockedWriter, client openai.Client, d *dispatch.Dispatcher, sc scenario, timeout time.Duration) error {
+func play(ctx context.Context, out *lockedWriter, client openai.Client, d *dispatch.Dispatcher, rec *tracetest.SpanRecorder, sc scenario, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	out.printf("[%s] %s\n  user: %s\n", sc.platform, sc.title, sc.prompt)
@@ -255,7 +261,14 @@ func play(ctx context.Context, out *lockedWriter, client openai.Client, d *dispa
 	if w.State == dispatch.WatchFailed {
 		return errors.New(w.Error)
 	}
-	out.printf("  answer: %s\n\n", w.Answer)
+	out.printf("  answer: %s\n", w.Answer)
+	for i, key := range w.Turns {
+		if spans := traceOf(rec, key, time.Second); spans != nil {
+			out.printf("  turn %d, %s\n", i+1, strings.Repeat("-", 40))
+			printTree(out, spans, "  ")
+		}
+	}
+	out.printf("\n")
 	for _, want := range sc.expect {
 		if !strings.Contains(w.Answer, want) {
 			return fmt.Errorf("the answer does not mention %q", want)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -65,6 +67,10 @@ type Options struct {
 	// goroutine doing the work. It exists for observing and for fault
 	// injection in resilience tests; it must not block.
 	OnStage func(Stage, protocol.TurnKey)
+	// TracerProvider and MeterProvider receive the dispatcher's spans and
+	// metrics. Default: the OpenTelemetry globals.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // Stage is a point in a turn's life where a dispatcher may stop.
@@ -128,6 +134,7 @@ type Dispatcher struct {
 	gather   *gatherer
 	served   *servedCache
 	limiter  *limiter
+	tel      *telemetry
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -186,6 +193,11 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 		}
 		d.platforms[p.Name()] = p
 	}
+	tel, err := newTelemetry(d, opts.TracerProvider, opts.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: telemetry: %w", err)
+	}
+	d.tel = tel
 	d.gather = newGatherer(d)
 	d.served = newServedCache(js)
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
@@ -273,6 +285,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	defer stopTimers()
 
+	defer d.tel.endAll()
 	d.resume(bctx)
 	d.ready.Store(true)
 	d.log.InfoContext(ctx, "dispatcher ready", "platforms", len(d.platforms))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -105,7 +106,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	log := g.d.log.With("subject", msg.Subject())
 	team, key, err := protocol.ParseResultSubject(msg.Subject())
 	if err != nil {
-		log.Error("ignoring result on a malformed subject", "err", err)
+		log.ErrorContext(ctx, "ignoring result on a malformed subject", "err", err)
 		_ = msg.Term()
 		return
 	}
@@ -113,8 +114,11 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	if err == nil && (res.Key != key || res.Team != team) {
 		err = errors.New("envelope does not match its subject")
 	}
+	ctx, span := g.d.tel.processResult(ctx, msg.Subject(), team, msg.Headers(), res)
+	defer span.End()
 	if err != nil {
-		log.Error("ignoring malformed result", "size", len(msg.Data()), "err", err)
+		span.SetStatus(codes.Error, "malformed result")
+		log.ErrorContext(ctx, "ignoring malformed result", "size", len(msg.Data()), "err", err)
 		_ = msg.Term()
 		return
 	}
@@ -137,9 +141,11 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	_ = msg.Ack()
 	call := st.turn.call(key)
 	if call == nil || call.Team != team {
-		log.Warn("result for a call this team does not own; ignored", "turn", turnKey, "team", team)
+		span.SetStatus(codes.Error, "result from a team that does not own the call")
+		log.WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
 		return
 	}
+	g.d.tel.result(ctx, st.turn, res)
 	g.d.stage(StageResult, turnKey)
 	if g.add(st, res) {
 		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
@@ -160,7 +166,7 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 		return nil, err
 	}
 	if t.State != StateCollecting {
-		g.d.lateResult(t)
+		g.d.lateResult(ctx, t)
 		return nil, errTurnClosed
 	}
 	return g.track(t), nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -92,7 +93,9 @@ func (d *Dispatcher) postWatch(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, &FieldError{Message: err.Error()})
 		return
 	}
-	watch, err := d.Watch(r.Context(), ref)
+	// A traceparent on the request makes the watch's turns its children.
+	ctx := d.tel.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	watch, err := d.Watch(ctx, ref)
 	if err != nil {
 		var fe *FieldError
 		switch {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -64,6 +66,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		t.Calls = append(t.Calls, tc)
 	}
 
+	tctx := d.tel.startTurn(ctx, t)
 	// Index the turn as open before recording it: the sweep then finds it
 	// whatever step a crash interrupts (an index entry without a record is
 	// dropped by the sweep).
@@ -71,15 +74,18 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		return nil, fmt.Errorf("dispatch: index turn %s: %w", key, err)
 	}
 	if _, err := d.turns.create(ctx, t); errors.Is(err, errConflict) {
+		d.tel.endTurn(key, StateCollecting, "") // another replica took it in
 		existing, _, err := d.turns.get(ctx, key)
 		return existing, err
 	} else if err != nil {
+		d.tel.endTurn(key, StateFailed, err.Error())
 		return nil, fmt.Errorf("dispatch: record turn %s: %w", key, err)
 	}
+	ctx = tctx
 	d.stage(StageTakenIn, key)
 	d.gather.track(t)
 	d.emit(Event{Kind: TurnStarted, Turn: t})
-	d.log.InfoContext(ctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls), "deadline", t.Deadline)
+	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls), "deadline", t.Deadline)
 
 	if err := d.scheduleDeadline(ctx, t); err != nil {
 		// The turn still completes when its results arrive; the resume
@@ -140,7 +146,9 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 		call    *TurnCall
 		ack     jetstream.PubAckFuture
 		release func()
+		span    trace.Span
 	}
+	ctx = d.tel.turnContext(ctx, t)
 	// Acks are awaited beside the publishing loop, so slots come back as
 	// acks arrive even while the loop waits for one.
 	acks := make(chan pending, len(t.Calls))
@@ -151,9 +159,12 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			select {
 			case <-p.ack.Ok():
 			case err := <-p.ack.Err():
+				p.span.RecordError(err)
+				p.span.SetStatus(codes.Error, "publish failed")
 				d.publishFailed(ctx, t, p.call, err)
 			case <-ctx.Done():
 			}
+			p.span.End()
 			p.release()
 		}
 	}()
@@ -172,14 +183,18 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 		if err != nil {
 			return // shutting down; the sweep re-publishes
 		}
+		span := d.tel.send(ctx, c, msg.Header, len(msg.Data))
 		ttl := time.Until(t.Deadline) + time.Minute
 		f, err := d.js.PublishMsgAsync(msg, jetstream.WithMsgID(string(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second)))
 		if err != nil {
 			release()
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "publish failed")
+			span.End()
 			d.publishFailed(ctx, t, c, err)
 			continue
 		}
-		acks <- pending{c, f, release}
+		acks <- pending{c, f, release, span}
 	}
 }
 

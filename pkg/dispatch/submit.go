@@ -2,6 +2,10 @@ package dispatch
 
 import (
 	"context"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -49,6 +53,7 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	}
 	if t == nil {
 		d.gather.forget(key) // another replica closed it
+		d.tel.endTurnOutcome(key, "closed by another replica", false, "")
 		return
 	}
 	if cutOff {
@@ -96,6 +101,10 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 // records the outcome.
 func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
 	defer d.gather.forget(t.Key)
+	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), "submit "+string(t.Ref.Platform), trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
+			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(t.CutOff))...))
+	defer span.End()
 	outputs, err := d.outputs(ctx, t)
 	var sub *Submission
 	if err == nil {
@@ -104,6 +113,11 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
 		}
 	}
 	now := time.Now().UTC()
+	span.SetAttributes(attrTimeLeft.Int64(t.ExpiresAt.Sub(now).Milliseconds()))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "submission failed")
+	}
 	final, cerr := d.turns.transition(ctx, t.Key, StateSubmitting, func(r *Turn) {
 		r.SubmittedAt = now
 		if err != nil {
@@ -123,12 +137,15 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
 	if err := d.open.Delete(ctx, string(t.Key)); err != nil {
 		d.log.Debug("dropping the open-turn index entry failed; the sweep will", "turn", t.Key, "err", err)
 	}
+	d.tel.submitted(ctx, final, outputs, final.State, now)
+	d.tel.endTurn(t.Key, final.State, final.Error)
 	ev := Event{Kind: TurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
 	if err != nil {
 		ev.Kind = TurnFailed
-		d.log.Error("submission failed", "turn", t.Key, "platform", t.Ref.Platform, "err", err)
+		d.log.ErrorContext(ctx, "submission failed", "turn", t.Key, "platform", t.Ref.Platform, "err", err)
 	} else {
-		d.log.Info("turn submitted", "turn", t.Key, "platform", t.Ref.Platform, "latency", ev.Latency, "time_left", ev.TimeLeft)
+		d.log.InfoContext(ctx, "turn submitted", "turn", t.Key, "platform", t.Ref.Platform,
+			"latency_ms", ev.Latency.Milliseconds(), "time_left_s", int64(ev.TimeLeft.Seconds()), "cut_off", t.CutOff)
 	}
 	d.emit(ev)
 }
@@ -208,6 +225,7 @@ func jitter(d time.Duration) time.Duration {
 
 // lateResult notes a result that arrived after its turn was closed: it is
 // recorded in the stream, but the turn was submitted without it.
-func (d *Dispatcher) lateResult(t *Turn) {
-	d.log.Info("late result for a closed turn; not submitted", "turn", t.Key, "state", t.State)
+func (d *Dispatcher) lateResult(ctx context.Context, t *Turn) {
+	d.tel.late.Add(ctx, 1)
+	d.log.InfoContext(ctx, "late result for a closed turn; recorded, not submitted", "turn", t.Key, "state", t.State)
 }

@@ -67,6 +67,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, k string, startup bool) {
 		return
 	}
 	if !t.Open() {
+		d.tel.endTurn(key, t.State, t.Error)
 		_ = d.open.Delete(ctx, k)
 		return
 	}

@@ -51,8 +51,10 @@ type Turn struct {
 	TimedOut []protocol.CallKey `json:"timed_out,omitempty"`
 	Error    string             `json:"error,omitempty"`
 	// Next is what the submission created to drive next (Responses).
-	Next    *Ref   `json:"next,omitempty"`
-	WatchID string `json:"watch_id,omitempty"`
+	Next *Ref `json:"next,omitempty"`
+	// Trace carries the turn span's W3C context (traceparent, tracestate),
+	// so any replica parents its spans under it.
+	Trace map[string]string `json:"trace,omitempty"`
 }
 
 // TurnCall is one call of a turn.

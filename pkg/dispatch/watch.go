@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -42,6 +44,9 @@ type Watch struct {
 	Error     string             `json:"error,omitempty"`
 	CreatedAt time.Time          `json:"created_at"`
 	UpdatedAt time.Time          `json:"updated_at"`
+	// Trace is the W3C context the watch request carried; its turns'
+	// spans are its children.
+	Trace map[string]string `json:"trace,omitempty"`
 }
 
 // ErrNotRunning is returned by Watch when the dispatcher is not running.
@@ -70,6 +75,10 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 	id := watchID(ref)
 	now := time.Now().UTC()
 	w := &Watch{ID: id, Ref: ref, Current: ref, State: WatchActive, CreatedAt: now, UpdatedAt: now}
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		w.Trace = map[string]string{}
+		d.tel.prop.Inject(ctx, propagation.MapCarrier(w.Trace))
+	}
 	for {
 		e, err := d.watches.Get(ctx, id)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -177,7 +186,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 				finish(WatchFailed, "", fmt.Sprintf("stopped after %d turns (the max-steps limit)", d.opts.MaxSteps))
 				return
 			}
-			t, fresh, err := d.intakeForWatch(ctx, obs.Turn, w)
+			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace)), obs.Turn, w)
 			if err != nil {
 				log.Error("intake failed; retrying", "err", err)
 				wait()
@@ -296,6 +305,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 		if err != nil || t == nil {
 			continue
 		}
+		d.tel.endTurn(key, StateFailed, t.Error)
 		d.gather.forget(key)
 		_ = d.open.Delete(ctx, string(key))
 		teams := map[string]bool{}

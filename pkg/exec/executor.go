@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -37,6 +39,14 @@ type Options struct {
 	// Retry is how retryable errors are retried; a Function may override
 	// it. Default: 3 attempts, backoff from 200ms doubling to 10s.
 	Retry RetryPolicy
+	// TracerProvider and MeterProvider receive the executor's spans and
+	// metrics. Default: the OpenTelemetry globals.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// NoTelemetry leaves out the Tracing and Metrics middleware that
+	// otherwise wrap every handler (outermost, before Middleware). The
+	// process and send spans around each message remain.
+	NoTelemetry bool
 }
 
 // ErrShutdown is the cause of a handler's context cancelled because the
@@ -146,6 +156,7 @@ func (e *Executor) Run(ctx context.Context) error {
 			}
 		}
 	}
+	tel := newTelemetry(e.opts.TracerProvider, e.opts.MeterProvider)
 	cancelled := newCancels()
 	stopCancels, err := cancelled.follow(ctx, e.js, e.team, popts)
 	if err != nil {
@@ -165,10 +176,15 @@ func (e *Executor) Run(ctx context.Context) error {
 		if f.Retry != nil {
 			retry = *f.Retry
 		}
+		mws := e.opts.Middleware
+		if !e.opts.NoTelemetry {
+			mws = append([]Middleware{Tracing(e.opts.TracerProvider), Metrics(e.opts.MeterProvider)}, mws...)
+		}
 		workers = append(workers, &worker{
 			e: e, fn: f, cons: cons, results: results, attempts: marks, cancels: cancelled,
 			retry:   retry.withDefaults(),
-			handler: chain(f.Handler, e.opts.Middleware),
+			handler: chain(f.Handler, mws),
+			tel:     tel,
 			log:     e.log.With("fn", f.Name),
 		})
 	}

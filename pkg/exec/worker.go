@@ -11,6 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -27,6 +30,7 @@ type worker struct {
 	cancels  *cancels
 	retry    RetryPolicy
 	handler  Handler
+	tel      *telemetry
 	log      *slog.Logger
 }
 
@@ -92,11 +96,16 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.TermWithReason("malformed call envelope")
 		return
 	}
+	ctx, span := w.tel.process(ctx, msg.Subject(), w.fn.Name, msg.Headers(), call, attempt, w.e.opts.Name)
+	defer span.End()
+	if attempt > 1 {
+		w.tel.redeliveries.Add(ctx, 1, metric.WithAttributes(attrFunction.String(call.Function)))
+	}
 	log := w.log.With("call_key", call.Key, "call_id", call.CallID, "attempt", attempt)
 	if replay > 0 {
 		log = log.With("replay", replay)
 	}
-	d := decision{w: w, msg: msg, call: call, attempt: attempt, replay: replay, log: log}
+	d := decision{w: w, msg: msg, call: call, attempt: attempt, replay: replay, log: log, span: span}
 
 	if replay == 0 && attempt > 1 && w.resultRecorded(ctx, call) {
 		log.Info("result already recorded; skipping redelivered call")
@@ -206,6 +215,7 @@ type decision struct {
 	attempt int
 	replay  int
 	log     *slog.Logger
+	span    trace.Span
 }
 
 // conclude records a run's final outcome, with a dead letter when it
@@ -240,12 +250,22 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	}
 	if reason != "" {
 		if err := deadLetter(ctx, js, d.call, res, reason, d.attempt, 0, d.w.e.opts.Name); err != nil {
-			d.log.Error("could not record the dead letter; call will be redelivered", "err", err)
+			d.log.ErrorContext(ctx, "could not record the dead letter; call will be redelivered", "err", err)
 			_ = d.msg.NakWithDelay(time.Second)
 			return
 		}
+		d.w.tel.deadLetters.Add(ctx, 1, metric.WithAttributes(attrFunction.String(d.call.Function), attrReason.String(reason)))
+		d.span.AddEvent("dead letter", trace.WithAttributes(attrReason.String(reason)))
 	}
-	if err := recordResult(ctx, js, res); err != nil {
+	if res.Error != nil {
+		d.span.SetStatus(codes.Error, string(res.Error.Code))
+	}
+	d.span.SetAttributes(attrOutcome.String(outcomeOf(res)))
+	header := nats.Header{}
+	send := d.w.tel.send(ctx, res, header)
+	err := recordResult(ctx, js, res, header)
+	send.End()
+	if err != nil {
 		d.log.Error("could not record result; call will be redelivered", "err", err)
 		_ = d.msg.NakWithDelay(time.Second)
 		return
@@ -262,12 +282,15 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 // recordResult publishes res so that the first result of a call wins: a
 // second result is refused by the server (wrong last sequence), and a retried
 // identical publish is deduplicated by its message ID.
-func recordResult(ctx context.Context, js jetstream.JetStream, res *protocol.Result) error {
+func recordResult(ctx context.Context, js jetstream.JetStream, res *protocol.Result, header nats.Header) error {
 	data, err := protocol.EncodeResult(res)
 	if err != nil {
 		return err
 	}
-	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: nats.Header{}}
+	if header == nil {
+		header = nats.Header{}
+	}
+	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
 	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
 	var last error
 	for attempt := range 4 {
@@ -292,6 +315,13 @@ func recordResult(ctx context.Context, js jetstream.JetStream, res *protocol.Res
 func isAlreadyRecorded(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+func outcomeOf(res *protocol.Result) string {
+	if res.Error != nil {
+		return string(res.Error.Code)
+	}
+	return "ok"
 }
 
 func (w *worker) resultRecorded(ctx context.Context, call *protocol.Call) bool {

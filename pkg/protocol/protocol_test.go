@@ -340,3 +340,18 @@ func TestFunctionSpec(t *testing.T) {
 		t.Error("non-object schema accepted")
 	}
 }
+
+func TestHeaderCarrierKeepsCase(t *testing.T) {
+	h := map[string][]string{}
+	c := HeaderCarrier(h)
+	c.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	if _, ok := h["traceparent"]; !ok {
+		t.Fatalf("key was rewritten: %v", h)
+	}
+	if c.Get("traceparent") == "" || c.Get("Traceparent") != "" {
+		t.Error("lookup is not exact")
+	}
+	if len(c.Keys()) != 1 {
+		t.Errorf("keys = %v", c.Keys())
+	}
+}

@@ -1,0 +1,311 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Trace of a turn (one trace per turn, or a child of the traceparent the
+// watch request or webhook carried):
+//
+//	turn <platform>                         INTERNAL, from intake to submission
+//	├── send fncall.{team}.{function}       PRODUCER, one per call
+//	│   └── process fncall.{team}.{function}   CONSUMER, in the executor
+//	│       ├── execute_tool <function>          the handler
+//	│       └── send fnresult.{team}             PRODUCER
+//	│           └── process fnresult.{team}        CONSUMER, back in a dispatcher
+//	└── submit <platform>                   CLIENT
+//
+// The turn's context is stored in its record, so whichever replica submits
+// parents its spans correctly.
+
+// w3c is the propagation the wire contract fixes: traceparent and
+// tracestate (and baggage) in the message headers, whatever global
+// propagator the process installed.
+var w3c = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+const instrumentation = "github.com/toolrelay/toolrelay/pkg/dispatch"
+
+// Attribute keys beyond the semantic conventions.
+const (
+	attrTurnKey    = attribute.Key("toolrelay.turn.key")
+	attrPlatform   = attribute.Key("toolrelay.platform")
+	attrScope      = attribute.Key("toolrelay.scope")
+	attrCalls      = attribute.Key("toolrelay.turn.calls")
+	attrCutOff     = attribute.Key("toolrelay.turn.cut_off")
+	attrTimeLeft   = attribute.Key("toolrelay.turn.time_left_ms")
+	attrOutcome    = attribute.Key("toolrelay.outcome")
+	attrTeam       = attribute.Key("toolrelay.team")
+	attrSessionID  = attribute.Key("toolrelay.session.id")
+	attrThreadID   = attribute.Key("toolrelay.thread.id")
+	attrRunID      = attribute.Key("toolrelay.run.id")
+	attrResponseID = attribute.Key("toolrelay.response.id")
+	attrToolName   = attribute.Key("gen_ai.tool.name")
+	attrToolCallID = attribute.Key("gen_ai.tool.call.id")
+	attrFunction   = attribute.Key("function")
+)
+
+type telemetry struct {
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+
+	calls        metric.Int64Counter
+	callDuration metric.Float64Histogram
+	queueWait    metric.Float64Histogram
+	turnDuration metric.Float64Histogram
+	timeLeft     metric.Float64Histogram
+	cutoffs      metric.Int64Counter
+	late         metric.Int64Counter
+	redeliveries metric.Int64Counter
+
+	mu    sync.Mutex
+	spans map[protocol.TurnKey]trace.Span
+}
+
+func newTelemetry(d *Dispatcher, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	t := &telemetry{tracer: tp.Tracer(instrumentation), prop: w3c, spans: map[protocol.TurnKey]trace.Span{}}
+	m := mp.Meter(instrumentation)
+	var err error
+	seconds := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	must := func(e error) {
+		if err == nil {
+			err = e
+		}
+	}
+	var e error
+	t.calls, e = m.Int64Counter("toolrelay.calls", metric.WithDescription("Calls submitted, by function, team and outcome (ok or an error type)."))
+	must(e)
+	t.callDuration, e = m.Float64Histogram("toolrelay.call.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long functions ran, by function and team."), metric.WithExplicitBucketBoundaries(seconds...))
+	must(e)
+	t.queueWait, e = m.Float64Histogram("toolrelay.call.queue_wait", metric.WithUnit("s"),
+		metric.WithDescription("How long calls waited between intake and an executor starting them."), metric.WithExplicitBucketBoundaries(seconds...))
+	must(e)
+	t.turnDuration, e = m.Float64Histogram("toolrelay.turn.duration", metric.WithUnit("s"),
+		metric.WithDescription("From intake to submission, by platform and outcome."), metric.WithExplicitBucketBoundaries(seconds...))
+	must(e)
+	t.timeLeft, e = m.Float64Histogram("toolrelay.turn.time_left", metric.WithUnit("s"),
+		metric.WithDescription("How long before the run expires each turn was submitted: are we making the window?"),
+		metric.WithExplicitBucketBoundaries(0, 1, 5, 10, 30, 60, 120, 300, 600))
+	must(e)
+	t.cutoffs, e = m.Int64Counter("toolrelay.turn.cutoffs", metric.WithDescription("Turns submitted at their deadline without every result."))
+	must(e)
+	t.late, e = m.Int64Counter("toolrelay.results.late", metric.WithDescription("Results recorded after their turn was submitted."))
+	must(e)
+	t.redeliveries, e = m.Int64Counter("toolrelay.call.redeliveries", metric.WithDescription("Attempts beyond the first, by function."))
+	must(e)
+	must(t.observe(d, m))
+	return t, err
+}
+
+// observe registers the gauges read from JetStream at collection time:
+// open turns, calls queued and running per function, dead letters.
+func (t *telemetry) observe(d *Dispatcher, m metric.Meter) error {
+	openTurns, err := m.Int64ObservableGauge("toolrelay.turns.open", metric.WithDescription("Turns taken in and not yet submitted (all replicas)."))
+	if err != nil {
+		return err
+	}
+	lag, err := m.Int64ObservableGauge("toolrelay.calls.queued", metric.WithDescription("Calls waiting for an executor, by team and function (consumer lag)."))
+	if err != nil {
+		return err
+	}
+	running, err := m.Int64ObservableGauge("toolrelay.calls.in_flight", metric.WithDescription("Calls delivered to executors and not yet acknowledged, by team and function."))
+	if err != nil {
+		return err
+	}
+	dead, err := m.Int64ObservableGauge("toolrelay.dead_letters", metric.WithDescription("Dead letters kept, by team and function."))
+	if err != nil {
+		return err
+	}
+	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if d.open != nil {
+			// Keys, not the bucket's values: closed turns leave delete markers.
+			if keys, err := d.open.ListKeys(ctx); err == nil {
+				n := 0
+				for range keys.Keys() {
+					n++
+				}
+				o.ObserveInt64(openTurns, int64(n))
+			} else if errors.Is(err, jetstream.ErrNoKeysFound) {
+				o.ObserveInt64(openTurns, 0)
+			}
+		}
+		names := d.js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.CallSubjectPrefix+".>"))
+		for name := range names.Name() {
+			s, err := d.js.Stream(ctx, name)
+			if err != nil {
+				continue
+			}
+			team := strings.TrimPrefix(name, protocol.CallStream(""))
+			infos := s.ListConsumers(ctx)
+			for ci := range infos.Info() {
+				attrs := metric.WithAttributes(attrTeam.String(team), attrFunction.String(ci.Name))
+				o.ObserveInt64(lag, int64(ci.NumPending), attrs)
+				o.ObserveInt64(running, int64(ci.NumAckPending), attrs)
+			}
+		}
+		if s, err := d.js.Stream(ctx, protocol.DeadLetterStream); err == nil {
+			if info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.DeadLetterSubjectPrefix+".>")); err == nil {
+				for subj, n := range info.State.Subjects {
+					parts := strings.Split(subj, ".")
+					if len(parts) == 3 {
+						o.ObserveInt64(dead, int64(n), metric.WithAttributes(attrTeam.String(parts[1]), attrFunction.String(parts[2])))
+					}
+				}
+			}
+		}
+		return nil
+	}, openTurns, lag, running, dead)
+	return err
+}
+
+// startTurn opens the turn's span as a child of ctx and stores its context
+// in the record.
+func (t *telemetry) startTurn(ctx context.Context, turn *Turn) context.Context {
+	attrs := []attribute.KeyValue{attrTurnKey.String(string(turn.Key)), attrPlatform.String(string(turn.Ref.Platform)),
+		attrScope.String(turn.Scope), attrCalls.Int(len(turn.Calls))}
+	attrs = append(attrs, refAttrs(turn.Ref)...)
+	ctx, span := t.tracer.Start(ctx, "turn "+string(turn.Ref.Platform), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	turn.Trace = map[string]string{}
+	t.prop.Inject(ctx, propagation.MapCarrier(turn.Trace))
+	t.mu.Lock()
+	t.spans[turn.Key] = span
+	t.mu.Unlock()
+	return ctx
+}
+
+func refAttrs(r Ref) []attribute.KeyValue {
+	var a []attribute.KeyValue
+	add := func(k attribute.Key, v string) {
+		if v != "" {
+			a = append(a, k.String(v))
+		}
+	}
+	add(attrSessionID, r.SessionID)
+	add(attrThreadID, r.ThreadID)
+	add(attrRunID, r.RunID)
+	add(attrResponseID, r.ResponseID)
+	return a
+}
+
+// turnContext is ctx carrying the turn's span context, on any replica.
+func (t *telemetry) turnContext(ctx context.Context, turn *Turn) context.Context {
+	if len(turn.Trace) == 0 {
+		return ctx
+	}
+	return t.prop.Extract(ctx, propagation.MapCarrier(turn.Trace))
+}
+
+// endTurn ends the turn's span if this replica opened it.
+func (t *telemetry) endTurn(key protocol.TurnKey, state TurnState, reason string) {
+	t.endTurnOutcome(key, string(state), state == StateFailed, reason)
+}
+
+func (t *telemetry) endTurnOutcome(key protocol.TurnKey, outcome string, failed bool, reason string) {
+	t.mu.Lock()
+	span := t.spans[key]
+	delete(t.spans, key)
+	t.mu.Unlock()
+	if span == nil {
+		return
+	}
+	span.SetAttributes(attrOutcome.String(outcome))
+	if failed {
+		span.SetStatus(codes.Error, reason)
+	}
+	span.End()
+}
+
+// endAll ends the spans of turns still open when the dispatcher stops.
+func (t *telemetry) endAll() {
+	t.mu.Lock()
+	spans := t.spans
+	t.spans = map[protocol.TurnKey]trace.Span{}
+	t.mu.Unlock()
+	for _, s := range spans {
+		s.SetAttributes(attrOutcome.String("unfinished"))
+		s.AddEvent("dispatcher stopped before the turn closed; another replica finishes it")
+		s.End()
+	}
+}
+
+// send opens the PRODUCER span of a call and injects it into the message.
+func (t *telemetry) send(ctx context.Context, c *TurnCall, header map[string][]string, size int) trace.Span {
+	tmpl := protocol.CallSubjectPrefix + ".{team}.{function}"
+	_, span := t.tracer.Start(ctx, "send "+protocol.CallSubject(c.Team, c.Name), trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("publish"), semconv.MessagingDestinationName(protocol.CallSubject(c.Team, c.Name)),
+			semconv.MessagingDestinationTemplate(tmpl), semconv.MessagingMessageID(string(c.Key)),
+			semconv.MessagingMessageBodySize(size), attrToolName.String(c.Name), attrToolCallID.String(c.ID),
+			attrTeam.String(c.Team)))
+	t.prop.Inject(trace.ContextWithSpan(ctx, span), protocol.HeaderCarrier(header))
+	return span
+}
+
+// processResult opens the CONSUMER span of a result, parented by the
+// executor's send span carried in the message.
+func (t *telemetry) processResult(ctx context.Context, subject, team string, header map[string][]string, res *protocol.Result) (context.Context, trace.Span) {
+	ctx = t.prop.Extract(ctx, protocol.HeaderCarrier(header))
+	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(subject),
+		semconv.MessagingDestinationTemplate(protocol.ResultSubjectPrefix + ".{team}.{turn}.{call}"),
+		semconv.MessagingConsumerGroupName(resultsConsumer), attrTeam.String(team)}
+	if res != nil {
+		attrs = append(attrs, semconv.MessagingMessageID(string(res.Key)), attrToolName.String(res.Function),
+			attrToolCallID.String(res.CallID), attrTurnKey.String(string(res.Key.Turn())))
+	}
+	return t.tracer.Start(ctx, "process "+protocol.ResultSubjectPrefix+"."+team, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+}
+
+// result records the metrics a result carries.
+func (t *telemetry) result(ctx context.Context, turn *Turn, res *protocol.Result) {
+	fn := metric.WithAttributes(attrFunction.String(res.Function), attrTeam.String(res.Team))
+	if !res.StartedAt.IsZero() {
+		t.callDuration.Record(ctx, res.FinishedAt.Sub(res.StartedAt).Seconds(), fn)
+		t.queueWait.Record(ctx, max(res.StartedAt.Sub(turn.CreatedAt), 0).Seconds(), fn)
+	}
+	if res.Attempt > 1 {
+		t.redeliveries.Add(ctx, int64(res.Attempt-1), metric.WithAttributes(attrFunction.String(res.Function)))
+	}
+}
+
+// submitted records the metrics of a closed turn.
+func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output, state TurnState, at time.Time) {
+	p := attrPlatform.String(string(turn.Ref.Platform))
+	t.turnDuration.Record(ctx, at.Sub(turn.CreatedAt).Seconds(), metric.WithAttributes(p, attrOutcome.String(string(state))))
+	if state == StateSubmitted {
+		t.timeLeft.Record(ctx, max(turn.ExpiresAt.Sub(at), 0).Seconds(), metric.WithAttributes(p))
+	}
+	if turn.CutOff {
+		t.cutoffs.Add(ctx, 1, metric.WithAttributes(p))
+	}
+	for _, o := range outputs {
+		outcome := "ok"
+		if o.Result.Error != nil {
+			outcome = string(o.Result.Error.Code)
+		}
+		t.calls.Add(ctx, 1, metric.WithAttributes(attrFunction.String(o.Call.Name), attrTeam.String(o.Call.Team), attrOutcome.String(outcome)))
+	}
+}

@@ -1,0 +1,146 @@
+package exec
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// w3c is the propagation the wire contract fixes: traceparent and
+// tracestate (and baggage) in the message headers, whatever global
+// propagator the process installed.
+var w3c = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+const instrumentation = "github.com/toolrelay/toolrelay/pkg/exec"
+
+var (
+	attrToolName   = attribute.Key("gen_ai.tool.name")
+	attrToolCallID = attribute.Key("gen_ai.tool.call.id")
+	attrOperation  = attribute.Key("gen_ai.operation.name")
+	attrTurnKey    = attribute.Key("toolrelay.turn.key")
+	attrTeam       = attribute.Key("toolrelay.team")
+	attrAttempt    = attribute.Key("toolrelay.attempt")
+	attrOutcome    = attribute.Key("toolrelay.outcome")
+	attrFunction   = attribute.Key("function")
+	attrReason     = attribute.Key("reason")
+	attrExecutor   = attribute.Key("toolrelay.executor")
+	attrDelivered  = attribute.Key("messaging.nats.delivery_count")
+	attrPlatform   = attribute.Key("toolrelay.platform")
+	attrScope      = attribute.Key("toolrelay.scope")
+	attrArgsSize   = attribute.Key("gen_ai.tool.call.arguments.size")
+	attrOutputSize = attribute.Key("gen_ai.tool.call.result.size")
+)
+
+// Tracing is middleware that runs each handler in an "execute_tool
+// <function>" span (the GenAI semantic conventions), a child of the call's
+// process span, marking errors. Executors add it first unless
+// Options.NoTelemetry is set; a nil provider means the global one.
+func Tracing(tp trace.TracerProvider) Middleware {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	tracer := tp.Tracer(instrumentation)
+	return func(next Handler) Handler {
+		return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
+			ctx, span := tracer.Start(ctx, "execute_tool "+inv.Function, trace.WithAttributes(
+				attrOperation.String("execute_tool"), attrToolName.String(inv.Function),
+				attrToolCallID.String(inv.Call.CallID), attrAttempt.Int(inv.Attempt),
+				attrArgsSize.Int(len(inv.Arguments))))
+			defer span.End()
+			out, err := next.Handle(ctx, inv)
+			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, "the function failed")
+			} else {
+				span.SetAttributes(attrOutputSize.Int(len(out)))
+			}
+			return out, err
+		})
+	}
+}
+
+// Metrics is middleware that counts calls by function and outcome and
+// records how long handlers ran. Executors add it unless
+// Options.NoTelemetry is set; a nil provider means the global one.
+func Metrics(mp metric.MeterProvider) Middleware {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(instrumentation)
+	calls, _ := m.Int64Counter("toolrelay.executor.calls", metric.WithDescription("Handler runs, by function and outcome (ok or error)."))
+	duration, _ := m.Float64Histogram("toolrelay.executor.call.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long handlers ran, by function."),
+		metric.WithExplicitBucketBoundaries(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+	return func(next Handler) Handler {
+		return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
+			start := time.Now()
+			out, err := next.Handle(ctx, inv)
+			outcome := "ok"
+			if err != nil {
+				outcome = "error"
+			}
+			fn := attrFunction.String(inv.Function)
+			calls.Add(ctx, 1, metric.WithAttributes(fn, attrOutcome.String(outcome)))
+			duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(fn))
+			return out, err
+		})
+	}
+}
+
+// telemetry is what a worker needs beyond the middleware: the process and
+// send spans around each message, and the executor's own counters.
+type telemetry struct {
+	tracer       trace.Tracer
+	prop         propagation.TextMapPropagator
+	deadLetters  metric.Int64Counter
+	redeliveries metric.Int64Counter
+}
+
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) *telemetry {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(instrumentation)
+	dl, _ := m.Int64Counter("toolrelay.executor.dead_letters", metric.WithDescription("Calls that failed for good, by function and reason."))
+	rd, _ := m.Int64Counter("toolrelay.executor.redeliveries", metric.WithDescription("Deliveries beyond the first, by function."))
+	return &telemetry{tracer: tp.Tracer(instrumentation), prop: w3c, deadLetters: dl, redeliveries: rd}
+}
+
+// process opens the CONSUMER span of a call, parented by the dispatcher's
+// send span carried in the message headers.
+func (t *telemetry) process(ctx context.Context, subject, durable string, header map[string][]string, call *protocol.Call, attempt int, executor string) (context.Context, trace.Span) {
+	ctx = t.prop.Extract(ctx, protocol.HeaderCarrier(header))
+	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(subject),
+		semconv.MessagingDestinationTemplate(protocol.CallSubjectPrefix + ".{team}.{function}"),
+		semconv.MessagingConsumerGroupName(durable), attrDelivered.Int(attempt), attrExecutor.String(executor)}
+	if call != nil {
+		attrs = append(attrs, semconv.MessagingMessageID(string(call.Key)), attrToolName.String(call.Function),
+			attrToolCallID.String(call.CallID), attrTurnKey.String(string(call.Key.Turn())), attrTeam.String(call.Team),
+			attrPlatform.String(string(call.Platform)), attrScope.String(call.Scope))
+	}
+	return t.tracer.Start(ctx, "process "+subject, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+}
+
+// send opens the PRODUCER span of a result and injects it into header.
+func (t *telemetry) send(ctx context.Context, res *protocol.Result, header map[string][]string) trace.Span {
+	ctx, span := t.tracer.Start(ctx, "send "+protocol.ResultSubjectPrefix+"."+res.Team, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("publish"), semconv.MessagingDestinationName(res.Subject()),
+			semconv.MessagingDestinationTemplate(protocol.ResultSubjectPrefix+".{team}.{turn}.{call}"),
+			semconv.MessagingMessageID(string(res.Key)), attrToolName.String(res.Function), attrToolCallID.String(res.CallID)))
+	t.prop.Inject(ctx, protocol.HeaderCarrier(header))
+	return span
+}
