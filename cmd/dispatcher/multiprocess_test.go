@@ -395,3 +395,53 @@ func TestWatchRejectsBadBodies(t *testing.T) {
 		}
 	}
 }
+
+func TestBuiltDispatcherTakesSignedWebhooksAndRefusesForgedOnes(t *testing.T) {
+	const secret = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+	w := newWorld(t, platformsim.CustomerScenario)
+	w.executor("exec-1", "-demo")
+	d := w.dispatcher("dispatcher", "OPENAI_WEBHOOK_SECRET="+secret)
+	s, err := w.client.Beta.Agents.Sessions.New(context.Background(), openai.BetaAgentSessionNewParams{
+		Environment: openai.EnvironmentParamUnion{OfParamNone: &openai.EnvironmentParamNone{}},
+		Input:       openai.BetaAgentSessionNewParamsInputUnion{OfString: openai.String("customer 123")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		got, err := w.client.Beta.Agents.Sessions.Get(context.Background(), s.ID)
+		return err == nil && got.Status == "requires_action"
+	})
+	body := platformsim.WebhookBody("evt_1", "agent.session.action_required", map[string]any{"id": s.ID, "required_action": map[string]string{"type": "function_call"}})
+	send := func(h http.Header) int {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+d.addr+"/webhooks/openai", bytes.NewReader(body))
+		req.Header = h
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	forged, _ := platformsim.Sign("whsec_AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", "wh_1", time.Now(), body)
+	stale, _ := platformsim.Sign(secret, "wh_2", time.Now().Add(-10*time.Minute), body)
+	for name, h := range map[string]http.Header{"forged": forged, "stale": stale, "unsigned": {"Content-Type": {"application/json"}}} {
+		if code := send(h); code != http.StatusUnauthorized {
+			t.Errorf("%s webhook: %d, want 401", name, code)
+		}
+	}
+	if n := w.sim.Stats().ToolResults; n != 0 {
+		t.Fatalf("refused webhooks led to %d tool results", n)
+	}
+	good, _ := platformsim.Sign(secret, "wh_3", time.Now(), body)
+	if code := send(good); code != http.StatusOK {
+		t.Fatalf("signed webhook: %d", code)
+	}
+	waitFor(t, 20*time.Second, func() bool { return w.sim.Stats().ToolResults == 2 })
+	if code := send(good); code != http.StatusOK {
+		t.Errorf("replayed webhook: %d, want 200", code)
+	}
+	if n := w.sim.Stats().ToolResults; n != 2 {
+		t.Errorf("tool results after a replay = %d, want 2", n)
+	}
+}

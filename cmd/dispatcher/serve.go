@@ -17,10 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
+	"github.com/toolrelay/toolrelay/internal/platformauth"
 	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -41,8 +41,13 @@ type config struct {
 	MaxPerTeam    int           `envconfig:"TOOLRELAY_MAX_INFLIGHT_PER_TEAM" default:"1024" desc:"one team's share of them"`
 	Replicas      int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams and buckets (3 on a cluster)"`
 	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
-	OpenAIAPIKey  string        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
+	OpenAIAPIKey  secret        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
 	OpenAIBaseURL string        `envconfig:"OPENAI_BASE_URL" desc:"platform base URL; Foundry: {project endpoint}/openai/v1"`
+	WebhookSecret secret        `envconfig:"OPENAI_WEBHOOK_SECRET" desc:"verifies POST /webhooks/openai (whsec_...); empty: webhooks get 401"`
+	TokenFile     string        `envconfig:"TOOLRELAY_BEARER_TOKEN_FILE" desc:"a bearer token (Foundry/Entra) re-read whenever the file changes; overrides OPENAI_API_KEY"`
+	AzureEndpoint string        `envconfig:"TOOLRELAY_AZURE_ENDPOINT" desc:"Azure OpenAI resource endpoint (https://<name>.openai.azure.com) instead of OPENAI_BASE_URL"`
+	AzureVersion  string        `envconfig:"TOOLRELAY_AZURE_API_VERSION" default:"2025-04-01-preview" desc:"api-version for the Azure endpoint"`
+	AzureAPIKey   secret        `envconfig:"AZURE_OPENAI_API_KEY" desc:"key for the Azure endpoint"`
 	// CrashAt kills the process (SIGKILL) when a turn reaches this stage:
 	// for resilience tests only.
 	CrashAt string `envconfig:"TOOLRELAY_TEST_CRASH_AT" desc:"tests only: kill -9 this process when a turn reaches intake, fanout, gather or submitted"`
@@ -93,17 +98,17 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	var opts []option.RequestOption
-	if cfg.OpenAIAPIKey != "" {
-		opts = append(opts, option.WithAPIKey(cfg.OpenAIAPIKey))
-	}
-	if cfg.OpenAIBaseURL != "" {
-		opts = append(opts, option.WithBaseURL(cfg.OpenAIBaseURL))
+	opts, err := platformauth.Options(platformauth.Config{
+		APIKey: string(cfg.OpenAIAPIKey), BaseURL: cfg.OpenAIBaseURL, TokenFile: cfg.TokenFile,
+		AzureEndpoint: cfg.AzureEndpoint, AzureAPIVersion: cfg.AzureVersion, AzureAPIKey: string(cfg.AzureAPIKey),
+	})
+	if err != nil {
+		return err
 	}
 	client := openai.NewClient(opts...)
 	dopts := dispatch.Options{
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
-		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
+		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval, WebhookSecret: string(cfg.WebhookSecret),
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam,
 	}
 	if cfg.CrashAt != "" {
@@ -152,3 +157,10 @@ func crashAt(stage dispatch.Stage, log *slog.Logger) func(dispatch.Stage, protoc
 		}
 	}
 }
+
+// secret is a setting never to be printed or logged.
+type secret string
+
+func (secret) String() string       { return "REDACTED" }
+func (secret) LogValue() slog.Value { return slog.StringValue("REDACTED") }
+func (s secret) GoString() string   { return s.String() }

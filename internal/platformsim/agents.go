@@ -267,6 +267,7 @@ func (s *Server) agentStep(sess *session, t *agentTurn) {
 	sess.status = "requires_action"
 	sess.lastActive = unixNow()
 	s.emit(sess, map[string]any{"type": "agent.session.requires_action", "session": s.sessionJSON(sess)})
+	s.notify("agent.session.action_required", map[string]any{"id": sess.id, "required_action": map[string]any{"type": "function_call"}})
 }
 
 // finishAgentTurn ends a turn with an answer (or none). Caller holds s.mu.

@@ -311,6 +311,9 @@ func (s *Server) completeResponse(resp *response) {
 	}
 	resp.status = "completed"
 	resp.completedAt = &now
+	if resp.background {
+		s.notify("response.completed", map[string]any{"id": resp.id})
+	}
 	if conv := s.conversations[resp.conversation]; conv != nil {
 		conv.items = append(conv.items, resp.output...)
 	}

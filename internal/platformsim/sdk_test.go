@@ -3,6 +3,7 @@ package platformsim_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -435,5 +436,41 @@ func TestAzureEndpointWithAPIKey(t *testing.T) {
 	}
 	if resp.OutputText() == "" {
 		t.Fatal("no answer")
+	}
+}
+
+func TestWebhooksAreSignedAsTheSDKVerifies(t *testing.T) {
+	const secret = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+	got := make(chan *http.Request, 4)
+	bodies := make(chan []byte, 4)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- r
+		bodies <- b
+	}))
+	defer hook.Close()
+	_, hs := newSim(t, platformsim.Options{Webhook: &platformsim.Webhook{URL: hook.URL, Secret: secret}})
+	c := client(hs)
+	s, err := c.Beta.Agents.Sessions.New(t.Context(), openai.BetaAgentSessionNewParams{
+		Environment: openai.EnvironmentParamUnion{OfParamNone: &openai.EnvironmentParamNone{}},
+		Input:       openai.BetaAgentSessionNewParamsInputUnion{OfString: openai.String("customer 123")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	body := <-bodies
+	ev, err := c.Webhooks.Unwrap(body, r.Header, option.WithWebhookSecret(secret))
+	if err != nil {
+		t.Fatalf("the SDK rejects the simulator's webhook: %v", err)
+	}
+	if ev.Type != "agent.session.action_required" || ev.Data.ID != s.ID {
+		t.Errorf("event = %s for %s, want action_required for %s", ev.Type, ev.Data.ID, s.ID)
+	}
+	// The fixture's bytes and signature verify with Sign too.
+	h, _ := platformsim.Sign(secret, "wh_68a1f0d0b1c28190f0e1d2c3b4a59687", time.Unix(1767225612, 0),
+		[]byte(`{"id":"evt_68a1f0d0b1c28190a9b8c7d6e5f4a3b2","object":"event","created_at":1767225612,"type":"agent.session.action_required","data":{"id":"as_01JQ8W4K2R7M5N3P9T6V0X1Y2Z","required_action":{"type":"function_call"}}}`))
+	if got := h.Get("webhook-signature"); got != "v1,9LD1qqkfCJS6b3yWv4jnHD78IMYrcw6mi2zWzn+TkZM=" {
+		t.Errorf("signature = %s, want the fixture's", got)
 	}
 }

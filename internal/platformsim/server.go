@@ -40,6 +40,10 @@ type Options struct {
 	ModelLatency time.Duration
 	// Logger receives request errors. Default: discard.
 	Logger *slog.Logger
+	// Webhook, when set, receives signed events: agent.session.action_required
+	// when a session waits for tool results, response.completed when a
+	// background response completes.
+	Webhook *Webhook
 }
 
 // Server is the simulated platform. It is an http.Handler.
@@ -60,8 +64,9 @@ type Server struct {
 	idemResponses map[string]string
 	conversations map[string]*conversation
 	// idem remembers Idempotency-Keys: key → hash of the body first sent.
-	idem  map[string][32]byte
-	stats Stats
+	idem      map[string][32]byte
+	stats     Stats
+	delivered []WebhookEvent
 
 	bg     sync.WaitGroup
 	closed chan struct{}

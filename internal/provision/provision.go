@@ -324,3 +324,20 @@ func CancelStreamConfig(o Options) jetstream.StreamConfig {
 
 // CancelMemory is how long a cancellation is remembered.
 const CancelMemory = 30 * time.Minute
+
+// WebhookBucketConfig remembers webhook-ids longer than the 5-minute
+// timestamp tolerance, after which a replay is refused anyway.
+func WebhookBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: protocol.WebhookBucket, Description: "toolrelay webhook-ids taken in",
+		History: 1, TTL: 15 * time.Minute, Storage: jetstream.FileStorage, Replicas: o.replicas(),
+	}
+}
+
+// ResponseBucketConfig maps driven responses to their watches.
+func ResponseBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket: protocol.ResponseBucket, Description: "toolrelay responses driven by a watch",
+		History: 1, TTL: turnTTL, Storage: jetstream.FileStorage, Replicas: o.replicas(),
+	}
+}

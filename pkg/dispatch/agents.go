@@ -140,3 +140,22 @@ func (a *Agents) submitOne(ctx context.Context, turn *Turn, o Output) error {
 func idempotencyKey(key protocol.CallKey) string {
 	return "toolrelay-" + strings.ReplaceAll(string(key), ".", "-")
 }
+
+// Follow reads the session's live event stream and reports each required
+// action as it appears, until ctx ends or the stream closes (then the error
+// says why; nil on a clean end).
+func (a *Agents) Follow(ctx context.Context, ref Ref, found func(*TurnRequest)) error {
+	stream := a.client.Beta.Agents.Sessions.Events.StreamStreaming(ctx, ref.SessionID)
+	defer stream.Close()
+	for stream.Next() {
+		ev := stream.Current()
+		if ev.Type != "agent.session.requires_action" {
+			continue
+		}
+		s := ev.Session
+		if turn := sessionTurn(ref, &s); turn != nil {
+			found(turn)
+		}
+	}
+	return stream.Err()
+}

@@ -67,6 +67,9 @@ type Options struct {
 	// goroutine doing the work. It exists for observing and for fault
 	// injection in resilience tests; it must not block.
 	OnStage func(Stage, protocol.TurnKey)
+	// WebhookSecret verifies POST /webhooks/openai (OPENAI_WEBHOOK_SECRET:
+	// "whsec_..." or the raw secret). Empty: every webhook gets 401.
+	WebhookSecret string
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -125,16 +128,19 @@ type Dispatcher struct {
 	opts      Options
 	log       *slog.Logger
 
-	turns    turnStore
-	open     jetstream.KeyValue
-	watches  jetstream.KeyValue
-	results  jetstream.Stream
-	timers   jetstream.Stream
-	registry *registry
-	gather   *gatherer
-	served   *servedCache
-	limiter  *limiter
-	tel      *telemetry
+	turns   turnStore
+	open    jetstream.KeyValue
+	watches jetstream.KeyValue
+	// webhooksSeen and responses back the webhook intake.
+	webhooksSeen jetstream.KeyValue
+	responses    jetstream.KeyValue
+	results      jetstream.Stream
+	timers       jetstream.Stream
+	registry     *registry
+	gather       *gatherer
+	served       *servedCache
+	limiter      *limiter
+	tel          *telemetry
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -237,6 +243,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if _, err := provision.Stream(ctx, d.js, provision.CancelStreamConfig(popts)); err != nil {
 		return err
 	}
+	if d.webhooksSeen, err = provision.KeyValue(ctx, d.js, provision.WebhookBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.responses, err = provision.KeyValue(ctx, d.js, provision.ResponseBucketConfig(popts)); err != nil {
+		return err
+	}
 	regKV, err := provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts))
 	if err != nil {
 		return err
@@ -285,6 +297,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	defer stopTimers()
 
+	stopNATS, err := d.serveNATS(ctx)
+	if err != nil {
+		return fmt.Errorf("dispatch: serve the watch API on NATS: %w", err)
+	}
+	defer stopNATS()
 	defer d.tel.endAll()
 	d.resume(bctx)
 	d.ready.Store(true)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"sync/atomic"
@@ -31,18 +32,52 @@ type env struct {
 	srv    *natstest.Server
 	js     jetstream.JetStream
 	sim    *platformsim.Server
+	simURL string
 	client openai.Client
+	// hook receives the simulator's webhooks and hands them to hookTo.
+	hook   *httptest.Server
+	hookTo atomic.Pointer[http.Handler]
 }
 
+const testWebhookSecret = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+
 func newEnv(t *testing.T, scenarios ...platformsim.Scenario) *env {
+	return newEnvWith(t, platformsim.Options{}, scenarios...)
+}
+
+// newEnvWith starts the simulator with opts; it sends its webhooks, signed
+// with testWebhookSecret, to the handler set by e.webhooksTo.
+func newEnvWith(t *testing.T, opts platformsim.Options, scenarios ...platformsim.Scenario) *env {
 	t.Helper()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
-	sim := platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: scenarios}})
-	hs := httptest.NewServer(sim)
-	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
-	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("sk-test"))
-	return &env{t: t, srv: srv, js: js, sim: sim, client: client}
+	e := &env{t: t, srv: srv, js: js}
+	e.hook = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h := e.hookTo.Load(); h != nil {
+			(*h).ServeHTTP(w, r)
+			return
+		}
+		http.Error(w, "no dispatcher yet", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(e.hook.Close)
+	opts.Model = &platformsim.Model{Scenarios: scenarios}
+	opts.Webhook = &platformsim.Webhook{URL: e.hook.URL + "/webhooks/openai", Secret: testWebhookSecret}
+	e.sim = platformsim.New(opts)
+	hs := httptest.NewServer(e.sim)
+	t.Cleanup(func() { hs.CloseClientConnections(); e.sim.Close(); hs.Close() })
+	key := opts.APIKey
+	if key == "" {
+		key = "sk-test"
+	}
+	e.simURL = hs.URL
+	e.client = openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey(key))
+	return e
+}
+
+// webhooksTo sends the simulator's webhooks to d's HTTP API.
+func (e *env) webhooksTo(d *dispatch.Dispatcher) {
+	h := d.Handler()
+	e.hookTo.Store(&h)
 }
 
 // dispatcher starts a dispatcher replica on its own connection; it stops
@@ -53,6 +88,9 @@ func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop fu
 		opts.Logger = testLogger()
 	}
 	_, js := e.srv.Connect(e.t)
+	if opts.WebhookSecret == "" {
+		opts.WebhookSecret = testWebhookSecret
+	}
 	d, err := dispatch.New(js, dispatch.NewPlatforms(e.client), opts)
 	if err != nil {
 		e.t.Fatal(err)

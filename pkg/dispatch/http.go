@@ -1,12 +1,15 @@
 package dispatch
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,12 +22,14 @@ import (
 //
 //	POST /v1/watch       start driving a platform object (202, or 400 naming the field)
 //	GET  /v1/watch/{id}  the watch and its turns
+//	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
 func (d *Dispatcher) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/watch", d.postWatch)
 	mux.HandleFunc("GET /v1/watch/{id}", d.getWatch)
+	mux.HandleFunc("POST /webhooks/openai", d.postWebhook)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -72,44 +77,51 @@ func (req *watchRequest) ref() (Ref, error) {
 }
 
 func (d *Dispatcher) postWatch(w http.ResponseWriter, r *http.Request) {
-	var req watchRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeFieldError(w, decodeFieldError(err))
-		return
-	}
-	if dec.More() {
-		writeFieldError(w, &FieldError{Message: "the body must be one JSON object"})
-		return
-	}
-	ref, err := req.ref()
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	if err != nil {
-		var fe *FieldError
-		if errors.As(err, &fe) {
-			writeFieldError(w, fe)
-			return
-		}
-		writeFieldError(w, &FieldError{Message: err.Error()})
+		writeFieldError(w, &FieldError{Message: "could not read the body"})
 		return
 	}
 	// A traceparent on the request makes the watch's turns its children.
 	ctx := d.tel.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	status, reply := d.watchRequest(ctx, body)
+	writeJSON(w, status, reply)
+}
+
+// watchRequest starts a watch from the JSON of POST /v1/watch (or of a
+// request on protocol.WatchSubject) and returns the HTTP status and body.
+func (d *Dispatcher) watchRequest(ctx context.Context, body []byte) (int, any) {
+	var req watchRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return http.StatusBadRequest, fieldErrorBody(decodeFieldError(err))
+	}
+	if dec.More() {
+		return http.StatusBadRequest, fieldErrorBody(&FieldError{Message: "the body must be one JSON object"})
+	}
+	ref, err := req.ref()
+	if err != nil {
+		var fe *FieldError
+		if !errors.As(err, &fe) {
+			fe = &FieldError{Message: err.Error()}
+		}
+		return http.StatusBadRequest, fieldErrorBody(fe)
+	}
 	watch, err := d.Watch(ctx, ref)
 	if err != nil {
 		var fe *FieldError
 		switch {
 		case errors.As(err, &fe):
-			writeFieldError(w, fe)
+			return http.StatusBadRequest, fieldErrorBody(fe)
 		case errors.Is(err, ErrNotRunning):
-			writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
+			return http.StatusServiceUnavailable, errorBody("the dispatcher is starting or stopping; retry shortly")
 		default:
-			d.log.Error("watch failed", "err", err)
-			writeError(w, http.StatusInternalServerError, "could not start the watch")
+			d.log.ErrorContext(ctx, "watch failed", "err", err)
+			return http.StatusInternalServerError, errorBody("could not start the watch")
 		}
-		return
 	}
-	writeJSON(w, http.StatusAccepted, map[string]string{"id": watch.ID, "status_url": "/v1/watch/" + watch.ID})
+	return http.StatusAccepted, map[string]string{"id": watch.ID, "status_url": "/v1/watch/" + watch.ID}
 }
 
 // decodeFieldError names the offending field of a JSON decoding error.
@@ -141,8 +153,10 @@ type turnReport struct {
 	Deadline    string           `json:"deadline"`
 	ExpiresAt   string           `json:"expires_at"`
 	SubmittedAt string           `json:"submitted_at,omitempty"`
-	CutOff      bool             `json:"cut_off,omitempty"`
-	Error       string           `json:"error,omitempty"`
+	// TimeLeft is how long until the run expires, while the turn is open.
+	TimeLeft string `json:"time_left,omitempty"`
+	CutOff   bool   `json:"cut_off,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 type callReport struct {
@@ -154,23 +168,30 @@ type callReport struct {
 }
 
 func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
-	watch, err := d.WatchStatus(r.Context(), r.PathValue("id"))
+	status, reply := d.watchReport(r.Context(), r.PathValue("id"))
+	writeJSON(w, status, reply)
+}
+
+// watchReport is the body of GET /v1/watch/{id} and its HTTP status.
+func (d *Dispatcher) watchReport(ctx context.Context, id string) (int, any) {
+	watch, err := d.WatchStatus(ctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
-		writeError(w, http.StatusNotFound, "no watch with id "+r.PathValue("id"))
-		return
+		return http.StatusNotFound, errorBody("no watch with id " + id)
 	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "could not read the watch")
-		return
+		return http.StatusInternalServerError, errorBody("could not read the watch")
 	}
 	rep := watchReport{Watch: watch, TurnDetails: []turnReport{}}
 	for _, key := range watch.Turns {
-		t, _, err := d.turns.get(r.Context(), key)
+		t, _, err := d.turns.get(ctx, key)
 		if err != nil {
 			continue
 		}
 		tr := turnReport{Key: t.Key, State: t.State, Deadline: t.Deadline.Format(timeFormat), ExpiresAt: t.ExpiresAt.Format(timeFormat),
 			CutOff: t.CutOff, Error: t.Error}
+		if t.Open() {
+			tr.TimeLeft = time.Until(t.ExpiresAt).Round(time.Millisecond).String()
+		}
 		if !t.SubmittedAt.IsZero() {
 			tr.SubmittedAt = t.SubmittedAt.Format(timeFormat)
 		}
@@ -179,7 +200,7 @@ func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
 			cr := callReport{ID: c.ID, Function: c.Name, Team: c.Team, Result: "pending"}
 			if timedOut(t, c.Key) {
 				cr.Result = "timed_out"
-			} else if res, err := d.gather.result(r.Context(), t, c); err == nil {
+			} else if res, err := d.gather.result(ctx, t, c); err == nil {
 				cr.Result, cr.Error = "ok", res.Error
 				if res.Error != nil {
 					cr.Result = "error"
@@ -189,21 +210,29 @@ func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
 		}
 		rep.TurnDetails = append(rep.TurnDetails, tr)
 	}
-	writeJSON(w, http.StatusOK, rep)
+	return http.StatusOK, rep
 }
 
 const timeFormat = "2006-01-02T15:04:05.000Z07:00"
 
-func writeFieldError(w http.ResponseWriter, fe *FieldError) {
+func fieldErrorBody(fe *FieldError) any {
 	body := map[string]any{"message": strings.TrimPrefix(fe.Message, "dispatch: ")}
 	if fe.Field != "" {
 		body["field"] = fe.Field
 	}
-	writeJSON(w, http.StatusBadRequest, map[string]any{"error": body})
+	return map[string]any{"error": body}
+}
+
+func errorBody(message string) any {
+	return map[string]any{"error": map[string]any{"message": message}}
+}
+
+func writeFieldError(w http.ResponseWriter, fe *FieldError) {
+	writeJSON(w, http.StatusBadRequest, fieldErrorBody(fe))
 }
 
 func writeError(w http.ResponseWriter, status int, message string) {
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": message}})
+	writeJSON(w, status, errorBody(message))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

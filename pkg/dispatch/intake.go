@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -83,9 +84,15 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	}
 	ctx = tctx
 	d.stage(StageTakenIn, key)
+	channel := req.Channel
+	if channel == "" {
+		channel = "api"
+	}
+	d.tel.takenIn.Add(ctx, 1, metric.WithAttributes(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel)))
 	d.gather.track(t)
 	d.emit(Event{Kind: TurnStarted, Turn: t})
-	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls), "deadline", t.Deadline)
+	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
+		"deadline", t.Deadline, "channel", channel)
 
 	if err := d.scheduleDeadline(ctx, t); err != nil {
 		// The turn still completes when its results arrive; the resume

@@ -24,6 +24,13 @@ type Platform interface {
 	Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error)
 }
 
+// Follower is a Platform that can push required actions as they happen (an
+// event stream), so a watch learns of them within a second instead of at
+// its next poll. Follow blocks until ctx ends or the stream closes.
+type Follower interface {
+	Follow(ctx context.Context, ref Ref, found func(*TurnRequest)) error
+}
+
 // Ref names what the dispatcher drives on a platform.
 type Ref struct {
 	Platform protocol.Platform `json:"platform"`
@@ -66,6 +73,12 @@ func (r *Ref) Validate() error {
 	case protocol.PlatformResponses:
 		if r.Agent != nil && r.Agent.Name == "" {
 			return &FieldError{Field: "agent.name", Message: "agent.name is required when agent is given"}
+		}
+		if r.ResponseID == "" && r.Conversation != "" {
+			if r.Model == "" && r.Agent == nil {
+				return &FieldError{Field: "model", Message: "model (or agent) is required to continue a conversation watched without a response_id"}
+			}
+			return need("conversation", r.Conversation)
 		}
 		return need("response_id", r.ResponseID)
 	case "":
@@ -141,6 +154,9 @@ type TurnRequest struct {
 	// ExpiresAt is when the platform expires the run; zero if it gives
 	// none, and then the dispatcher's RunTTL applies.
 	ExpiresAt time.Time
+	// Channel is how the dispatcher learned of it (poll, stream, webhook),
+	// for metrics and logs.
+	Channel string
 }
 
 // CallRequest is one function call the model asked for.

@@ -2,8 +2,11 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/conversations"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
@@ -22,8 +25,12 @@ func NewResponses(client openai.Client) *Responses { return &Responses{client: c
 // Name implements Platform.
 func (*Responses) Name() protocol.Platform { return protocol.PlatformResponses }
 
-// Poll implements Platform.
+// Poll implements Platform. A ref naming only a conversation is polled by
+// its items: the function calls without an output are pending.
 func (a *Responses) Poll(ctx context.Context, ref Ref) (*Observation, error) {
+	if ref.ResponseID == "" {
+		return a.pollConversation(ctx, ref)
+	}
 	r, err := a.client.Responses.Get(ctx, ref.ResponseID, responses.ResponseGetParams{})
 	if err != nil {
 		return nil, classify("get response "+ref.ResponseID, err)
@@ -73,6 +80,7 @@ func (a *Responses) Submit(ctx context.Context, turn *Turn, outputs []Output) (*
 	} else {
 		params.PreviousResponseID = openai.String(ref.ResponseID)
 	}
+
 	if ref.Background {
 		params.Background = openai.Bool(true)
 	}
@@ -98,4 +106,60 @@ func (a *Responses) Submit(ctx context.Context, turn *Turn, outputs []Output) (*
 	next := ref
 	next.ResponseID = r.ID
 	return &Submission{Next: &next}, nil
+}
+
+// pollConversation finds the function calls of a conversation that have no
+// output yet, paging through its items oldest first.
+func (a *Responses) pollConversation(ctx context.Context, ref Ref) (*Observation, error) {
+	pending := map[string]CallRequest{}
+	var order []string
+	answer := ""
+	iter := a.client.Conversations.Items.ListAutoPaging(ctx, ref.Conversation, conversations.ItemListParams{Order: "asc", Limit: openai.Int(100)})
+	for iter.Next() {
+		it := iter.Current()
+		switch it.Type {
+		case "function_call":
+			raw := it.JSON.Arguments.Raw()
+			var args string
+			if json.Unmarshal([]byte(raw), &args) != nil {
+				args = raw
+			}
+			pending[it.CallID] = CallRequest{ID: it.CallID, Name: it.Name, Arguments: []byte(args)}
+			order = append(order, it.CallID)
+		case "function_call_output":
+			delete(pending, it.CallID)
+		case "message":
+			if it.Role == "assistant" {
+				answer = messageText(it.RawJSON())
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, classify("list conversation items "+ref.Conversation, err)
+	}
+	turn := &TurnRequest{Ref: ref, Scope: ref.Conversation}
+	for _, id := range order {
+		if c, ok := pending[id]; ok {
+			turn.Calls = append(turn.Calls, c)
+		}
+	}
+	if len(turn.Calls) == 0 {
+		return &Observation{State: Done, Answer: answer}, nil
+	}
+	return &Observation{State: RequiresAction, Turn: turn}, nil
+}
+
+// messageText joins the text parts of a message item.
+func messageText(raw string) string {
+	var msg struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+	}
+	_ = json.Unmarshal([]byte(raw), &msg)
+	var b strings.Builder
+	for _, c := range msg.Content {
+		b.WriteString(c.Text)
+	}
+	return b.String()
 }

@@ -57,6 +57,8 @@ const (
 	attrToolName   = attribute.Key("gen_ai.tool.name")
 	attrToolCallID = attribute.Key("gen_ai.tool.call.id")
 	attrFunction   = attribute.Key("function")
+	attrEventType  = attribute.Key("event_type")
+	attrChannel    = attribute.Key("channel")
 )
 
 type telemetry struct {
@@ -71,6 +73,8 @@ type telemetry struct {
 	cutoffs      metric.Int64Counter
 	late         metric.Int64Counter
 	redeliveries metric.Int64Counter
+	webhooks     metric.Int64Counter
+	takenIn      metric.Int64Counter
 
 	mu    sync.Mutex
 	spans map[protocol.TurnKey]trace.Span
@@ -113,6 +117,10 @@ func newTelemetry(d *Dispatcher, tp trace.TracerProvider, mp metric.MeterProvide
 	t.late, e = m.Int64Counter("toolrelay.results.late", metric.WithDescription("Results recorded after their turn was submitted."))
 	must(e)
 	t.redeliveries, e = m.Int64Counter("toolrelay.call.redeliveries", metric.WithDescription("Attempts beyond the first, by function."))
+	must(e)
+	t.webhooks, e = m.Int64Counter("toolrelay.webhooks", metric.WithDescription("Webhooks received, by event type and outcome (accepted, ignored, duplicate, rejected, error)."))
+	must(e)
+	t.takenIn, e = m.Int64Counter("toolrelay.turns.taken_in", metric.WithDescription("Turns taken in, by platform and by the channel that saw them first (poll, stream, webhook, api)."))
 	must(e)
 	must(t.observe(d, m))
 	return t, err

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -101,6 +103,7 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 		}
 		break
 	}
+	d.indexResponse(ctx, ref.ResponseID, id)
 	if !d.startDriver(w) {
 		return nil, ErrNotRunning
 	}
@@ -145,9 +148,22 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 	p := d.platforms[w.Ref.Platform]
 	backoff := d.opts.PollInterval
 	const maxBackoff = 5 * time.Second
+	wake := make(chan struct{}, 1)
 	wait := func() {
-		sleepCtx(ctx, jitter(backoff))
+		t := time.NewTimer(jitter(backoff))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-wake:
+		case <-ctx.Done():
+		}
 		backoff = min(backoff*3/2, maxBackoff)
+	}
+	if f, ok := p.(Follower); ok {
+		fctx, stopFollowing := context.WithCancel(ctx)
+		var following sync.WaitGroup
+		following.Go(func() { d.follow(fctx, f, w, wake, log) })
+		defer func() { stopFollowing(); following.Wait() }()
 	}
 	finish := func(state WatchState, answer, reason string) {
 		w.State, w.Answer, w.Error = state, answer, reason
@@ -186,6 +202,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 				finish(WatchFailed, "", fmt.Sprintf("stopped after %d turns (the max-steps limit)", d.opts.MaxSteps))
 				return
 			}
+			obs.Turn.Channel = "poll"
 			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace)), obs.Turn, w)
 			if err != nil {
 				log.Error("intake failed; retrying", "err", err)
@@ -209,6 +226,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			}
 			if t.Next != nil {
 				w.Current = *t.Next
+				d.indexResponse(ctx, w.Current.ResponseID, w.ID)
 			}
 			d.saveWatch(ctx, w)
 			lastSave = time.Now()
@@ -218,6 +236,37 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 				wait() // the platform has not caught up with our submission
 			}
 		}
+	}
+}
+
+// follow takes in the required actions a platform's event stream reports
+// (reconnecting with backoff) and wakes the driver, which then finds the
+// turn already recorded. Webhook, stream and poll agree on the turn key, so
+// the same required action is one turn whichever channel saw it first.
+func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan<- struct{}, log *slog.Logger) {
+	tctx := d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace))
+	backoff := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := f.Follow(ctx, w.Ref, func(req *TurnRequest) {
+			req.Channel = "stream"
+			if _, err := d.Intake(tctx, req); err != nil {
+				log.WarnContext(ctx, "stream intake failed; polling will retry", "err", err)
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > time.Minute {
+			backoff = 250 * time.Millisecond // it was healthy for a while
+		}
+		log.DebugContext(ctx, "event stream ended; reconnecting", "err", err, "in", backoff)
+		sleepCtx(ctx, jitter(backoff))
+		backoff = min(backoff*2, 30*time.Second)
 	}
 }
 

@@ -134,3 +134,18 @@ func ParseCancelSubject(subject string) (team string, turn TurnKey, err error) {
 	turn, err = ParseTurnKey(parts[2])
 	return parts[1], turn, err
 }
+
+// Buckets and subjects of the dispatcher's intake channels.
+const (
+	// WebhookBucket remembers the webhook-ids already taken in, so a
+	// replayed delivery does nothing new on any replica.
+	WebhookBucket = "toolrelay_webhooks"
+	// ResponseBucket maps the responses the dispatcher drives to their
+	// watch, so a response.completed webhook finds its watch.
+	ResponseBucket = "toolrelay_responses"
+	// WatchSubject takes the body of POST /v1/watch as a NATS request and
+	// answers with its JSON reply; WatchStatusSubject takes {"id":...}
+	// and answers like GET /v1/watch/{id}.
+	WatchSubject       = "toolrelay.watch"
+	WatchStatusSubject = "toolrelay.watch.status"
+)

@@ -1,0 +1,112 @@
+package platformsim
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Webhook configures the simulator to deliver signed webhooks (Standard
+// Webhooks, as OpenAI signs them) to an endpoint.
+type Webhook struct {
+	// URL receives the events.
+	URL string
+	// Secret signs them: "whsec_" + base64 of the key, or raw key bytes.
+	Secret string
+}
+
+// WebhookEvent is one event the simulator delivered or tried to.
+type WebhookEvent struct {
+	ID     string
+	Type   string
+	Status int // HTTP status the endpoint answered; 0 if unreachable
+}
+
+// Sign returns the Standard Webhooks headers for body: webhook-id,
+// webhook-timestamp and webhook-signature ("v1,<base64 HMAC-SHA256>").
+func Sign(secret, id string, at time.Time, body []byte) (http.Header, error) {
+	key, err := webhookKey(secret)
+	if err != nil {
+		return nil, err
+	}
+	ts := strconv.FormatInt(at.Unix(), 10)
+	mac := hmac.New(sha256.New, key)
+	fmt.Fprintf(mac, "%s.%s.", id, ts)
+	mac.Write(body)
+	h := http.Header{}
+	h.Set("webhook-id", id)
+	h.Set("webhook-timestamp", ts)
+	h.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+	h.Set("Content-Type", "application/json")
+	return h, nil
+}
+
+func webhookKey(secret string) ([]byte, error) {
+	if rest, ok := strings.CutPrefix(secret, "whsec_"); ok {
+		return base64.StdEncoding.Strict().DecodeString(rest)
+	}
+	return []byte(secret), nil
+}
+
+// WebhookBody builds an event envelope as the platform sends it.
+func WebhookBody(eventID, typ string, data any) []byte {
+	b, _ := json.Marshal(map[string]any{"id": eventID, "object": "event", "created_at": time.Now().Unix(), "type": typ, "data": data})
+	return b
+}
+
+// Webhooks returns the events delivered so far, in order.
+func (s *Server) Webhooks() []WebhookEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]WebhookEvent(nil), s.delivered...)
+}
+
+// notify delivers an event in the background, retrying a few times as the
+// platform does on failure. Caller holds s.mu.
+func (s *Server) notify(typ string, data any) {
+	hook := s.opts.Webhook
+	if hook == nil || hook.URL == "" {
+		return
+	}
+	eventID := newID("evt_")
+	webhookID := newID("wh_")
+	body := WebhookBody(eventID, typ, data)
+	s.bg.Go(func() {
+		status := 0
+		for attempt := range 3 {
+			if attempt > 0 {
+				select {
+				case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+				case <-s.closed:
+					return
+				}
+			}
+			h, err := Sign(hook.Secret, webhookID, time.Now(), body)
+			if err != nil {
+				s.log.Error("webhook secret", "err", err)
+				return
+			}
+			req, _ := http.NewRequest(http.MethodPost, hook.URL, bytes.NewReader(body))
+			req.Header = h
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				continue
+			}
+			resp.Body.Close()
+			status = resp.StatusCode
+			if status < 300 {
+				break
+			}
+		}
+		s.mu.Lock()
+		s.delivered = append(s.delivered, WebhookEvent{ID: webhookID, Type: typ, Status: status})
+		s.mu.Unlock()
+	})
+}

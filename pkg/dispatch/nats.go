@@ -1,0 +1,61 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// The watch API over NATS request-reply, for clients already on NATS:
+// protocol.WatchSubject takes the body of POST /v1/watch and answers with
+// its JSON plus "status" (the HTTP status it would have had);
+// protocol.WatchStatusSubject takes {"id":"..."} and answers like
+// GET /v1/watch/{id}. Replicas share a queue group, so one answers.
+
+const queueGroup = "toolrelay-dispatchers"
+
+func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
+	nc := d.js.Conn()
+	reply := func(m *nats.Msg, status int, body any) {
+		b, _ := json.Marshal(body)
+		var obj map[string]any
+		if json.Unmarshal(b, &obj) == nil {
+			obj["status"] = status
+			b, _ = json.Marshal(obj)
+		}
+		_ = m.Respond(b)
+	}
+	watch, err := nc.QueueSubscribe(protocol.WatchSubject, queueGroup, func(m *nats.Msg) {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		rctx = d.tel.prop.Extract(rctx, protocol.HeaderCarrier(m.Header))
+		status, body := d.watchRequest(rctx, m.Data)
+		reply(m, status, body)
+	})
+	if err != nil {
+		return nil, err
+	}
+	status, err := nc.QueueSubscribe(protocol.WatchStatusSubject, queueGroup, func(m *nats.Msg) {
+		var req struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(m.Data, &req); err != nil || req.ID == "" {
+			reply(m, http.StatusBadRequest, fieldErrorBody(&FieldError{Field: "id", Message: `send {"id":"<watch id>"}`}))
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		code, body := d.watchReport(rctx, req.ID)
+		reply(m, code, body)
+	})
+	if err != nil {
+		_ = watch.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = watch.Drain(); _ = status.Drain() }, nil
+}
