@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	osexec "os/exec"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// work5ms is a function that waits 5 ms, as an I/O-bound tool does; one
+// executor process runs 8 at once, so adding processes adds capacity.
+func work5ms() exec.Function {
+	f := noop()
+	f.Name = "work5ms"
+	f.Concurrency = 8
+	f.Handler = exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []byte("done"), nil
+	})
+	return f
+}
+
+// runExecutorChild serves work5ms until SIGTERM: one executor process.
+func runExecutorChild(ctx context.Context, cfg config) error {
+	env := &natsEnv{url: cfg.natsURL}
+	_, js, err := env.connect("scale-executor")
+	if err != nil {
+		return err
+	}
+	ex, err := exec.New(js, benchTeam, exec.Options{})
+	if err != nil {
+		return err
+	}
+	if err := ex.Register(work5ms()); err != nil {
+		return err
+	}
+	return ex.Run(ctx)
+}
+
+// measureScale runs the same load through 1, 2 and 4 executor processes.
+func measureScale(ctx context.Context, cfg config, r *report) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	calls := cfg.calls / 4
+	for _, n := range []int{1, 2, 4} {
+		env, err := startNATS(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		rate, err := scaleOnce(ctx, env, self, n, calls)
+		env.close()
+		if err != nil {
+			return err
+		}
+		r.scale = append(r.scale, scaleResult{executors: n, calls: rate})
+		fmt.Printf("   %d executor process(es): %.0f calls/s\n", n, rate)
+	}
+	return nil
+}
+
+func scaleOnce(ctx context.Context, env *natsEnv, self string, n, calls int) (float64, error) {
+	var procs []*osexec.Cmd
+	defer func() {
+		for _, p := range procs {
+			_ = p.Process.Signal(syscall.SIGTERM)
+			_ = p.Wait()
+		}
+	}()
+	for range n {
+		p := osexec.Command(self, "-role", "executor", "-nats", env.url)
+		p.Stderr = os.Stderr
+		if err := p.Start(); err != nil {
+			return 0, err
+		}
+		procs = append(procs, p)
+	}
+	s := &stack{sink: newSink()}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	_, js, err := env.connect("dispatcher")
+	if err != nil {
+		return 0, err
+	}
+	if s.d, err = dispatch.New(js, []dispatch.Platform{s.sink}, dispatch.Options{}); err != nil {
+		return 0, err
+	}
+	wg.Go(func() { _ = s.d.Run(ctx) })
+	if err := waitServed(ctx, js, "work5ms", s.d); err != nil {
+		return 0, err
+	}
+	// Every process is pulling before the clock starts.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := js.Consumer(ctx, protocol.CallStream(benchTeam), "work5ms")
+		if err == nil && c.CachedInfo().NumWaiting >= n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%d executor processes did not all start pulling", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	elapsed, err := s.drive(ctx, "work5ms", calls, 1, 128)
+	if err != nil {
+		return 0, err
+	}
+	return float64(calls) / elapsed.Seconds(), nil
+}
+
+// memory is what the memory child reports.
+type memory struct {
+	Calls      int    `json:"calls"`
+	RSSBefore  uint64 `json:"rss_before"`
+	RSSAfter   uint64 `json:"rss_after"`
+	HeapBefore uint64 `json:"heap_before"`
+	HeapAfter  uint64 `json:"heap_after"`
+}
+
+// runMemoryChild is a dispatcher process alone: it takes in memCalls
+// single-call turns whose calls stay in flight (nobody answers them) and
+// reports its memory before and after.
+func runMemoryChild(ctx context.Context, cfg config) error {
+	env := &natsEnv{url: cfg.natsURL}
+	_, js, err := env.connect("memory-dispatcher")
+	if err != nil {
+		return err
+	}
+	s := &stack{sink: newSink()}
+	if s.d, err = dispatch.New(js, []dispatch.Platform{s.sink}, dispatch.Options{}); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = s.d.Run(ctx) }()
+	for !s.d.Ready() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	rss0, heap0 := memNow()
+	sem := make(chan struct{}, 256)
+	var wg sync.WaitGroup
+	var failed error
+	var mu sync.Mutex
+	for range cfg.memCalls {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if _, err := s.d.Intake(ctx, turn("hold", 1)); err != nil {
+				mu.Lock()
+				failed = err
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if failed != nil {
+		return failed
+	}
+	rss1, heap1 := memNow()
+	return json.NewEncoder(os.Stdout).Encode(memory{Calls: cfg.memCalls, RSSBefore: rss0, RSSAfter: rss1, HeapBefore: heap0, HeapAfter: heap1})
+}
+
+// memNow returns the process's resident set and live heap, after a GC.
+func memNow() (rss, heap uint64) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b, err := os.ReadFile("/proc/self/status")
+	if err == nil {
+		sc := bufio.NewScanner(strings.NewReader(string(b)))
+		for sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseUint(f[1], 10, 64)
+				rss = kb * 1024
+			}
+		}
+	}
+	return rss, ms.HeapAlloc
+}
+
+// measureMemory: dispatcher memory per in-flight call at 10k and 100k.
+func measureMemory(ctx context.Context, cfg config, r *report) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	sizes := []int{10000, 100000}
+	if cfg.quick {
+		sizes = []int{1000, 5000}
+	}
+	for _, n := range sizes {
+		env, err := startNATS(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		m, err := memoryOnce(ctx, env, self, n)
+		env.close()
+		if err != nil {
+			return err
+		}
+		r.memory = append(r.memory, m)
+		fmt.Printf("   %d in-flight calls: RSS +%.1f MiB (%.0f B/call), heap +%.1f MiB (%.0f B/call)\n", n,
+			float64(m.RSSAfter-m.RSSBefore)/(1<<20), float64(m.RSSAfter-m.RSSBefore)/float64(n),
+			float64(m.HeapAfter-m.HeapBefore)/(1<<20), float64(m.HeapAfter-m.HeapBefore)/float64(n))
+	}
+	return nil
+}
+
+func memoryOnce(ctx context.Context, env *natsEnv, self string, n int) (memory, error) {
+	// The function is announced and has an executor that takes one call
+	// and never answers: it counts as served, and the rest wait in line.
+	_, js, err := env.connect("memory-setup")
+	if err != nil {
+		return memory{}, err
+	}
+	defer js.Conn().Close()
+	st, err := provision.Stream(ctx, js, provision.CallStreamConfig(benchTeam, provision.Options{}))
+	if err != nil {
+		return memory{}, err
+	}
+	reg, err := provision.KeyValue(ctx, js, provision.RegistryBucketConfig(provision.Options{}))
+	if err != nil {
+		return memory{}, err
+	}
+	spec, _ := protocol.EncodeFunctionSpec(&protocol.FunctionSpec{Version: protocol.Version, Name: "hold", Team: benchTeam,
+		Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()})
+	if _, err := reg.Put(ctx, "hold", spec); err != nil {
+		return memory{}, err
+	}
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "hold", FilterSubject: protocol.CallSubject(benchTeam, "hold"), AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		return memory{}, err
+	}
+	cc, err := cons.Consume(func(jetstream.Msg) {}, jetstream.PullMaxMessages(1))
+	if err != nil {
+		return memory{}, err
+	}
+	defer cc.Stop()
+
+	p := osexec.CommandContext(ctx, self, "-role", "memory", "-nats", env.url, "-mem-calls", strconv.Itoa(n))
+	p.Stderr = os.Stderr
+	out, err := p.Output()
+	if err != nil {
+		return memory{}, fmt.Errorf("memory child: %w", err)
+	}
+	var m memory
+	if err := json.Unmarshal(out, &m); err != nil {
+		return memory{}, fmt.Errorf("memory child said %q: %w", out, err)
+	}
+	return m, nil
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/natsembed"
+)
+
+// natsEnv is the JetStream server of one phase: an embedded server with
+// file storage in a fresh directory (toolrelay's default), or the server at
+// -nats cleared of the streams earlier phases left.
+type natsEnv struct {
+	url string
+	srv *server.Server
+	dir string
+}
+
+func startNATS(ctx context.Context, cfg config) (*natsEnv, error) {
+	if cfg.natsURL != "" {
+		e := &natsEnv{url: cfg.natsURL}
+		_, js, err := e.connect("bench-cleanup")
+		if err != nil {
+			return nil, err
+		}
+		names := js.StreamNames(ctx)
+		for n := range names.Name() {
+			if strings.HasPrefix(n, "FN") || strings.HasPrefix(n, "KV_toolrelay") || strings.HasPrefix(n, "BENCH") {
+				_ = js.DeleteStream(ctx, n)
+			}
+		}
+		js.Conn().Close()
+		return e, nil
+	}
+	dir, err := os.MkdirTemp("", "toolrelay-bench-")
+	if err != nil {
+		return nil, err
+	}
+	s, err := natsembed.Start(natsembed.Options{StoreDir: dir, Listen: "127.0.0.1:0"})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &natsEnv{url: s.ClientURL(), srv: s, dir: dir}, nil
+}
+
+func (e *natsEnv) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(e.url, nats.Name(name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect %s: %w", e.url, err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+func (e *natsEnv) close() {
+	if e.srv != nil {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+		os.RemoveAll(e.dir)
+	}
+}
+
+// latencies summarises closed-loop samples.
+type latencies []time.Duration
+
+func (l latencies) sorted() latencies {
+	s := slices.Clone(l)
+	slices.Sort(s)
+	return s
+}
+
+func (l latencies) pct(p float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	s := l.sorted()
+	i := int(p / 100 * float64(len(s)-1))
+	return s[i]
+}
+
+func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// payload mimics a call envelope's size: a few hundred bytes.
+var payload = []byte(`{"v":1,"key":"891ba37957aad57674e84d4889f5b53a.e1e1856e112d8be5","platform":"responses","scope":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy","call_id":"call_hTthyt3Sx8AzZZi3qmgYfH1O","team":"bench","function":"noop","arguments":{"order_id":"A-1001","carrier":"ups"},"deadline":"2026-01-01T00:09:30Z","created_at":"2026-01-01T00:00:01Z"}`)

@@ -1,0 +1,142 @@
+// Command bench measures toolrelay beside the raw JetStream pipeline it is
+// built on (the floor), measured in the same run, and beside the
+// alternatives a user would otherwise pick: asynq on Redis, and NATS micro
+// request-reply (at-most-once, the lower bound). It prints a table of every
+// figure with its ratio to the floor and writes docs/benchmarks.md with
+// plots.
+//
+//	bash bench/run.sh            # from the repository root; starts Redis if needed
+//	cd bench && go run . -h      # flags
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	natsURL   string
+	redisAddr string
+	calls     int
+	samples   int
+	out       string
+	quick     bool
+	role      string
+	memCalls  int
+	skip      map[string]bool
+}
+
+func main() {
+	var cfg config
+	var skip string
+	flag.StringVar(&cfg.natsURL, "nats", os.Getenv("NATS_URL"), "NATS servers; empty: an embedded server per phase (file storage, R1, as toolrelay's default)")
+	flag.StringVar(&cfg.redisAddr, "redis", "127.0.0.1:6390", "Redis for the asynq peer (bench/run.sh starts one)")
+	flag.IntVar(&cfg.calls, "calls", 20000, "calls per throughput measurement")
+	flag.IntVar(&cfg.samples, "samples", 1000, "closed-loop samples per latency measurement")
+	flag.StringVar(&cfg.out, "out", "../docs", "where to write benchmarks.md and the plots")
+	flag.BoolVar(&cfg.quick, "quick", false, "small counts, to check the bench itself")
+	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, scale, memory")
+	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
+	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
+	flag.Parse()
+	cfg.skip = map[string]bool{}
+	for _, s := range splitComma(skip) {
+		cfg.skip[s] = true
+	}
+	if cfg.quick {
+		cfg.calls, cfg.samples = 2000, 100
+	}
+	slog.SetDefault(slog.New(slog.DiscardHandler))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var err error
+	switch cfg.role {
+	case "executor":
+		err = runExecutorChild(ctx, cfg)
+	case "memory":
+		err = runMemoryChild(ctx, cfg)
+	case "":
+		err = run(ctx, cfg)
+	default:
+		err = fmt.Errorf("unknown role %q", cfg.role)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	start := time.Now()
+	r := &report{cfg: cfg, started: start}
+	r.machine = describeMachine()
+	fmt.Printf("toolrelay bench on %s\n\n", r.machine)
+
+	steps := []struct {
+		name string
+		f    func(context.Context, config, *report) error
+	}{
+		{"floor", measureFloor},
+		{"toolrelay", measureToolrelay},
+		{"parallel", measureParallelTurn},
+		{"scale", measureScale},
+		{"memory", measureMemory},
+		{"micro", measureMicro},
+		{"asynq", measureAsynq},
+	}
+	for _, s := range steps {
+		if cfg.skip[s.name] {
+			r.note("%s: skipped (-skip)", s.name)
+			continue
+		}
+		fmt.Printf("== %s\n", s.name)
+		t := time.Now()
+		if err := s.f(ctx, cfg, r); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r.note("%s: failed: %v", s.name, err)
+			fmt.Printf("   failed: %v\n", err)
+		}
+		fmt.Printf("   (%s)\n", time.Since(t).Round(time.Second))
+	}
+	r.elapsed = time.Since(start)
+	fmt.Println()
+	fmt.Print(r.table())
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return err
+	}
+	if err := r.plots(cfg.out); err != nil {
+		r.note("plots: %v", err)
+	}
+	path := filepath.Join(cfg.out, "benchmarks.md")
+	if err := os.WriteFile(path, []byte(r.markdown()), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("\nwrote %s\n", path)
+	return nil
+}
+
+func splitComma(s string) []string {
+	var out []string
+	cur := ""
+	for _, r := range s + "," {
+		if r == ',' {
+			if cur != "" {
+				out = append(out, cur)
+			}
+			cur = ""
+			continue
+		}
+		cur += string(r)
+	}
+	return out
+}
