@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 	"time"
 )
@@ -45,6 +46,8 @@ func main() {
 	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, scale, memory")
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	only := flag.String("only", "", "comma-separated phases to run (floor, toolrelay, parallel, scale, memory, micro, asynq); default all")
 	flag.Parse()
 	cfg.skip = map[string]bool{}
 	for _, s := range splitComma(skip) {
@@ -52,6 +55,26 @@ func main() {
 	}
 	if cfg.quick {
 		cfg.calls, cfg.samples = 2000, 100
+	}
+	if *only != "" {
+		keep := map[string]bool{}
+		for _, s := range splitComma(*only) {
+			keep[s] = true
+		}
+		for _, s := range []string{"floor", "toolrelay", "parallel", "scale", "memory", "micro", "asynq"} {
+			if !keep[s] {
+				cfg.skip[s] = true
+			}
+		}
+	}
+	if *cpuprofile != "" && cfg.role == "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
 	}
 	slog.SetDefault(slog.New(slog.DiscardHandler))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -69,6 +92,7 @@ func main() {
 		err = fmt.Errorf("unknown role %q", cfg.role)
 	}
 	if err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

@@ -47,7 +47,9 @@ type report struct {
 	asynqLat   latencies
 }
 
-func (r *report) note(format string, args ...any) { r.notes = append(r.notes, fmt.Sprintf(format, args...)) }
+func (r *report) note(format string, args ...any) {
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+}
 
 type row struct {
 	name, value, ratio, target, verdict string

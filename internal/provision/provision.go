@@ -295,18 +295,6 @@ func AttemptBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
-// OpenTurnBucketConfig indexes open turns for the reconciliation sweep.
-func OpenTurnBucketConfig(o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      protocol.OpenTurnBucket,
-		Description: "toolrelay open turns",
-		History:     1,
-		TTL:         turnTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-	}
-}
-
 // CancelStreamConfig keeps turn cancellations long enough for an executor
 // starting late to learn of them (longer than any turn lives).
 func CancelStreamConfig(o Options) jetstream.StreamConfig {

@@ -234,9 +234,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	d.turns = turnStore{kv: kv}
-	if d.open, err = provision.KeyValue(ctx, d.js, provision.OpenTurnBucketConfig(popts)); err != nil {
-		return err
-	}
+
 	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
 		return err
 	}
@@ -361,7 +359,7 @@ func (d *Dispatcher) resume(ctx context.Context) {
 	})
 }
 
-func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn) {
+func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 	switch t.State {
 	case StateCollecting:
 		if err := d.scheduleDeadline(ctx, t); err != nil {
@@ -375,7 +373,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn) {
 			d.log.Warn("re-arming turn: reading its results failed", "turn", t.Key, "err", err)
 			return
 		}
-		d.gather.track(t)
+		d.gather.track(t, rev)
 		d.publishCalls(ctx, t, recorded)
 		d.gather.recheckSoon(t.Key)
 	case StateSubmitting:

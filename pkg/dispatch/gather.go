@@ -30,7 +30,9 @@ type gatherer struct {
 }
 
 type gathering struct {
-	turn    *Turn
+	turn *Turn
+	// rev is the record's revision when turn was read or written here.
+	rev     uint64
 	results map[protocol.CallKey]*protocol.Result
 	recheck *time.Timer
 }
@@ -161,7 +163,7 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 	if st != nil {
 		return st, nil
 	}
-	t, _, err := g.d.turns.get(ctx, key)
+	t, rev, err := g.d.turns.get(ctx, key)
 	if err != nil {
 		return nil, err
 	}
@@ -169,20 +171,21 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 		g.d.lateResult(ctx, t)
 		return nil, errTurnClosed
 	}
-	return g.track(t), nil
+	return g.track(t, rev), nil
 }
 
 // errTurnClosed: the result came after its turn was closed.
 var errTurnClosed = errors.New("dispatch: turn already closed")
 
-// track starts gathering for t (no-op if already tracked).
-func (g *gatherer) track(t *Turn) *gathering {
+// track starts gathering for t, recorded at revision rev (no-op if
+// already tracked).
+func (g *gatherer) track(t *Turn, rev uint64) *gathering {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if st := g.turns[t.Key]; st != nil {
 		return st
 	}
-	st := &gathering{turn: t, results: map[protocol.CallKey]*protocol.Result{}}
+	st := &gathering{turn: t, rev: rev, results: map[protocol.CallKey]*protocol.Result{}}
 	g.turns[t.Key] = st
 	return st
 }
@@ -277,6 +280,17 @@ func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.
 		return nil, err
 	}
 	return protocol.DecodeResult(m.Data)
+}
+
+// known returns the record of a turn this replica gathers for, and its
+// revision, or nil.
+func (g *gatherer) known(key protocol.TurnKey) (*Turn, uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[key]; st != nil {
+		return st.turn, st.rev
+	}
+	return nil, 0
 }
 
 // forget drops a closed turn.

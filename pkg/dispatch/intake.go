@@ -30,13 +30,10 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if len(req.Calls) == 0 {
 		return nil, errors.New("dispatch: a turn needs at least one call")
 	}
+	// No read first: the record's compare-and-set create tells a duplicate
+	// (the same action from another channel or replica) apart, and saves a
+	// round trip on every new turn.
 	key := req.Key()
-	if t, _, err := d.turns.get(ctx, key); err == nil {
-		return t, nil
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, fmt.Errorf("dispatch: read turn %s: %w", key, err)
-	}
-
 	now := time.Now()
 	t := &Turn{
 		Version: protocol.Version, Key: key, Ref: req.Ref, Scope: req.Scope, TurnID: req.TurnID,
@@ -67,21 +64,19 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		t.Calls = append(t.Calls, tc)
 	}
 
-	tctx := d.tel.startTurn(ctx, t)
-	// Index the turn as open before recording it: the sweep then finds it
-	// whatever step a crash interrupts (an index entry without a record is
-	// dropped by the sweep).
-	if _, err := d.open.Put(ctx, string(key), []byte(t.Deadline.Format(time.RFC3339Nano))); err != nil {
-		return nil, fmt.Errorf("dispatch: index turn %s: %w", key, err)
-	}
-	if _, err := d.turns.create(ctx, t); errors.Is(err, errConflict) {
-		d.tel.endTurn(key, StateCollecting, "") // another replica took it in
+	tctx, span := d.tel.startTurn(ctx, t)
+	rev, err := d.record(ctx, t)
+	if errors.Is(err, errConflict) {
+		span.SetAttributes(attrOutcome.String("duplicate"))
+		span.End() // another channel or replica took it in
 		existing, _, err := d.turns.get(ctx, key)
 		return existing, err
 	} else if err != nil {
-		d.tel.endTurn(key, StateFailed, err.Error())
+		span.SetStatus(codes.Error, err.Error())
+		span.End()
 		return nil, fmt.Errorf("dispatch: record turn %s: %w", key, err)
 	}
+	d.tel.keepTurn(key, span)
 	ctx = tctx
 	d.stage(StageTakenIn, key)
 	channel := req.Channel
@@ -89,16 +84,11 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		channel = "api"
 	}
 	d.tel.takenIn.Add(ctx, 1, metric.WithAttributes(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel)))
-	d.gather.track(t)
+	d.gather.track(t, rev)
 	d.emit(Event{Kind: TurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
 		"deadline", t.Deadline, "channel", channel)
 
-	if err := d.scheduleDeadline(ctx, t); err != nil {
-		// The turn still completes when its results arrive; the resume
-		// sweep re-arms the timer.
-		d.log.Error("arming deadline failed", "turn", key, "err", err)
-	}
 	for k, cerr := range failures {
 		c := t.call(k)
 		d.recordFailure(ctx, t, c, cerr)
@@ -107,6 +97,65 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	d.stage(StagePublished, key)
 	return t, nil
 }
+
+// record makes the turn durable: its deadline timer and its record (created
+// by compare-and-set: errConflict if it exists) are published together, and
+// the calls only go out once both are stored. The timer's subjects are also
+// the index of open turns the sweep reads. It returns the record's
+// revision.
+func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
+	b, err := encodeTurn(t)
+	if err != nil {
+		return 0, err
+	}
+	timer, err := d.scheduleDeadlineAsync(t)
+	if err != nil {
+		return 0, err
+	}
+	rec, err := d.js.PublishAsync(kvSubject(protocol.TurnBucket, string(t.Key)), b, jetstream.WithExpectLastSequencePerSubject(0))
+	if err != nil {
+		return 0, err
+	}
+	await := func(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+		select {
+		case ack := <-f.Ok():
+			return ack, nil
+		case err := <-f.Err():
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	ack, err := await(rec)
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164) {
+		return 0, errConflict
+	}
+	if err != nil {
+		return 0, err
+	}
+	if _, err := await(timer); err != nil {
+		// The record exists: try once more, synchronously. The turn still
+		// completes when its results arrive, but without a timer it has no
+		// deadline and the sweep does not see it.
+		if err := d.scheduleDeadline(ctx, t); err != nil {
+			d.log.ErrorContext(ctx, "arming deadline failed; the turn has no deadline", "turn", t.Key, "err", err)
+		}
+	}
+	return ack.Sequence, nil
+}
+
+// unindex purges a closed turn's timer: it will not fire, and the turn
+// leaves the index of open turns. A failure leaves it to the sweep.
+func (d *Dispatcher) unindex(ctx context.Context, key protocol.TurnKey) {
+	if err := d.timers.Purge(ctx, jetstream.WithPurgeSubject(protocol.TurnTimersFilter(key))); err != nil {
+		d.log.DebugContext(ctx, "purging a closed turn's timer failed; the sweep will", "turn", key, "err", err)
+	}
+}
+
+// kvSubject is where a KV bucket stores key (ADR-8): writing there is a KV
+// put that can go out asynchronously, beside other writes.
+func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 
 // margin is how long before expiry to submit, given the time left.
 func (d *Dispatcher) margin(left time.Duration) time.Duration {

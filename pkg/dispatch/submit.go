@@ -40,7 +40,8 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 		}
 	}
 	now := time.Now().UTC()
-	t, err := d.turns.transition(ctx, key, StateCollecting, func(t *Turn) {
+	known, rev := d.gather.known(key)
+	t, rev, err := d.turns.transition(ctx, key, StateCollecting, known, rev, func(t *Turn) {
 		t.State = StateSubmitting
 		t.Owner = d.opts.Name
 		t.SubmittingSince = now
@@ -59,7 +60,7 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	if cutOff {
 		d.log.Warn("deadline reached; submitting without every result", "turn", key, "timed_out", len(timedOut))
 	}
-	d.submit(ctx, t)
+	d.submit(ctx, t, rev)
 }
 
 // takeOver claims a turn stuck in submitting (its owner died) and submits
@@ -84,14 +85,15 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 		}
 		t.Owner = d.opts.Name
 		t.SubmittingSince = time.Now().UTC()
-		if _, err := d.turns.update(ctx, t, rev); errors.Is(err, errConflict) {
+		newRev, err := d.turns.update(ctx, t, rev)
+		if errors.Is(err, errConflict) {
 			continue
 		} else if err != nil {
 			d.log.Error("taking over turn failed", "turn", key, "err", err)
 			return
 		}
 		d.log.Warn("took over a turn stuck in submitting", "turn", key)
-		d.submit(ctx, t)
+		d.submit(ctx, t, newRev)
 		return
 	}
 }
@@ -99,7 +101,7 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 // submit gathers the outputs of a turn this replica owns, gives them to
 // the platform (retrying what may be retried, until the run expires) and
 // records the outcome.
-func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
+func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	defer d.gather.forget(t.Key)
 	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), "submit "+string(t.Ref.Platform), trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
@@ -118,7 +120,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "submission failed")
 	}
-	final, cerr := d.turns.transition(ctx, t.Key, StateSubmitting, func(r *Turn) {
+	final, _, cerr := d.turns.transition(ctx, t.Key, StateSubmitting, t, rev, func(r *Turn) {
 		r.SubmittedAt = now
 		if err != nil {
 			r.State = StateFailed
@@ -134,9 +136,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn) {
 		d.log.Error("recording the submission failed", "turn", t.Key, "err", cerr)
 		return
 	}
-	if err := d.open.Delete(ctx, string(t.Key)); err != nil {
-		d.log.Debug("dropping the open-turn index entry failed; the sweep will", "turn", t.Key, "err", err)
-	}
+	defer d.unindex(ctx, t.Key)
 	d.tel.submitted(ctx, final, outputs, final.State, now)
 	d.tel.endTurn(t.Key, final.State, final.Error)
 	ev := Event{Kind: TurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}

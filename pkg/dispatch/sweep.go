@@ -23,7 +23,11 @@ import (
 //     re-published (deduplicated), in case intake died half-way;
 //   - a turn stuck in submitting is taken over and submitted again;
 //   - a watch whose driver stopped reporting is driven again;
-//   - index entries of closed turns are dropped.
+//   - timers of closed turns are purged.
+//
+// Open turns are found through their timers: a turn's timer subjects
+// (scheduled, then fired) exist from intake until it is submitted or
+// failed.
 const (
 	// stuckAfter is how old an open turn must be before the sweep touches
 	// it: a healthy turn is closed by its own replica long before.
@@ -34,32 +38,43 @@ const (
 )
 
 func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
-	keys, err := d.open.ListKeys(ctx)
-	switch {
-	case errors.Is(err, jetstream.ErrNoKeysFound):
-	case err != nil:
+	keys, err := d.openTurns(ctx)
+	if err != nil {
 		d.log.Warn("sweep: listing open turns failed", "err", err)
-	default:
-		for k := range keys.Keys() {
-			if ctx.Err() != nil {
-				return
-			}
-			d.sweepTurn(ctx, k, startup)
+	}
+	for _, key := range keys {
+		if ctx.Err() != nil {
+			return
 		}
+		d.sweepTurn(ctx, key, startup)
 	}
 	d.sweepWatches(ctx, startup)
 }
 
-func (d *Dispatcher) sweepTurn(ctx context.Context, k string, startup bool) {
-	key, err := protocol.ParseTurnKey(k)
+// openTurns lists the turns whose timer subjects exist: the open turns.
+func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, error) {
+	info, err := d.timers.Info(ctx, jetstream.WithSubjectFilter(protocol.TimerSubjectPrefix+".>"))
 	if err != nil {
-		_ = d.open.Delete(ctx, k)
-		return
+		return nil, err
 	}
-	t, _, err := d.turns.get(ctx, key)
+	seen := map[protocol.TurnKey]bool{}
+	var keys []protocol.TurnKey
+	for subj := range info.State.Subjects {
+		if key, err := protocol.ParseTimerSubject(subj); err == nil && !seen[key] {
+			seen[key] = true
+			keys = append(keys, key)
+		}
+	}
+	return keys, nil
+}
+
+func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool) {
+	t, rev, err := d.turns.get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		if e, gerr := d.open.Get(ctx, k); gerr == nil && time.Since(e.Created()) > stuckAfter {
-			_ = d.open.Delete(ctx, k) // intake died before recording it
+		// A timer without a record: intake died in between (or is under
+		// way right now, so only old timers are dropped).
+		if m, gerr := d.timers.GetLastMsgForSubject(ctx, protocol.TimerScheduleSubject(key)); gerr != nil || time.Since(m.Time) > stuckAfter {
+			d.unindex(ctx, key)
 		}
 		return
 	}
@@ -68,7 +83,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, k string, startup bool) {
 	}
 	if !t.Open() {
 		d.tel.endTurn(key, t.State, t.Error)
-		_ = d.open.Delete(ctx, k)
+		d.unindex(ctx, key)
 		return
 	}
 	now := time.Now()
@@ -82,7 +97,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, k string, startup bool) {
 		case startup || age > stuckAfter:
 			if !d.gather.tracking(key) || startup {
 				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))
-				d.resumeTurn(ctx, t)
+				d.resumeTurn(ctx, t, rev)
 			} else {
 				d.gather.recheckSoon(key)
 			}

@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -148,16 +147,9 @@ func (t *telemetry) observe(d *Dispatcher, m metric.Meter) error {
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if d.open != nil {
-			// Keys, not the bucket's values: closed turns leave delete markers.
-			if keys, err := d.open.ListKeys(ctx); err == nil {
-				n := 0
-				for range keys.Keys() {
-					n++
-				}
-				o.ObserveInt64(openTurns, int64(n))
-			} else if errors.Is(err, jetstream.ErrNoKeysFound) {
-				o.ObserveInt64(openTurns, 0)
+		if d.timers != nil {
+			if keys, err := d.openTurns(ctx); err == nil {
+				o.ObserveInt64(openTurns, int64(len(keys)))
 			}
 		}
 		names := d.js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.CallSubjectPrefix+".>"))
@@ -190,18 +182,26 @@ func (t *telemetry) observe(d *Dispatcher, m metric.Meter) error {
 }
 
 // startTurn opens the turn's span as a child of ctx and stores its context
-// in the record.
-func (t *telemetry) startTurn(ctx context.Context, turn *Turn) context.Context {
+// in the record; keepTurn holds it until the turn closes.
+func (t *telemetry) startTurn(ctx context.Context, turn *Turn) (context.Context, trace.Span) {
 	attrs := []attribute.KeyValue{attrTurnKey.String(string(turn.Key)), attrPlatform.String(string(turn.Ref.Platform)),
 		attrScope.String(turn.Scope), attrCalls.Int(len(turn.Calls))}
 	attrs = append(attrs, refAttrs(turn.Ref)...)
 	ctx, span := t.tracer.Start(ctx, "turn "+string(turn.Ref.Platform), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
-	turn.Trace = map[string]string{}
-	t.prop.Inject(ctx, propagation.MapCarrier(turn.Trace))
+	if span.SpanContext().IsValid() {
+		turn.Trace = map[string]string{}
+		t.prop.Inject(ctx, propagation.MapCarrier(turn.Trace))
+	}
+	return ctx, span
+}
+
+func (t *telemetry) keepTurn(key protocol.TurnKey, span trace.Span) {
+	if !span.IsRecording() {
+		return
+	}
 	t.mu.Lock()
-	t.spans[turn.Key] = span
+	t.spans[key] = span
 	t.mu.Unlock()
-	return ctx
 }
 
 func refAttrs(r Ref) []attribute.KeyValue {

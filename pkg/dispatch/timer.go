@@ -19,15 +19,29 @@ const timersConsumer = "toolrelay_timers"
 
 // scheduleDeadline arms t's timer. Arming twice is deduplicated.
 func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
+	f, err := d.scheduleDeadlineAsync(t)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (jetstream.PubAckFuture, error) {
 	// @at has second resolution. Fire at the second before the deadline
 	// and wait out the rest in-process (closeTurn): rounding up would eat
 	// up to a second of the margin.
 	at := t.Deadline.Truncate(time.Second)
-	_, err := d.js.Publish(ctx, protocol.TimerScheduleSubject(t.Key), []byte(t.Key),
+	return d.js.PublishAsync(protocol.TimerScheduleSubject(t.Key), []byte(t.Key),
 		jetstream.WithMsgID("timer."+string(t.Key)),
 		jetstream.WithScheduleAt(at),
 		jetstream.WithScheduleTarget(protocol.TimerFireSubject(t.Key)))
-	return err
 }
 
 func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {

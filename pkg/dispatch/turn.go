@@ -139,22 +139,35 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 
 // transition moves the record from one state to the next with change
 // applied, retrying on concurrent changes that leave it in from. It returns
-// the new record, or (nil, nil) if the turn is no longer in state from.
-func (s turnStore) transition(ctx context.Context, key protocol.TurnKey, from TurnState, change func(*Turn)) (*Turn, error) {
+// the new record and its revision, or a nil record if the turn is no longer
+// in state from.
+//
+// known, when not nil, is the record as last seen at revision rev: the
+// compare-and-set is tried on it first, saving a read; if the record moved
+// since, it is read again.
+func (s turnStore) transition(ctx context.Context, key protocol.TurnKey, from TurnState, known *Turn, rev uint64, change func(*Turn)) (*Turn, uint64, error) {
 	for {
-		t, rev, err := s.get(ctx, key)
-		if err != nil {
-			return nil, err
+		var t *Turn
+		if known != nil {
+			c := *known // change touches fields, not shared slices or maps
+			t, known = &c, nil
+		} else {
+			var err error
+			if t, rev, err = s.get(ctx, key); err != nil {
+				return nil, 0, err
+			}
 		}
 		if t.State != from {
-			return nil, nil
+			return nil, 0, nil
 		}
 		change(t)
-		if _, err := s.update(ctx, t, rev); errors.Is(err, errConflict) {
+		newRev, err := s.update(ctx, t, rev)
+		if errors.Is(err, errConflict) {
 			continue
-		} else if err != nil {
-			return nil, err
 		}
-		return t, nil
+		if err != nil {
+			return nil, 0, err
+		}
+		return t, newRev, nil
 	}
 }

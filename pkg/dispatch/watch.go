@@ -347,7 +347,7 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 // calls are told, so running handlers are cancelled and queued calls skip.
 func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 	for _, key := range w.Turns {
-		t, err := d.turns.transition(ctx, key, StateCollecting, func(t *Turn) {
+		t, _, err := d.turns.transition(ctx, key, StateCollecting, nil, 0, func(t *Turn) {
 			t.State = StateFailed
 			t.Error = "not submitted: " + reason
 		})
@@ -356,7 +356,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 		}
 		d.tel.endTurn(key, StateFailed, t.Error)
 		d.gather.forget(key)
-		_ = d.open.Delete(ctx, string(key))
+		d.unindex(ctx, key)
 		teams := map[string]bool{}
 		for _, c := range t.Calls {
 			if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {

@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -229,18 +228,12 @@ func marshal(v any) ([]byte, error) {
 	return b, nil
 }
 
-// decodeStrictJSON decodes one JSON value with size and trailing-data checks.
-// Unknown fields are allowed so that newer minor versions stay readable.
+// decodeStrictJSON decodes one JSON value with a size check; json.Unmarshal
+// refuses trailing data. Unknown fields are allowed so that newer minor
+// versions stay readable.
 func decodeStrictJSON(data []byte, v any) error {
 	if len(data) > MaxEnvelopeSize {
 		return fmt.Errorf("%d bytes, more than %d", len(data), MaxEnvelopeSize)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if dec.More() {
-		return errors.New("trailing data after the JSON object")
-	}
-	return nil
+	return json.Unmarshal(data, v)
 }

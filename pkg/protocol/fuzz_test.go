@@ -3,6 +3,8 @@ package protocol
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -172,6 +174,24 @@ func FuzzParseCancelSubject(f *testing.F) {
 		}
 		if got := CancelSubject(team, turn); got != s {
 			t.Fatalf("round trip %q -> %q", s, got)
+		}
+	})
+}
+
+// FuzzNamesMatchPatterns checks the byte-level name checks against the
+// documented patterns.
+func FuzzNamesMatchPatterns(f *testing.F) {
+	fnRE := regexp.MustCompile(FunctionNamePattern)
+	teamRE := regexp.MustCompile(TeamNamePattern)
+	for _, s := range []string{"get_weather", "_x", "-x", "A", "a.b", "", strings.Repeat("a", 65), "ü"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := ValidateFunctionName(s) == nil, fnRE.MatchString(s); got != want {
+			t.Fatalf("function %q: check %v, pattern %v", s, got, want)
+		}
+		if got, want := ValidateTeamName(s) == nil, teamRE.MatchString(s); got != want {
+			t.Fatalf("team %q: check %v, pattern %v", s, got, want)
 		}
 	})
 }

@@ -3,20 +3,10 @@ package protocol
 import (
 	"errors"
 	"fmt"
-	"regexp"
 )
 
 // ErrInvalidName is wrapped by every error about a function or team name.
 var ErrInvalidName = errors.New("protocol: invalid name")
-
-var (
-	// functionNameRE is the platforms' own rule for function names.
-	functionNameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
-	// teamNameRE is as strict: lower case so that team "Payments" and
-	// "payments" cannot become two streams, and a leading letter or digit so
-	// that names starting with "_" stay reserved for toolrelay itself.
-	teamNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
-)
 
 // FunctionNamePattern and TeamNamePattern are the rules names must match.
 const (
@@ -28,20 +18,42 @@ const (
 // calls no team owns (an unknown function). No real team can be named so.
 const SystemTeam = "_toolrelay"
 
-// ValidateFunctionName reports whether name is a valid function name.
+// ValidateFunctionName reports whether name is a valid function name: the
+// platforms' own rule.
 func ValidateFunctionName(name string) error {
-	if !functionNameRE.MatchString(name) {
+	if !validName(name, 64, true) {
 		return fmt.Errorf("%w: function name %q must match %s", ErrInvalidName, name, FunctionNamePattern)
 	}
 	return nil
 }
 
-// ValidateTeamName reports whether team is a valid team name.
+// ValidateTeamName reports whether team is a valid team name: as strict,
+// lower case so that "Payments" and "payments" cannot become two streams,
+// and starting with a letter or digit so that names starting with "_" stay
+// reserved for toolrelay itself.
 func ValidateTeamName(team string) error {
-	if !teamNameRE.MatchString(team) {
+	if !validName(team, 32, false) || team[0] == '_' || team[0] == '-' {
 		return fmt.Errorf("%w: team name %q must match %s", ErrInvalidName, team, TeamNamePattern)
 	}
 	return nil
+}
+
+// validName checks the patterns above byte by byte (they are checked on
+// every envelope, so no regular expression).
+func validName(s string, maxLen int, upper bool) bool {
+	if len(s) == 0 || len(s) > maxLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '_', c == '-':
+		case upper && 'A' <= c && c <= 'Z':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // validResultTeam accepts a team name or the system team.

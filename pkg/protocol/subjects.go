@@ -25,9 +25,6 @@ const (
 	TurnBucket = "toolrelay_turns"
 	// WatchBucket maps watch IDs to what the dispatcher drives for them.
 	WatchBucket = "toolrelay_watches"
-	// OpenTurnBucket indexes the turns not yet submitted, so that a sweep
-	// finds stuck ones without reading every turn.
-	OpenTurnBucket = "toolrelay_open_turns"
 )
 
 // CallStream returns the name of team's work-queue stream of calls.
@@ -94,6 +91,22 @@ func TimerScheduleSubject(turn TurnKey) string {
 // TimerFireSubject is the subject a turn's deadline timer fires on.
 func TimerFireSubject(turn TurnKey) string {
 	return TimerSubjectPrefix + ".fire." + string(turn)
+}
+
+// TurnTimersFilter matches both subjects of a turn's timer: scheduled, and
+// fired. Together the timer subjects index the open turns: a turn's are
+// purged when it is submitted or failed.
+func TurnTimersFilter(turn TurnKey) string {
+	return TimerSubjectPrefix + ".*." + string(turn)
+}
+
+// ParseTimerSubject returns the turn of a scheduled or fired timer.
+func ParseTimerSubject(subject string) (TurnKey, error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 3 || parts[0] != TimerSubjectPrefix || (parts[1] != "sched" && parts[1] != "fire") {
+		return "", fmt.Errorf("protocol: malformed timer subject %q", subject)
+	}
+	return ParseTurnKey(parts[2])
 }
 
 // ParseTimerFireSubject returns the turn of a fired deadline timer.
