@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -47,6 +48,7 @@ func main() {
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
 	only := flag.String("only", "", "comma-separated phases to run (floor, toolrelay, parallel, scale, memory, micro, asynq); default all")
 	flag.Parse()
 	cfg.skip = map[string]bool{}
@@ -55,6 +57,17 @@ func main() {
 	}
 	if cfg.quick {
 		cfg.calls, cfg.samples = 2000, 100
+	}
+	if *sizes != "" {
+		turnSizes = nil
+		for _, s := range splitComma(*sizes) {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				fmt.Fprintln(os.Stderr, "bench: -sizes: bad size", s)
+				os.Exit(2)
+			}
+			turnSizes = append(turnSizes, n)
+		}
 	}
 	if *only != "" {
 		keep := map[string]bool{}

@@ -188,7 +188,7 @@ func noop() exec.Function {
 }
 
 func measureToolrelay(ctx context.Context, cfg config, r *report) error {
-	for _, size := range []int{1, 4, 16} {
+	for _, size := range turnSizes {
 		env, err := startNATS(ctx, cfg)
 		if err != nil {
 			return err
@@ -289,3 +289,6 @@ func measureParallelTurn(ctx context.Context, cfg config, r *report) error {
 	fmt.Printf("   8 x 100ms: toolrelay p50 %.1fms (max %.1fms), sequential %.1fms\n", msf(lat.pct(50)), msf(lat.pct(100)), msf(r.sequential))
 	return nil
 }
+
+// turnSizes are the turn sizes measured; -sizes overrides them.
+var turnSizes = []int{1, 4, 16}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 )
 
 // These tests run the built dispatcher and executor binaries as separate
@@ -113,7 +114,7 @@ func (w *world) dispatcher(name string, env ...string) *proc {
 		"OPENAI_BASE_URL=" + w.simURL, "OPENAI_API_KEY=sk-mp", "TOOLRELAY_HTTP_ADDR=" + addr,
 	}, env...)...)
 	p.addr = addr
-	waitFor(w.t, 30*time.Second, func() bool {
+	testutil.WaitFor(w.t, 30*time.Second, func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return false
@@ -182,23 +183,12 @@ func status(p *proc, id string) (*watchStatus, error) {
 func awaitWatch(t *testing.T, p *proc, id string, within time.Duration) *watchStatus {
 	t.Helper()
 	var st *watchStatus
-	waitFor(t, within, func() bool {
+	testutil.WaitFor(t, within, func() bool {
 		var err error
 		st, err = status(p, id)
 		return err == nil && st.State != "watching"
 	})
 	return st
-}
-
-func waitFor(t testing.TB, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func (w *world) assistantsRun(prompt string, metadata map[string]string) (thread, run string) {
@@ -250,7 +240,7 @@ func TestDispatcherKilledAtEachStageSubmitsOnce(t *testing.T) {
 			// Every turn ends submitted, including one the crashed replica
 			// submitted without marking: another replica takes it over, and
 			// the platform's "no longer waiting" counts as success.
-			waitFor(t, 60*time.Second, func() bool {
+			testutil.WaitFor(t, 60*time.Second, func() bool {
 				st, err := status(b, id)
 				if err != nil || len(st.TurnDetails) != 2 {
 					return false
@@ -408,7 +398,7 @@ func TestBuiltDispatcherTakesSignedWebhooksAndRefusesForgedOnes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, func() bool {
 		got, err := w.client.Beta.Agents.Sessions.Get(context.Background(), s.ID)
 		return err == nil && got.Status == "requires_action"
 	})
@@ -437,7 +427,7 @@ func TestBuiltDispatcherTakesSignedWebhooksAndRefusesForgedOnes(t *testing.T) {
 	if code := send(good); code != http.StatusOK {
 		t.Fatalf("signed webhook: %d", code)
 	}
-	waitFor(t, 20*time.Second, func() bool { return w.sim.Stats().ToolResults == 2 })
+	testutil.WaitFor(t, 20*time.Second, func() bool { return w.sim.Stats().ToolResults == 2 })
 	if code := send(good); code != http.StatusOK {
 		t.Errorf("replayed webhook: %d, want 200", code)
 	}

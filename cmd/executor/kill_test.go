@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -53,7 +54,7 @@ func (c *cluster) executor(name, cfg string) *osexec.Cmd {
 
 func (c *cluster) waitServing(team, fn string) {
 	c.t.Helper()
-	waitFor(c.t, 20*time.Second, func() bool {
+	testutil.WaitFor(c.t, 20*time.Second, func() bool {
 		s, err := c.js.Stream(context.Background(), protocol.CallStream(team))
 		if err != nil {
 			return false
@@ -82,7 +83,7 @@ func (c *cluster) call(team, fn string) *protocol.Call {
 func (c *cluster) result(call *protocol.Call) *protocol.Result {
 	c.t.Helper()
 	var res *protocol.Result
-	waitFor(c.t, 30*time.Second, func() bool {
+	testutil.WaitFor(c.t, 30*time.Second, func() bool {
 		s, err := c.js.Stream(context.Background(), protocol.ResultStream)
 		if err != nil {
 			return false
@@ -136,7 +137,7 @@ func TestKilledExecutorsCallIsRedeliveredAndAnsweredOnce(t *testing.T) {
 	a := c.executor("exec-a", cfg)
 	c.waitServing("ops", "slow_job")
 	call := c.call("ops", "slow_job")
-	waitFor(t, 10*time.Second, func() bool { return lines(t, marker) == 1 })
+	testutil.WaitFor(t, 10*time.Second, func() bool { return lines(t, marker) == 1 })
 	if err := a.Process.Kill(); err != nil { // SIGKILL mid-call
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestKilledExecutorsSideEffectIsNotRepeated(t *testing.T) {
 	a := c.executor("exec-a", cfg)
 	c.waitServing("ops", "slow_job")
 	call := c.call("ops", "slow_job")
-	waitFor(t, 10*time.Second, func() bool { return lines(t, marker) == 1 })
+	testutil.WaitFor(t, 10*time.Second, func() bool { return lines(t, marker) == 1 })
 	if err := a.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

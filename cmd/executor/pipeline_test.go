@@ -22,6 +22,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -42,17 +43,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-func waitFor(t testing.TB, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // pipeline is a JetStream server, the executor command serving a functions
@@ -97,7 +87,7 @@ func newPipeline(t *testing.T, config string, scenarios ...platformsim.Scenario)
 
 func (p *pipeline) waitServing(t *testing.T, functions int) {
 	t.Helper()
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, func() bool {
 		specs, _ := dispatch.Functions(context.Background(), p.js)
 		return p.d.Ready() && len(specs) == functions
 	})
@@ -109,7 +99,7 @@ func (p *pipeline) finish(t *testing.T, ref dispatch.Ref) *dispatch.Watch {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, func() bool {
+	testutil.WaitFor(t, 30*time.Second, func() bool {
 		w, err = p.d.WatchStatus(context.Background(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})
@@ -180,7 +170,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	var turn *dispatch.Turn
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, func() bool {
 		w, _ = p.d.WatchStatus(ctx, w.ID)
 		if len(w.Turns) != 1 {
 			return false
@@ -189,7 +179,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 		return err == nil
 	})
 	p.sim.CancelRun(run.ID) // the user cancels the run while the report runs
-	waitFor(t, 30*time.Second, func() bool {
+	testutil.WaitFor(t, 30*time.Second, func() bool {
 		w, _ = p.d.WatchStatus(ctx, w.ID)
 		return w.State != dispatch.WatchActive
 	})
@@ -199,7 +189,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 	// The executor stopped the running command and recorded why.
 	s, _ := p.js.Stream(ctx, protocol.ResultStream)
 	var res *protocol.Result
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, func() bool {
 		m, err := s.GetLastMsgForSubject(ctx, protocol.ResultSubject("reports", turn.Calls[0].Key))
 		if err != nil {
 			return false

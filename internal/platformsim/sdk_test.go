@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 )
 
 // These tests drive the simulator with the official SDK, unchanged: they are
@@ -42,17 +43,6 @@ func client(hs *httptest.Server, opts ...option.RequestOption) openai.Client {
 	return openai.NewClient(append([]option.RequestOption{
 		option.WithBaseURL(hs.URL + "/v1"), option.WithAPIKey(apiKey), option.WithMaxRetries(0),
 	}, opts...)...)
-}
-
-func waitFor(t *testing.T, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func apiError(t *testing.T, err error, status int, contains string) {
@@ -140,7 +130,7 @@ func TestAgentsRequiredActionsAndToolResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got *openai.AgentSession
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.WaitFor(t, 5*time.Second, func() bool {
 		got, err = c.Beta.Agents.Sessions.Get(ctx, sess.ID)
 		return err == nil && got.Status == "requires_action"
 	})
@@ -192,7 +182,7 @@ func TestAgentsRequiredActionsAndToolResults(t *testing.T) {
 	err = c.Beta.Agents.Sessions.Events.New(ctx, sess.ID, late)
 	apiError(t, err, 400, "Unknown pending tool call: "+got.RequiredActions[0].CallID)
 
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.WaitFor(t, 5*time.Second, func() bool {
 		s, err := c.Beta.Agents.Sessions.Get(ctx, sess.ID)
 		return err == nil && s.Status == "idle"
 	})
@@ -238,7 +228,7 @@ func TestAssistantsRunsAndSubmitToolOutputs(t *testing.T) {
 	}
 	poll := func(status openai.RunStatus) *openai.Run {
 		var r *openai.Run
-		waitFor(t, 5*time.Second, func() bool {
+		testutil.WaitFor(t, 5*time.Second, func() bool {
 			r, err = c.Beta.Threads.Runs.Get(ctx, run.ThreadID, run.ID)
 			return err == nil && r.Status == status
 		})
@@ -310,7 +300,7 @@ func TestAssistantsRunExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r *openai.Run
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.WaitFor(t, 5*time.Second, func() bool {
 		r, err = c.Beta.Threads.Runs.Get(ctx, run.ThreadID, run.ID)
 		return err == nil && r.Status == "expired"
 	})
@@ -386,7 +376,7 @@ func TestResponsesBackgroundAndConversation(t *testing.T) {
 	if resp.Status != "queued" {
 		t.Fatalf("background response status = %s, want queued", resp.Status)
 	}
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.WaitFor(t, 5*time.Second, func() bool {
 		resp, err = c.Responses.Get(ctx, resp.ID, responses.ResponseGetParams{})
 		return err == nil && resp.Status == "completed"
 	})

@@ -98,6 +98,9 @@ func TimerStreamConfig(o Options) jetstream.StreamConfig {
 		MaxAge:            resultMaxAge,
 		AllowMsgSchedules: true,
 		AllowMsgTTL:       true,
+		// A closed turn's timer is removed by a roll-up marker (a normal,
+		// asynchronous publish) rather than a purge request.
+		AllowRollup: true,
 	}
 }
 
@@ -182,6 +185,9 @@ func streamDiffs(want, have jetstream.StreamConfig) []string {
 	}
 	if want.AllowMsgSchedules && !have.AllowMsgSchedules {
 		add("allow_msg_schedules", want.AllowMsgSchedules, have.AllowMsgSchedules)
+	}
+	if want.AllowRollup && !have.AllowRollup {
+		add("allow_rollup_hdrs", want.AllowRollup, have.AllowRollup)
 	}
 	if want.AllowDirect && !have.AllowDirect {
 		add("allow_direct", want.AllowDirect, have.AllowDirect)

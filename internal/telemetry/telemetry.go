@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -128,6 +129,14 @@ func traceExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
 		return otlptracehttp.New(ctx)
 	}
 	return nil, fmt.Errorf("telemetry: OTEL_EXPORTER_OTLP_PROTOCOL %q is not supported (use grpc or http/protobuf)", proto)
+}
+
+// Close flushes and stops the providers, waiting at most 5 seconds: for a
+// deferred call when a command exits.
+func (t *Telemetry) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = t.Shutdown(ctx)
 }
 
 // Shutdown flushes and stops the providers.

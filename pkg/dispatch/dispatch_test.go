@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -120,7 +121,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := e.sim.Stats().FunctionCallOutputs
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.WaitFor(t, 5*time.Second, func() bool {
 		s, err := e.js.Stream(context.Background(), protocol.ResultStream)
 		if err != nil {
 			return false
@@ -206,7 +207,7 @@ func TestIntakeIsIdempotent(t *testing.T) {
 			t.Fatalf("different keys for one required action: %v", keys)
 		}
 	}
-	waitFor(t, 5*time.Second, func() bool { return ran.Load() >= 1 })
+	testutil.WaitFor(t, 5*time.Second, func() bool { return ran.Load() >= 1 })
 	if n := ran.Load(); n != 1 {
 		t.Errorf("the call ran %d times, want once", n)
 	}
@@ -225,7 +226,7 @@ func TestResumeAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, func() bool {
 		w, err = d1.WatchStatus(context.Background(), w.ID)
 		return err == nil && len(w.Turns) == 1
 	})
@@ -233,7 +234,7 @@ func TestResumeAfterRestart(t *testing.T) {
 	close(release)
 
 	d2, _ := e.dispatcher(dispatch.Options{})
-	waitFor(t, 20*time.Second, func() bool {
+	testutil.WaitFor(t, 20*time.Second, func() bool {
 		w, err = d2.WatchStatus(context.Background(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -110,7 +111,7 @@ func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop fu
 		}
 	}
 	e.t.Cleanup(stop)
-	waitFor(e.t, 10*time.Second, d.Ready)
+	testutil.WaitFor(e.t, 10*time.Second, d.Ready)
 	return d, stop
 }
 
@@ -242,7 +243,7 @@ func finish(t *testing.T, d *dispatch.Dispatcher, ref dispatch.Ref, within time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, within, func() bool {
+	testutil.WaitFor(t, within, func() bool {
 		w, err = d.WatchStatus(context.Background(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})
@@ -255,15 +256,4 @@ func testLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.DiscardHandler)
-}
-
-func waitFor(t testing.TB, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -145,11 +145,22 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	return ack.Sequence, nil
 }
 
-// unindex purges a closed turn's timer: it will not fire, and the turn
-// leaves the index of open turns. A failure leaves it to the sweep.
-func (d *Dispatcher) unindex(ctx context.Context, key protocol.TurnKey) {
-	if err := d.timers.Purge(ctx, jetstream.WithPurgeSubject(protocol.TurnTimersFilter(key))); err != nil {
-		d.log.DebugContext(ctx, "purging a closed turn's timer failed; the sweep will", "turn", key, "err", err)
+// unindex removes a closed turn's timer: it will not fire, and the turn
+// leaves the index of open turns. Each timer subject gets a roll-up marker
+// (which replaces the message on its subject, and so cancels a schedule)
+// that itself expires a second later; the publishes are not awaited, and
+// whatever they miss the sweep removes.
+func (d *Dispatcher) unindex(key protocol.TurnKey, fired bool) {
+	subjects := []string{protocol.TimerScheduleSubject(key)}
+	if fired {
+		subjects = append(subjects, protocol.TimerFireSubject(key))
+	}
+	for _, subj := range subjects {
+		m := nats.NewMsg(subj)
+		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+		if _, err := d.js.PublishMsgAsync(m, jetstream.WithMsgTTL(time.Second)); err != nil {
+			d.log.Debug("removing a closed turn's timer failed; the sweep will", "turn", key, "err", err)
+		}
 	}
 }
 

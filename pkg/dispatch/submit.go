@@ -136,7 +136,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		d.log.Error("recording the submission failed", "turn", t.Key, "err", cerr)
 		return
 	}
-	defer d.unindex(ctx, t.Key)
+	defer d.unindex(t.Key, t.CutOff)
 	d.tel.submitted(ctx, final, outputs, final.State, now)
 	d.tel.endTurn(t.Key, final.State, final.Error)
 	ev := Event{Kind: TurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}

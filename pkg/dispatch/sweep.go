@@ -74,7 +74,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		// A timer without a record: intake died in between (or is under
 		// way right now, so only old timers are dropped).
 		if m, gerr := d.timers.GetLastMsgForSubject(ctx, protocol.TimerScheduleSubject(key)); gerr != nil || time.Since(m.Time) > stuckAfter {
-			d.unindex(ctx, key)
+			d.unindex(key, true)
 		}
 		return
 	}
@@ -83,7 +83,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 	}
 	if !t.Open() {
 		d.tel.endTurn(key, t.State, t.Error)
-		d.unindex(ctx, key)
+		d.unindex(key, true)
 		return
 	}
 	now := time.Now()

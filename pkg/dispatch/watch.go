@@ -356,7 +356,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 		}
 		d.tel.endTurn(key, StateFailed, t.Error)
 		d.gather.forget(key)
-		d.unindex(ctx, key)
+		d.unindex(key, true)
 		teams := map[string]bool{}
 		for _, c := range t.Calls {
 			if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -39,7 +40,7 @@ func customerEnv(t *testing.T, opts platformsim.Options) (*env, func() int32) {
 func (e *env) sessionAnswer(id string) string {
 	e.t.Helper()
 	var answer string
-	waitFor(e.t, 20*time.Second, func() bool {
+	testutil.WaitFor(e.t, 20*time.Second, func() bool {
 		s, err := e.client.Beta.Agents.Sessions.Get(context.Background(), id)
 		if err != nil || s.Status != "idle" {
 			return false
@@ -88,7 +89,7 @@ func TestForgedStaleAndReplayedWebhooks(t *testing.T) {
 	e, ran := customerEnv(t, platformsim.Options{})
 	d, _ := e.dispatcher(dispatch.Options{}) // webhooks are not routed: the test sends them
 	ref := e.session("customer 123")
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.WaitFor(t, 5*time.Second, func() bool {
 		s, err := e.client.Beta.Agents.Sessions.Get(context.Background(), ref.SessionID)
 		return err == nil && s.Status == "requires_action"
 	})
@@ -167,7 +168,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, 10*time.Second, d.Ready)
+	testutil.WaitFor(t, 10*time.Second, d.Ready)
 	r, err := foundry.Responses.New(context.Background(), responses.ResponseNewParams{
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("my horoscope")},
 	}, option.WithJSONSet("agent_reference", map[string]any{"type": "agent_reference", "name": "order-desk", "version": "3"}))
@@ -201,7 +202,7 @@ func TestWatchOverNATSRequestReply(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &started); err != nil || started.Status != http.StatusAccepted || started.ID == "" {
 		t.Fatalf("reply %s", m.Data)
 	}
-	waitFor(t, 20*time.Second, func() bool {
+	testutil.WaitFor(t, 20*time.Second, func() bool {
 		m, err := nc.Request(protocol.WatchStatusSubject, []byte(`{"id":"`+started.ID+`"}`), 5*time.Second)
 		return err == nil && strings.Contains(string(m.Data), `"state":"completed"`) && strings.Contains(string(m.Data), "otters")
 	})
@@ -244,8 +245,8 @@ func TestEventStreamTakesTheTurnIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, func() bool { return takenIn(t, reader)["stream"] == 1 })
-	waitFor(t, 20*time.Second, func() bool {
+	testutil.WaitFor(t, 20*time.Second, func() bool { return takenIn(t, reader)["stream"] == 1 })
+	testutil.WaitFor(t, 20*time.Second, func() bool {
 		w, _ = d.WatchStatus(context.Background(), w.ID)
 		return len(w.Turns) == 1
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -84,7 +85,7 @@ func TestExhaustedRetriesGiveOneFailureAndADeadLetter(t *testing.T) {
 		t.Fatalf("result = %+v", res)
 	}
 	var dl []*protocol.DeadLetter
-	waitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	testutil.WaitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
 	if dl[0].Reason != protocol.ReasonExhausted || dl[0].Call.Key != c.Key || dl[0].Attempts != 3 {
 		t.Errorf("dead letter = %+v", dl[0])
 	}
@@ -103,7 +104,7 @@ func TestPanicLeavesADeadLetter(t *testing.T) {
 		t.Fatal("panic produced a successful result")
 	}
 	var dl []*protocol.DeadLetter
-	waitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	testutil.WaitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
 	if dl[0].Reason != protocol.ReasonPanic || dl[0].Call.Key != c.Key {
 		t.Errorf("dead letter = %+v", dl[0])
 	}
@@ -143,7 +144,7 @@ func TestSideEffectFunctionNeverRunsTwice(t *testing.T) {
 		t.Fatalf("the side effect happened %d times", n)
 	}
 	var dl []*protocol.DeadLetter
-	waitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	testutil.WaitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
 	if dl[0].Reason != protocol.ReasonMayHaveRun {
 		t.Errorf("dead letter reason = %s", dl[0].Reason)
 	}
@@ -260,7 +261,7 @@ func TestDeadLettersCanBeListedAndReplayed(t *testing.T) {
 		t.Fatal("first run should fail")
 	}
 	var dl []*protocol.DeadLetter
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.WaitFor(t, 5*time.Second, func() bool {
 		var err error
 		dl, err = exec.DeadLetters(context.Background(), h.js, "team-a")
 		return err == nil && len(dl) == 1
@@ -277,7 +278,7 @@ func TestDeadLettersCanBeListedAndReplayed(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Replay = %d, %v", n, err)
 	}
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, func() bool {
 		dl, _ = exec.DeadLetters(context.Background(), h.js, "team-a")
 		return len(dl) == 2
 	})

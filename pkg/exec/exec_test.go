@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -82,7 +83,7 @@ func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (sto
 	}
 	h.t.Cleanup(stop)
 	// Wait until the consumers exist, i.e. the executor is serving.
-	waitFor(h.t, 10*time.Second, func() bool {
+	testutil.WaitFor(h.t, 10*time.Second, func() bool {
 		s, err := h.js.Stream(context.Background(), protocol.CallStream(team))
 		if err != nil {
 			return false
@@ -120,7 +121,7 @@ func (h *harness) call(team, fn, args string, deadline time.Time) *protocol.Call
 func (h *harness) result(c *protocol.Call, within time.Duration) *protocol.Result {
 	h.t.Helper()
 	var res *protocol.Result
-	waitFor(h.t, within, func() bool {
+	testutil.WaitFor(h.t, within, func() bool {
 		m, err := h.results.GetLastMsgForSubject(context.Background(), c.ResultSubject())
 		if err != nil {
 			return false
@@ -132,17 +133,6 @@ func (h *harness) result(c *protocol.Call, within time.Duration) *protocol.Resul
 		return true
 	})
 	return res
-}
-
-func waitFor(t testing.TB, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func echo() exec.Function {

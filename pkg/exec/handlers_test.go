@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/exec/exectest"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -59,7 +60,7 @@ func TestCommandHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		waitFor(t, 5*time.Second, func() bool { return !alive(pid) })
+		testutil.WaitFor(t, 5*time.Second, func() bool { return !alive(pid) })
 	})
 	if _, err := exec.CommandHandler([]string{"no-such-binary-xyz"}); err == nil {
 		t.Error("a missing binary was accepted")

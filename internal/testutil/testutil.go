@@ -1,0 +1,20 @@
+// Package testutil holds what the tests of every package share.
+package testutil
+
+import (
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond every 10ms until it holds, failing the test if it does
+// not within the given time. Tests wait on conditions, never on fixed sleeps.
+func WaitFor(t testing.TB, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s", within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
