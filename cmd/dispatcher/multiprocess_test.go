@@ -17,12 +17,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // These tests run the built dispatcher and executor binaries as separate
@@ -125,9 +129,31 @@ func (w *world) dispatcher(name string, env ...string) *proc {
 	return p
 }
 
+// executor starts an executor process and waits until it serves
+// every function the registry holds (so none looks unknown or unserved).
 func (w *world) executor(name string, args ...string) *proc {
 	w.t.Helper()
-	return w.start(name, bins["executor"], args, "TOOLRELAY_EXECUTOR_NAME="+name)
+	p := w.start(name, bins["executor"], args, "TOOLRELAY_EXECUTOR_NAME="+name)
+	nc, err := nats.Connect(w.nats.ClientURL())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	testutil.WaitFor(w.t, 30*time.Second, func() bool {
+		specs, err := dispatch.Functions(context.Background(), js)
+		if err != nil || len(specs) == 0 {
+			return false
+		}
+		for _, s := range specs {
+			c, err := js.Consumer(context.Background(), protocol.CallStream(s.Team), s.Name)
+			if err != nil || c.CachedInfo().NumWaiting == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return p
 }
 
 func freeAddr(t *testing.T) string {
