@@ -155,7 +155,7 @@ func (r *report) markdown() string {
 	b.WriteString("Every ratio is against the *floor* measured in the same run: the raw JetStream pipeline toolrelay is built on — " +
 		"publish a call, pull it, acknowledge it, publish a result, consume the result — with toolrelay's stream settings " +
 		"(file storage, one replica, work-queue calls, first-result-wins results) and no toolrelay code. " +
-		"toolrelay runs its whole path: intake (turn record by compare-and-set, open-turn index, deadline timer), " +
+		"toolrelay runs its whole path: intake (turn record by compare-and-set, deadline timer), " +
 		"validation against the function's JSON Schema, publication with message IDs and TTLs, the executor (schema check " +
 		"again, handler under the deadline, first-wins result, ack), gathering, the submission compare-and-set and a " +
 		"submission to an in-process platform sink. Each phase gets a fresh embedded JetStream server.\n\n")
