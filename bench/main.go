@@ -48,6 +48,7 @@ func main() {
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.IntVar(&inflightCalls, "inflight", inflightCalls, "calls kept in flight in the saturation runs")
 	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
 	only := flag.String("only", "", "comma-separated phases to run (floor, toolrelay, parallel, scale, memory, micro, asynq); default all")
 	flag.Parse()

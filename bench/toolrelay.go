@@ -199,7 +199,7 @@ func measureToolrelay(ctx context.Context, cfg config, r *report) error {
 			return err
 		}
 		turns := cfg.calls / size
-		inflight := max(256/size, 16)
+		inflight := max(inflightCalls/size, 16)
 		elapsed, err := s.drive(ctx, "noop", turns, size, inflight)
 		if err != nil {
 			s.stop()
@@ -292,3 +292,7 @@ func measureParallelTurn(ctx context.Context, cfg config, r *report) error {
 
 // turnSizes are the turn sizes measured; -sizes overrides them.
 var turnSizes = []int{1, 4, 16}
+
+// inflightCalls is how many calls the saturation runs keep in flight;
+// -inflight overrides it.
+var inflightCalls = 256

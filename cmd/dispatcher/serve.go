@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 
@@ -84,9 +83,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		natsURL = s.ClientURL()
 		log.Info("embedded JetStream server started", "url", natsURL, "data_dir", cfg.DataDir)
 	}
-	nc, err := nats.Connect(natsURL, nats.Name("toolrelay-dispatcher"), nats.MaxReconnects(-1))
+	nc, err := cliutil.ConnectNATS(ctx, natsURL, "toolrelay-dispatcher", log)
 	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", natsURL, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
@@ -100,9 +99,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("toolrelay-executor"), nats.MaxReconnects(-1))
+	nc, err := cliutil.ConnectNATS(ctx, cfg.NATSURL, "toolrelay-executor", log)
 	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -210,7 +210,7 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 		if time.Now().Add(wait).After(t.ExpiresAt) {
 			return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)
 		}
-		d.log.Warn("submission failed; retrying", "turn", t.Key, "attempt", attempt, "wait", wait, "err", err)
+		d.log.Warn("submission failed; retrying", "turn", t.Key, "attempt", attempt, "wait", wait.String(), "err", err)
 		sleepCtx(ctx, wait)
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w (gave up: %v)", err, context.Cause(ctx))

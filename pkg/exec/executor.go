@@ -205,7 +205,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	select {
 	case <-stopped:
 	case <-time.After(e.opts.ShutdownTimeout):
-		e.log.Warn("shutdown timeout: cancelling running calls; they will be redelivered", "timeout", e.opts.ShutdownTimeout)
+		e.log.Warn("shutdown timeout: cancelling running calls; they will be redelivered", "timeout", e.opts.ShutdownTimeout.String())
 		hcancel(ErrShutdown)
 		<-stopped
 	}

@@ -78,7 +78,7 @@ wait:
 		case <-tick:
 			heartbeat()
 		case <-abandon.C:
-			log.Error("handler ignored its context past the deadline; abandoning it", "grace", abandonGrace)
+			log.Error("handler ignored its context past the deadline; abandoning it", "grace", abandonGrace.String())
 			r = ret{err: context.DeadlineExceeded}
 			break wait
 		}

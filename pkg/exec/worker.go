@@ -199,7 +199,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 					log.Warn("cannot record the failed attempt", "err", err)
 				}
 			}
-			log.Info("retryable error; retrying", "delay", delay, "err", o.err)
+			log.Info("retryable error; retrying", "delay", delay.String(), "err", o.err)
 			_ = msg.NakWithDelay(delay)
 			return
 		}
