@@ -1,0 +1,59 @@
+// Package dispatch is toolrelay's dispatcher: it turns the function calls an
+// agent platform waits for into calls on NATS JetStream, gathers their
+// results and submits each turn to the platform exactly once, before the
+// run expires.
+//
+// # Turns
+//
+// A turn is one required action: the calls a model asked for in one go.
+// [Dispatcher.Intake] records it in a KV bucket by compare-and-set (the
+// same action seen by webhook, event stream and poll, on any replica, is one
+// turn), arms a deadline timer as a JetStream scheduled message, validates
+// each call's arguments against the function's JSON Schema and publishes
+// one message per call to fncall.<team>.<function>. Calls that cannot work —
+// an unknown function, bad arguments, a function no executor serves — get a
+// failed result at once and run nowhere.
+//
+// A turn moves collecting → submitting → submitted | failed, only by
+// compare-and-set; only the replica that wins collecting → submitting calls
+// the platform. When its deadline comes first, the turn is submitted with
+// the results it has and a "timed out" failure for each straggler; late
+// results are recorded, never submitted. A submission repeated after a
+// crash carries the same ids and idempotency keys, and the platform's
+// "already submitted" answer counts as success.
+//
+// # Platforms
+//
+// [Platform] is the small interface a platform adapter implements;
+// [NewPlatforms] returns the adapters of OpenAI Agents sessions, OpenAI and
+// Azure Assistants runs and the Responses API (and Microsoft Foundry
+// agents) over one openai-go client. A [Watch] drives a platform object the
+// dispatcher cannot learn of by webhook: it polls it (and follows its event
+// stream where there is one), takes in each required action and, for
+// Responses, follows each continuation.
+//
+// # Replicas and crashes
+//
+// Everything that must survive lives in JetStream, so any number of
+// dispatchers can share one NATS: results are consumed through one durable
+// consumer, and a sweep on every replica repairs what a dead one left (turns
+// past their deadline, complete but not closed, stuck in submitting;
+// watches whose driver went silent).
+//
+// # Errors
+//
+// Intake and Watch return errors for bad input ([FieldError] names the
+// field) and for JetStream failures; platform errors are classified as
+// [PlatformError] and retried (429, 5xx, transport) with backoff that
+// honours Retry-After until the run expires. A call's failure reaches the
+// model as a result, never as an error here.
+//
+// # Observability
+//
+// Every turn is one trace (turn, a PRODUCER span per call, the executors'
+// CONSUMER spans, the submission), parented by the traceparent of the watch
+// request or webhook when there is one; metrics answer whether turns make
+// the window (time left at submission) and which function is slow or
+// failing. [Options] takes the providers; the globals are the default.
+// [Dispatcher.Handler] serves the HTTP API.
+package dispatch
