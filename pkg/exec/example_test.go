@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/exec/exectest"
@@ -17,7 +18,7 @@ func ExampleFunction() {
 		Name:        "get_order_status",
 		Description: "Look up the fulfilment status of an order.",
 		Parameters:  json.RawMessage(`{"type":"object","properties":{"order_id":{"type":"string"}},"required":["order_id"]}`),
-		Timeout:     10_000_000_000, // 10s
+		Timeout:     10 * time.Second,
 		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
 			var args struct {
 				OrderID string `json:"order_id"`
