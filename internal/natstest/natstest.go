@@ -2,6 +2,10 @@
 package natstest
 
 import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +39,92 @@ func Start(t testing.TB) *Server {
 func (s *Server) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// Cluster is three JetStream servers routed together, for tests of
+// replicated streams and of a server going away.
+type Cluster struct {
+	Servers []*server.Server
+}
+
+// StartCluster starts a three-node cluster on loopback and waits until it
+// has a JetStream meta leader.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	routes := make([]int, 3)
+	for i := range routes {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes[i] = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	var routeURLs []string
+	for _, p := range routes {
+		routeURLs = append(routeURLs, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	c := &Cluster{}
+	for i := range 3 {
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: -1,
+			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+			Cluster: server.ClusterOpts{Name: "toolrelay-test", Host: "127.0.0.1", Port: routes[i]},
+			Routes:  server.RoutesFromStr(strings.Join(routeURLs, ",")),
+		}
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("cluster node %d not ready", i+1)
+		}
+		c.Servers = append(c.Servers, s)
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	}
+	// JetStream is usable once a meta leader is elected.
+	nc, js := c.Connect(t)
+	defer nc.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.AccountInfo(ctx)
+		cancel()
+		if err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster has no JetStream leader: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// URL lists every node, so clients fail over.
+func (c *Cluster) URL() string {
+	var urls []string
+	for _, s := range c.Servers {
+		if s.Running() {
+			urls = append(urls, s.ClientURL())
+		}
+	}
+	return strings.Join(urls, ",")
+}
+
+// Connect opens a connection to the cluster, closed when the test ends.
+func (c *Cluster) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

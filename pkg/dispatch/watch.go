@@ -301,29 +301,37 @@ func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Wa
 // awaitClosed waits until a turn is submitted or failed, polling the
 // platform meanwhile: if the platform stops waiting for the turn (the run
 // was cancelled, expired or finished), it returns that observation.
+//
+// A KV watch on the record brings the news at once; the record is also read
+// every second, so a watch lost with a server (it is an ordered consumer)
+// costs a second, not the turn.
 func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref) (*Turn, *Observation, error) {
-	kw, err := d.turns.kv.Watch(ctx, string(key))
-	if err != nil {
-		return nil, nil, err
+	var updates <-chan jetstream.KeyValueEntry
+	if kw, err := d.turns.kv.Watch(ctx, string(key)); err == nil {
+		defer func() { _ = kw.Stop() }()
+		updates = kw.Updates()
 	}
-	defer func() { _ = kw.Stop() }()
+	closed := func(t *Turn) bool { return t.State == StateSubmitted || t.State == StateFailed }
 	every := 2 * time.Second
 	poll := time.NewTimer(every)
 	defer poll.Stop()
+	read := time.NewTicker(time.Second)
+	defer read.Stop()
 	for {
 		select {
-		case e, ok := <-kw.Updates():
+		case e, ok := <-updates:
 			if !ok {
-				return nil, nil, errors.New("dispatch: turn watch closed")
+				updates = nil // lost; the ticker below carries on
+				continue
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
 				continue
 			}
-			t, err := decodeTurn(e.Value())
-			if err != nil {
-				return nil, nil, err
+			if t, err := decodeTurn(e.Value()); err == nil && closed(t) {
+				return t, nil, nil
 			}
-			if t.State == StateSubmitted || t.State == StateFailed {
+		case <-read.C:
+			if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
 				return t, nil, nil
 			}
 		case <-poll.C:
@@ -332,6 +340,10 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 				return nil, obs, nil
 			}
 			if err == nil && obs.State == Done {
+				// Make sure it is not our own submission that finished it.
+				if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
+					return t, nil, nil
+				}
 				return nil, &Observation{State: Failed, Reason: "the platform finished the run without the calls' results"}, nil
 			}
 			every = min(every*2, 10*time.Second)
