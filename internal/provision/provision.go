@@ -139,16 +139,21 @@ func WatchBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
-// Stream creates the stream, or checks that the existing one is compatible.
+// Stream checks that the stream exists and is compatible, or creates it.
+// It looks up before creating, so a user allowed only to read a stream that
+// the control plane created (see deploy/nats) never needs create rights.
 func Stream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) (jetstream.Stream, error) {
-	s, err := js.CreateStream(ctx, want)
-	if err == nil {
-		return s, nil
+	s, err := js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, want)
+		if err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("provision: create stream %s: %w", want.Name, err)
+		}
+		s, err = js.Stream(ctx, want.Name) // created meanwhile by another process
 	}
-	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil, fmt.Errorf("provision: create stream %s: %w", want.Name, err)
-	}
-	s, err = js.Stream(ctx, want.Name)
 	if err != nil {
 		return nil, fmt.Errorf("provision: look up stream %s: %w", want.Name, err)
 	}
@@ -171,7 +176,7 @@ func streamDiffs(want, have jetstream.StreamConfig) []string {
 	if want.Retention != have.Retention {
 		add("retention", want.Retention, have.Retention)
 	}
-	if want.MaxMsgsPerSubject != have.MaxMsgsPerSubject {
+	if max(want.MaxMsgsPerSubject, 0) != max(have.MaxMsgsPerSubject, 0) { // 0 and -1 both mean no limit
 		add("max_msgs_per_subject", want.MaxMsgsPerSubject, have.MaxMsgsPerSubject)
 	}
 	if want.Discard != have.Discard {
@@ -204,16 +209,20 @@ func sorted(s []string) []string {
 	return s
 }
 
-// KeyValue creates the bucket, or checks that the existing one is compatible.
+// KeyValue checks that the bucket exists and is compatible, or creates it,
+// looking up first like Stream.
 func KeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := js.CreateKeyValue(ctx, want)
-	if err == nil {
-		return kv, nil
+	kv, err := js.KeyValue(ctx, want.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, want)
+		if err == nil {
+			return kv, nil
+		}
+		if !errors.Is(err, jetstream.ErrBucketExists) {
+			return nil, fmt.Errorf("provision: create bucket %s: %w", want.Bucket, err)
+		}
+		kv, err = js.KeyValue(ctx, want.Bucket)
 	}
-	if !errors.Is(err, jetstream.ErrBucketExists) {
-		return nil, fmt.Errorf("provision: create bucket %s: %w", want.Bucket, err)
-	}
-	kv, err = js.KeyValue(ctx, want.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("provision: look up bucket %s: %w", want.Bucket, err)
 	}

@@ -241,6 +241,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if _, err := provision.Stream(ctx, d.js, provision.CancelStreamConfig(popts)); err != nil {
 		return err
 	}
+	// The executors' shared resources too, so that executors locked down to
+	// their team's subjects (deploy/nats) only have to look them up.
+	if _, err := provision.Stream(ctx, d.js, provision.DeadLetterStreamConfig(popts)); err != nil {
+		return err
+	}
+	if _, err := provision.KeyValue(ctx, d.js, provision.AttemptBucketConfig(popts)); err != nil {
+		return err
+	}
 	if d.webhooksSeen, err = provision.KeyValue(ctx, d.js, provision.WebhookBucketConfig(popts)); err != nil {
 		return err
 	}

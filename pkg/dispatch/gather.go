@@ -75,7 +75,7 @@ func (g *gatherer) start(ctx context.Context) (stop func(), err error) {
 	}
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		queues[shard(msg.Subject())] <- msg
-	}, jetstream.PullMaxMessages(1024), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(1024), jetstream.PullExpiry(5*time.Second), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			g.d.log.Warn("consuming results", "err", err)
 		}

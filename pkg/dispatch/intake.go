@@ -211,6 +211,7 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallErr
 func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protocol.CallKey]bool) {
 	type pending struct {
 		call    *TurnCall
+		msg     *nats.Msg
 		ack     jetstream.PubAckFuture
 		release func()
 		span    trace.Span
@@ -226,9 +227,11 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			select {
 			case <-p.ack.Ok():
 			case err := <-p.ack.Err():
-				p.span.RecordError(err)
-				p.span.SetStatus(codes.Error, "publish failed")
-				d.publishFailed(ctx, t, p.call, err)
+				if err = d.republish(ctx, t, p.msg, err); err != nil {
+					p.span.RecordError(err)
+					p.span.SetStatus(codes.Error, "publish failed")
+					d.publishFailed(ctx, t, p.call, err)
+				}
 			case <-ctx.Done():
 			}
 			p.span.End()
@@ -251,18 +254,75 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			return // shutting down; the sweep re-publishes
 		}
 		span := d.tel.send(ctx, c, msg.Header, len(msg.Data))
-		ttl := time.Until(t.Deadline) + time.Minute
-		f, err := d.js.PublishMsgAsync(msg, jetstream.WithMsgID(string(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second)))
-		if err != nil {
-			release()
-			span.RecordError(err)
-			span.SetStatus(codes.Error, "publish failed")
-			span.End()
-			d.publishFailed(ctx, t, c, err)
+		f, err := d.js.PublishMsgAsync(msg, callPubOpts(t, c)...)
+		if err == nil {
+			acks <- pending{c, msg, f, release, span}
 			continue
 		}
-		acks <- pending{c, f, release, span}
+		if err = d.republish(ctx, t, msg, err); err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "publish failed")
+			d.publishFailed(ctx, t, c, err)
+		}
+		span.End()
+		release()
 	}
+}
+
+func callPubOpts(t *Turn, c *TurnCall) []jetstream.PublishOpt {
+	ttl := time.Until(t.Deadline) + time.Minute
+	return []jetstream.PublishOpt{jetstream.WithMsgID(string(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second))}
+}
+
+// republish retries a call whose publication failed, as long as the
+// failure may pass (a stream leader being elected after a server went away,
+// a timeout) and for at most publishRetryFor or until the deadline. The
+// message ID makes a retry of a publish that did land a no-op. It returns
+// nil once the call is stored.
+func (d *Dispatcher) republish(ctx context.Context, t *Turn, msg *nats.Msg, first error) error {
+	if permanentPublishError(first) {
+		return first
+	}
+	ctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(publishRetryFor), t.Deadline))
+	defer cancel()
+	err := first
+	for wait := 100 * time.Millisecond; ctx.Err() == nil; wait = min(wait*2, time.Second) {
+		sleepCtx(ctx, jitter(wait))
+		key := protocol.CallKey(msg.Header.Get(protocol.HeaderCallKey))
+		c := t.call(key)
+		if c == nil {
+			return err
+		}
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = d.js.PublishMsg(pctx, msg, callPubOpts(t, c)...)
+		pcancel()
+		if err == nil || permanentPublishError(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// publishRetryFor bounds how long a call's publication is retried: long
+// enough for a stream to elect a new leader.
+const publishRetryFor = 10 * time.Second
+
+// permanentPublishError reports failures a retry cannot fix: the team's
+// queue is full (the store refused it, 10077), or the call is too large.
+func permanentPublishError(err error) bool {
+	const storeFailed jetstream.ErrorCode = 10077
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == storeFailed || apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum
+	}
+	return false
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func (d *Dispatcher) callMsg(t *Turn, c *TurnCall) (*nats.Msg, error) {

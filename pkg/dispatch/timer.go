@@ -70,7 +70,7 @@ func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
 		if !d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) }) {
 			_ = msg.Nak()
 		}
-	}, jetstream.PullMaxMessages(256), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(256), jetstream.PullExpiry(5*time.Second), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			d.log.Warn("consuming timers", "err", err)
 		}

@@ -35,7 +35,9 @@ type worker struct {
 }
 
 func (w *worker) serve(ctx, hctx context.Context) error {
-	it, err := w.cons.Messages(jetstream.PullMaxMessages(w.fn.Concurrency))
+	// Short pull expiry: heartbeats every 2.5s, so a pull lost with a server
+	// (failover) is noticed and re-issued within seconds.
+	it, err := w.cons.Messages(jetstream.PullMaxMessages(w.fn.Concurrency), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
 		return fmt.Errorf("exec: consume %s: %w", w.fn.Name, err)
 	}
