@@ -44,9 +44,21 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 	stop := context.AfterFunc(ctx, it.Drain)
 	defer stop()
 
+	// A fixed pool of goroutines runs the calls: their stacks, grown once by
+	// decoding and handling, are reused instead of regrown for every call.
 	slots := make(chan struct{}, w.fn.Concurrency)
+	work := make(chan jetstream.Msg)
 	var running sync.WaitGroup
+	for range w.fn.Concurrency {
+		running.Go(func() {
+			for msg := range work {
+				w.handle(hctx, msg)
+				<-slots
+			}
+		})
+	}
 	defer running.Wait()
+	defer close(work)
 	for {
 		// Take a slot before pulling, so a call is only fetched when it can
 		// start. After shutdown began, Next returns what is still buffered
@@ -70,10 +82,7 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 			<-slots
 			continue
 		}
-		running.Go(func() {
-			defer func() { <-slots }()
-			w.handle(hctx, msg)
-		})
+		work <- msg
 	}
 }
 
