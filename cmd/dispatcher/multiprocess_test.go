@@ -33,13 +33,17 @@ import (
 // processes against a JetStream server and the platform simulator, and
 // kill them with SIGKILL.
 
-var bins = map[string]string{}
+var (
+	bins   = map[string]string{}
+	binDir string
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "toolrelay-bin-")
 	if err != nil {
 		panic(err)
 	}
+	binDir = dir
 	for _, name := range []string{"dispatcher", "executor"} {
 		bins[name] = filepath.Join(dir, name)
 		if out, err := osexec.Command("go", "build", "-o", bins[name], "../"+name).CombinedOutput(); err != nil {
@@ -53,8 +57,11 @@ func TestMain(m *testing.M) {
 }
 
 type world struct {
-	t      *testing.T
-	nats   *natstest.Server
+	t *testing.T
+	// natsURL is what every process is given as NATS_URL.
+	natsURL string
+	// env is added to every process's environment.
+	env    []string
 	sim    *platformsim.Server
 	simURL string
 	client openai.Client
@@ -63,11 +70,16 @@ type world struct {
 
 func newWorld(t *testing.T, scenarios ...platformsim.Scenario) *world {
 	t.Helper()
-	srv := natstest.Start(t)
+	return newWorldOn(t, natstest.Start(t).ClientURL(), scenarios...)
+}
+
+// newWorldOn is a world whose processes use the JetStream servers at natsURL.
+func newWorldOn(t *testing.T, natsURL string, scenarios ...platformsim.Scenario) *world {
+	t.Helper()
 	sim := platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: scenarios}, APIKey: "sk-mp"})
 	hs := httptest.NewServer(sim)
 	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
-	return &world{t: t, nats: srv, sim: sim, simURL: hs.URL + "/v1", dir: t.TempDir(),
+	return &world{t: t, natsURL: natsURL, sim: sim, simURL: hs.URL + "/v1", dir: t.TempDir(),
 		client: openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("sk-mp"))}
 }
 
@@ -80,24 +92,31 @@ type proc struct {
 
 func (w *world) start(name, bin string, args []string, env ...string) *proc {
 	w.t.Helper()
+	return startProc(w.t, w.dir, name, bin, args, append(append([]string{"NATS_URL=" + w.natsURL, "TOOLRELAY_LOG_LEVEL=info"}, w.env...), env...)...)
+}
+
+// startProc starts bin with its output in dir/name.log, killed when the
+// test ends; the log's tail is shown when the test failed.
+func startProc(t *testing.T, dir, name, bin string, args []string, env ...string) *proc {
+	t.Helper()
 	cmd := osexec.Command(bin, args...)
-	log, err := os.Create(filepath.Join(w.dir, name+".log"))
+	log, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = append(os.Environ(), append([]string{"NATS_URL=" + w.nats.ClientURL(), "TOOLRELAY_LOG_LEVEL=info"}, env...)...)
+	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Start(); err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); log.Close(); close(p.done) }()
-	w.t.Cleanup(func() {
+	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-p.done
-		if w.t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(w.dir, name+".log"))
-			w.t.Logf("--- %s log ---\n%s", name, tail(string(b), 4000))
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, name+".log"))
+			t.Logf("--- %s log ---\n%s", name, tail(string(b), 4000))
 		}
 	})
 	return p
@@ -134,7 +153,7 @@ func (w *world) dispatcher(name string, env ...string) *proc {
 func (w *world) executor(name string, args ...string) *proc {
 	w.t.Helper()
 	p := w.start(name, bins["executor"], args, "TOOLRELAY_EXECUTOR_NAME="+name)
-	nc, err := nats.Connect(w.nats.ClientURL())
+	nc, err := nats.Connect(w.natsURL)
 	if err != nil {
 		w.t.Fatal(err)
 	}

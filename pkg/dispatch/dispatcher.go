@@ -151,6 +151,10 @@ type Dispatcher struct {
 
 	driversMu sync.Mutex
 	drivers   map[string]bool // watches this replica drives
+
+	// unavailableFor is how long requests wait for JetStream to come back
+	// before answering that it is unavailable.
+	unavailableFor time.Duration
 }
 
 // New returns a dispatcher for the given platforms on js.
@@ -192,7 +196,8 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = 10 * time.Second
 	}
-	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}}
+	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{},
+		unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
 		if _, dup := d.platforms[p.Name()]; dup {
 			return nil, fmt.Errorf("dispatch: two adapters for platform %s", p.Name())

@@ -116,6 +116,9 @@ func (d *Dispatcher) watchRequest(ctx context.Context, body []byte) (int, any) {
 			return http.StatusBadRequest, fieldErrorBody(fe)
 		case errors.Is(err, ErrNotRunning):
 			return http.StatusServiceUnavailable, errorBody("the dispatcher is starting or stopping; retry shortly")
+		case errors.Is(err, ErrUnavailable):
+			d.log.WarnContext(ctx, "watch refused: JetStream unavailable", "err", err)
+			return http.StatusServiceUnavailable, errorBody("JetStream is unavailable (a server may be failing over); retry shortly")
 		default:
 			d.log.ErrorContext(ctx, "watch failed", "err", err)
 			return http.StatusInternalServerError, errorBody("could not start the watch")
@@ -174,11 +177,14 @@ func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
 
 // watchReport is the body of GET /v1/watch/{id} and its HTTP status.
 func (d *Dispatcher) watchReport(ctx context.Context, id string) (int, any) {
-	watch, err := d.WatchStatus(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+	watch, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*Watch, error) { return d.WatchStatus(ctx, id) })
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey):
 		return http.StatusNotFound, errorBody("no watch with id " + id)
-	}
-	if err != nil {
+	case errors.Is(err, ErrUnavailable):
+		return http.StatusServiceUnavailable, errorBody("JetStream is unavailable (a server may be failing over); retry shortly")
+	case err != nil:
+		d.log.ErrorContext(ctx, "reading a watch failed", "watch", id, "err", err)
 		return http.StatusInternalServerError, errorBody("could not read the watch")
 	}
 	rep := watchReport{Watch: watch, TurnDetails: []turnReport{}}
@@ -237,6 +243,9 @@ func writeError(w http.ResponseWriter, status int, message string) {
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }

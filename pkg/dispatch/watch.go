@@ -81,33 +81,49 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 		w.Trace = map[string]string{}
 		d.tel.prop.Inject(ctx, propagation.MapCarrier(w.Trace))
 	}
-	for {
-		e, err := d.watches.Get(ctx, id)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			b, _ := json.Marshal(w)
-			if _, err = d.watches.Create(ctx, id, b); errors.Is(err, jetstream.ErrKeyExists) {
-				continue
-			}
-		} else if err == nil {
-			var have Watch
-			if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && time.Since(have.UpdatedAt) < watchStaleAfter {
-				return &have, nil
-			}
-			b, _ := json.Marshal(w)
-			if _, err = d.watches.Update(ctx, id, b, e.Revision()); errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-				continue
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("dispatch: record watch: %w", err)
-		}
-		break
+	have, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*Watch, error) { return d.recordWatch(ctx, w) })
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: record watch: %w", err)
+	}
+	if have != nil {
+		return have, nil
 	}
 	d.indexResponse(ctx, ref.ResponseID, id)
 	if !d.startDriver(w) {
 		return nil, ErrNotRunning
 	}
 	return w, nil
+}
+
+// recordWatch stores w unless an active watch of the same object is
+// already recorded, which it returns instead. Repeating it is harmless: a
+// record an earlier attempt stored (same creation time) counts as stored.
+func (d *Dispatcher) recordWatch(ctx context.Context, w *Watch) (*Watch, error) {
+	for {
+		e, err := d.watches.Get(ctx, w.ID)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			b, _ := json.Marshal(w)
+			if _, err = d.watches.Create(ctx, w.ID, b); errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+			return nil, err
+		}
+		if err != nil {
+			return nil, err
+		}
+		var have Watch
+		if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && time.Since(have.UpdatedAt) < watchStaleAfter {
+			if have.CreatedAt.Equal(w.CreatedAt) {
+				return nil, nil // stored by an earlier attempt of ours
+			}
+			return &have, nil
+		}
+		b, _ := json.Marshal(w)
+		if _, err = d.watches.Update(ctx, w.ID, b, e.Revision()); errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+			continue
+		}
+		return nil, err
+	}
 }
 
 // WatchStatus returns the record of a watch, or jetstream.ErrKeyNotFound.

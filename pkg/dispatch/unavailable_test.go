@@ -1,0 +1,107 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+)
+
+func TestMayPassTellsFailoverFromRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nats.ErrTimeout, true},
+		{nats.ErrNoResponders, true},
+		{fmt.Errorf("get: %w", context.DeadlineExceeded), true},
+		{jetstream.ErrNoStreamResponse, true},
+		{&jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		{&jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}, false},
+		{jetstream.ErrKeyNotFound, false},
+		{context.Canceled, false},
+		{errors.New("permission denied"), false},
+	} {
+		if got := mayPass(tc.err); got != tc.want {
+			t.Errorf("mayPass(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestWhileUnavailableRetriesUntilTheStoreIsBack(t *testing.T) {
+	attempts := 0
+	got, err := whileUnavailable(context.Background(), 10*time.Second, func(context.Context) (string, error) {
+		if attempts++; attempts < 3 {
+			return "", nats.ErrNoResponders
+		}
+		return "stored", nil
+	})
+	if err != nil || got != "stored" || attempts != 3 {
+		t.Fatalf("got %q, %v after %d attempts; want stored after 3", got, err, attempts)
+	}
+
+	attempts = 0
+	_, err = whileUnavailable(context.Background(), 10*time.Second, func(context.Context) (int, error) {
+		attempts++
+		return 0, jetstream.ErrKeyNotFound
+	})
+	if !errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, ErrUnavailable) || attempts != 1 {
+		t.Fatalf("a failure that will not pass: %v after %d attempts; want it at once", err, attempts)
+	}
+
+	_, err = whileUnavailable(context.Background(), 300*time.Millisecond, func(context.Context) (int, error) {
+		return 0, nats.ErrTimeout
+	})
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("after the window: %v; want ErrUnavailable wrapping the last failure", err)
+	}
+}
+
+// With JetStream gone, POST /v1/watch answers 503 with Retry-After once the
+// wait for a failover is over, not 500: the caller's retry will succeed.
+func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	d, err := New(js, NewPlatforms(openai.NewClient(option.WithBaseURL("http://127.0.0.1:1/v1"), option.WithAPIKey("k"))),
+		Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.unavailableFor = 500 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	hs := httptest.NewServer(d.Handler())
+	t.Cleanup(hs.Close)
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	resp, err := http.Post(hs.URL+"/v1/watch", "application/json", strings.NewReader(`{"platform":"responses","response_id":"resp_away"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("POST /v1/watch with JetStream away: %d (Retry-After %q) %s; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if !strings.Contains(string(body), "unavailable") {
+		t.Errorf("body %s does not say JetStream is unavailable", body)
+	}
+}
