@@ -68,10 +68,11 @@ func (a *Assistants) lastAnswer(ctx context.Context, ref Ref) string {
 	return ""
 }
 
-// Submit sends every output in one submit_tool_outputs. If the run no
-// longer accepts outputs because an earlier submission of this turn got
-// through, the repeat counts as success; if it expired or was cancelled,
-// that is the error.
+// Submit sends every output in one submit_tool_outputs. If the run refuses
+// them because an earlier submission of this turn got through (the run went
+// on, or waits for other calls: "do not accept tool outputs", "Expected tool
+// outputs for call_ids ..."), the repeat counts as success; if it expired or
+// was cancelled, or still waits for these calls, that is the error.
 func (a *Assistants) Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error) {
 	params := openai.BetaThreadRunSubmitToolOutputsParams{}
 	for _, o := range outputs {
@@ -81,7 +82,7 @@ func (a *Assistants) Submit(ctx context.Context, turn *Turn, outputs []Output) (
 		})
 	}
 	_, err := a.client.Beta.Threads.Runs.SubmitToolOutputs(ctx, turn.Ref.ThreadID, turn.Ref.RunID, params, submitOpts...)
-	if status, msg := apiMessage(err); status == 400 && strings.Contains(msg, "do not accept tool outputs") {
+	if status, _ := apiMessage(err); status == 400 {
 		r, gerr := a.client.Beta.Threads.Runs.Get(ctx, turn.Ref.ThreadID, turn.Ref.RunID)
 		if gerr == nil && a.alreadySubmitted(r, turn) {
 			return &Submission{}, nil
