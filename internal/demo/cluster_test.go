@@ -2,7 +2,6 @@ package demo
 
 import (
 	"context"
-	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -27,7 +26,7 @@ func TestClusterSurvivesANodeLoss(t *testing.T) {
 		t.Skip("three-node cluster")
 	}
 	c := natstest.StartCluster(t)
-	quiet := slog.New(slog.DiscardHandler)
+	quiet := testutil.Logger(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -83,7 +82,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if channel == "" {
 		channel = "api"
 	}
-	d.tel.takenIn.Add(ctx, 1, metric.WithAttributes(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel)))
+	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Get(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel)))
 	d.gather.track(t, rev)
 	d.emit(Event{Kind: TurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),

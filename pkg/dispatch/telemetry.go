@@ -15,6 +15,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/attrcache"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -63,6 +64,8 @@ const (
 type telemetry struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
+	// sets holds the attribute sets of per-call measurements.
+	sets attrcache.Cache
 
 	calls        metric.Int64Counter
 	callDuration metric.Float64Histogram
@@ -289,7 +292,7 @@ func (t *telemetry) processResult(ctx context.Context, subject, team string, hea
 
 // result records the metrics a result carries.
 func (t *telemetry) result(ctx context.Context, turn *Turn, res *protocol.Result) {
-	fn := metric.WithAttributes(attrFunction.String(res.Function), attrTeam.String(res.Team))
+	fn := t.sets.Get(attrFunction.String(res.Function), attrTeam.String(res.Team))
 	if !res.StartedAt.IsZero() {
 		t.callDuration.Record(ctx, res.FinishedAt.Sub(res.StartedAt).Seconds(), fn)
 		t.queueWait.Record(ctx, max(res.StartedAt.Sub(turn.CreatedAt), 0).Seconds(), fn)
@@ -302,9 +305,9 @@ func (t *telemetry) result(ctx context.Context, turn *Turn, res *protocol.Result
 // submitted records the metrics of a closed turn.
 func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output, state TurnState, at time.Time) {
 	p := attrPlatform.String(string(turn.Ref.Platform))
-	t.turnDuration.Record(ctx, at.Sub(turn.CreatedAt).Seconds(), metric.WithAttributes(p, attrOutcome.String(string(state))))
+	t.turnDuration.Record(ctx, at.Sub(turn.CreatedAt).Seconds(), t.sets.Get(p, attrOutcome.String(string(state))))
 	if state == StateSubmitted {
-		t.timeLeft.Record(ctx, max(turn.ExpiresAt.Sub(at), 0).Seconds(), metric.WithAttributes(p))
+		t.timeLeft.Record(ctx, max(turn.ExpiresAt.Sub(at), 0).Seconds(), t.sets.Get(p))
 	}
 	if turn.CutOff {
 		t.cutoffs.Add(ctx, 1, metric.WithAttributes(p))
@@ -314,6 +317,6 @@ func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output,
 		if o.Result.Error != nil {
 			outcome = string(o.Result.Error.Code)
 		}
-		t.calls.Add(ctx, 1, metric.WithAttributes(attrFunction.String(o.Call.Name), attrTeam.String(o.Call.Team), attrOutcome.String(outcome)))
+		t.calls.Add(ctx, 1, t.sets.Get(attrFunction.String(o.Call.Name), attrTeam.String(o.Call.Team), attrOutcome.String(outcome)))
 	}
 }

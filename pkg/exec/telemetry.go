@@ -12,6 +12,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/attrcache"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -80,6 +81,7 @@ func Metrics(mp metric.MeterProvider) Middleware {
 	duration, _ := m.Float64Histogram("toolrelay.executor.call.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long handlers ran, by function."),
 		metric.WithExplicitBucketBoundaries(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+	var sets attrcache.Cache
 	return func(next Handler) Handler {
 		return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
 			start := time.Now()
@@ -89,8 +91,8 @@ func Metrics(mp metric.MeterProvider) Middleware {
 				outcome = "error"
 			}
 			fn := attrFunction.String(inv.Function)
-			calls.Add(ctx, 1, metric.WithAttributes(fn, attrOutcome.String(outcome)))
-			duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(fn))
+			calls.Add(ctx, 1, sets.Get(fn, attrOutcome.String(outcome)))
+			duration.Record(ctx, time.Since(start).Seconds(), sets.Get(fn))
 			return out, err
 		})
 	}
