@@ -14,7 +14,7 @@ func Logger(t testing.TB) *slog.Logger {
 	l := &lockedBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("--- log ---\n%s", l.tail(8 << 10))
+			t.Logf("--- log ---\n%s", l.tail(8<<10))
 		}
 	})
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
