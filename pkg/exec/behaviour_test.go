@@ -289,3 +289,50 @@ func TestDeadLettersCanBeListedAndReplayed(t *testing.T) {
 		t.Errorf("replaying an unknown key: %v", err)
 	}
 }
+
+// When the result cannot be stored for a while (its stream is gone, as
+// while a server fails over), the executor keeps the result it has and
+// stores it once it can: the side effect happens once and succeeds.
+func TestResultIsKeptUntilItCanBeStored(t *testing.T) {
+	var effects atomic.Int32
+	ran := make(chan struct{}, 1)
+	fn := exec.Function{Name: "issue_refund", SideEffects: true,
+		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) {
+			effects.Add(1)
+			ran <- struct{}{}
+			return []byte("refunded"), nil
+		})}
+	h := start(t, "team-a", exec.Options{AckWait: 3 * time.Second}, fn)
+	ctx := context.Background()
+	cfg := h.results.CachedInfo().Config
+	if err := h.js.DeleteStream(ctx, protocol.ResultStream); err != nil {
+		t.Fatal(err)
+	}
+	c := h.call("team-a", "issue_refund", `{}`, time.Now().Add(time.Minute))
+	<-ran
+	ranAt := time.Now()
+	// The outage outlasts AckWait: the delivery must be kept alive
+	// meanwhile, or JetStream hands the call out again.
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		cons, err := h.js.Consumer(ctx, protocol.CallStream("team-a"), "issue_refund")
+		if err != nil {
+			return false
+		}
+		info := cons.CachedInfo()
+		if info.NumRedelivered > 0 {
+			t.Fatalf("the call was redelivered while its result waited to be stored")
+		}
+		return info.NumAckPending == 1 && time.Since(ranAt) > 4*time.Second
+	})
+	var err error
+	if h.results, err = h.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	res := h.result(c, 15*time.Second)
+	if !res.OK() || res.Output != "refunded" {
+		t.Fatalf("result = %+v, want the handler's output", res)
+	}
+	if n := effects.Load(); n != 1 {
+		t.Fatalf("the side effect happened %d times", n)
+	}
+}

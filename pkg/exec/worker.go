@@ -251,7 +251,9 @@ func (d decision) conclude(ctx context.Context, o outcome) {
 func (d decision) finish(ctx context.Context, res *protocol.Result, reason string) {
 	js := d.w.e.js
 	if d.replay > 0 {
-		if err := deadLetter(ctx, js, d.call, res, protocol.ReasonReplayed, d.attempt, d.replay, d.w.e.opts.Name); err != nil {
+		if err := d.persist(ctx, func(ctx context.Context) error {
+			return deadLetter(ctx, js, d.call, res, protocol.ReasonReplayed, d.attempt, d.replay, d.w.e.opts.Name)
+		}); err != nil {
 			d.log.Error("could not record the replay's outcome; it will be redelivered", "err", err)
 			_ = d.msg.NakWithDelay(time.Second)
 			return
@@ -260,7 +262,9 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 		return
 	}
 	if reason != "" {
-		if err := deadLetter(ctx, js, d.call, res, reason, d.attempt, 0, d.w.e.opts.Name); err != nil {
+		if err := d.persist(ctx, func(ctx context.Context) error {
+			return deadLetter(ctx, js, d.call, res, reason, d.attempt, 0, d.w.e.opts.Name)
+		}); err != nil {
 			d.log.ErrorContext(ctx, "could not record the dead letter; call will be redelivered", "err", err)
 			_ = d.msg.NakWithDelay(time.Second)
 			return
@@ -274,7 +278,7 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	d.span.SetAttributes(attrOutcome.String(outcomeOf(res)))
 	header := nats.Header{}
 	send := d.w.tel.send(ctx, res, header)
-	err := recordResult(ctx, js, res, header)
+	err := d.persist(ctx, func(ctx context.Context) error { return recordResult(ctx, js, res, header) })
 	send.End()
 	if err != nil {
 		d.log.Error("could not record result; call will be redelivered", "err", err)
@@ -287,6 +291,38 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	}
 	if res.Error != nil {
 		d.log.Info("call failed", "code", res.Error.Code, "dead_letter", reason)
+	}
+}
+
+// persistFor is how long a publication of an outcome is retried at least,
+// even past the call's deadline (a late result is still worth recording).
+const persistFor = 30 * time.Second
+
+// persist runs publish until it succeeds, retrying with backoff until the
+// call's deadline (and for at least persistFor) and keeping the delivery
+// alive meanwhile. An outcome in hand is not thrown away because a server
+// is failing over: dropping it would mean running the handler again, and a
+// side-effect function would then fail as "may have run".
+func (d decision) persist(ctx context.Context, publish func(context.Context) error) error {
+	ackWait := d.w.e.opts.AckWait
+	giveUp := time.Now().Add(persistFor)
+	if d.call.Deadline.After(giveUp) {
+		giveUp = d.call.Deadline
+	}
+	for wait := 100 * time.Millisecond; ; wait = min(wait*2, 2*time.Second, ackWait/3) {
+		pctx, cancel := context.WithTimeout(ctx, min(5*time.Second, ackWait/3))
+		err := publish(pctx)
+		cancel()
+		if err == nil || errors.Is(err, protocol.ErrMalformed) || ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
+			return err
+		}
+		d.log.Warn("recording the outcome failed; retrying", "err", err, "in", wait.String())
+		_ = d.msg.InProgress() // each try takes under AckWait/3
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		}
 	}
 }
 
@@ -303,24 +339,11 @@ func recordResult(ctx context.Context, js jetstream.JetStream, res *protocol.Res
 	}
 	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
 	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
-	var last error
-	for attempt := range 4 {
-		if attempt > 0 {
-			select {
-			case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
-			case <-ctx.Done():
-				return errors.Join(last, ctx.Err())
-			}
-		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := js.PublishMsg(pctx, m, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
-		cancel()
-		if err == nil || isAlreadyRecorded(err) {
-			return nil
-		}
-		last = err
+	_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
+	if isAlreadyRecorded(err) {
+		return nil
 	}
-	return last
+	return err
 }
 
 func isAlreadyRecorded(err error) bool {
