@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,10 +52,7 @@ func start(t *testing.T, team string, opts exec.Options, fns ...exec.Function) *
 func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (stop func()) {
 	h.t.Helper()
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-		if os.Getenv("TOOLRELAY_TEST_LOG") != "" {
-			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-		}
+		opts.Logger = testutil.Logger(h.t) // shown if the test fails
 	}
 	_, js := h.srv.Connect(h.t) // each executor has its own connection, like a process
 	e, err := exec.New(js, team, opts)

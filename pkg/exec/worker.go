@@ -313,7 +313,8 @@ func (d decision) persist(ctx context.Context, publish func(context.Context) err
 		pctx, cancel := context.WithTimeout(ctx, min(5*time.Second, ackWait/3))
 		err := publish(pctx)
 		cancel()
-		if err == nil || errors.Is(err, protocol.ErrMalformed) || ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
+		if err == nil || errors.Is(err, protocol.ErrMalformed) || errors.Is(err, nats.ErrConnectionClosed) ||
+			ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
 			return err
 		}
 		d.log.Warn("recording the outcome failed; retrying", "err", err, "in", wait.String())
