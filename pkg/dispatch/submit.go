@@ -120,7 +120,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "submission failed")
 	}
-	final, _, cerr := d.turns.transition(ctx, t.Key, StateSubmitting, t, rev, func(r *Turn) {
+	final, cerr := d.markSubmitted(ctx, t, rev, func(r *Turn) {
 		r.SubmittedAt = now
 		if err != nil {
 			r.State = StateFailed
@@ -133,6 +133,8 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		}
 	})
 	if cerr != nil || final == nil {
+		// Left in submitting: the sweep takes it over and submits it again,
+		// which the platform answers as already submitted.
 		d.log.Error("recording the submission failed", "turn", t.Key, "err", cerr)
 		return
 	}
@@ -148,6 +150,24 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 			"latency_ms", ev.Latency.Milliseconds(), "time_left_s", int64(ev.TimeLeft.Seconds()), "cut_off", t.CutOff)
 	}
 	d.emit(ev)
+}
+
+// markSubmitted records how a submission of t (read at rev) ended. While
+// JetStream fails over it keeps trying: a turn left in submitting is
+// submitted again later. A try that timed out may have been stored, so
+// later tries read the record, and one found closed is the outcome.
+func (d *Dispatcher) markSubmitted(ctx context.Context, t *Turn, rev uint64, change func(*Turn)) (*Turn, error) {
+	known := t
+	return whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*Turn, error) {
+		final, _, err := d.turns.transition(ctx, t.Key, StateSubmitting, known, rev, change)
+		if known == nil && err == nil && final == nil {
+			if r, _, gerr := d.turns.get(ctx, t.Key); gerr == nil && !r.Open() {
+				return r, nil // stored by a try that timed out
+			}
+		}
+		known = nil
+		return final, err
+	})
 }
 
 // outputs lists the result of every call, in the turn's order.
