@@ -44,10 +44,10 @@ func whileUnavailable[T any](ctx context.Context, within time.Duration, op func(
 		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		v, err := op(actx)
 		cancel()
-		if err == nil || ctx.Err() != nil || !mayPass(err) {
+		if err == nil || !mayPass(err) || errors.Is(ctx.Err(), context.Canceled) {
 			return v, err
 		}
-		if time.Now().Add(wait).After(giveUp) {
+		if ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
 			return v, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		sleepCtx(ctx, jitter(wait))

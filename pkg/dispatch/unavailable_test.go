@@ -105,3 +105,23 @@ func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 		t.Errorf("body %s does not say JetStream is unavailable", body)
 	}
 }
+
+// A caller's deadline ends the wait, and the answer is still "unavailable"
+// (503), not an internal error; a cancelled caller gets the failure as is.
+func TestWhileUnavailableStopsAtTheCallersDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := whileUnavailable(ctx, time.Minute, func(ctx context.Context) (int, error) {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("at the caller's deadline: %v; want ErrUnavailable", err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	_, err = whileUnavailable(ctx, time.Minute, func(context.Context) (int, error) { return 0, nats.ErrTimeout })
+	if errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("cancelled: %v; want the failure itself", err)
+	}
+}
