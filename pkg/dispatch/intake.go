@@ -226,7 +226,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			select {
 			case <-p.ack.Ok():
 			case err := <-p.ack.Err():
-				if err = d.republish(ctx, t, p.msg, err); err != nil {
+				if err = d.republish(ctx, t, p.call, p.msg, err); err != nil {
 					p.span.RecordError(err)
 					p.span.SetStatus(codes.Error, "publish failed")
 					d.publishFailed(ctx, t, p.call, err)
@@ -258,7 +258,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			acks <- pending{c, msg, f, release, span}
 			continue
 		}
-		if err = d.republish(ctx, t, msg, err); err != nil {
+		if err = d.republish(ctx, t, c, msg, err); err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, "publish failed")
 			d.publishFailed(ctx, t, c, err)
@@ -273,55 +273,21 @@ func callPubOpts(t *Turn, c *TurnCall) []jetstream.PublishOpt {
 	return []jetstream.PublishOpt{jetstream.WithMsgID(string(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second))}
 }
 
-// republish retries a call whose publication failed, as long as the
-// failure may pass (a stream leader being elected after a server went away,
-// a timeout) and for at most publishRetryFor or until the deadline. The
-// message ID makes a retry of a publish that did land a no-op. It returns
-// nil once the call is stored.
-func (d *Dispatcher) republish(ctx context.Context, t *Turn, msg *nats.Msg, first error) error {
-	if permanentPublishError(first) {
-		return first
+// republish retries a call whose publication failed, while the failure may
+// pass (a stream leader being elected after a server went away, a timeout)
+// and until the turn's deadline at the latest. The message ID makes a
+// retry of a publish that did land a no-op. It returns nil once the call
+// is stored.
+func (d *Dispatcher) republish(ctx context.Context, t *Turn, c *TurnCall, msg *nats.Msg, first error) error {
+	if !mayPass(first) {
+		return first // a full queue, a call too large: retrying cannot help
 	}
-	ctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(publishRetryFor), t.Deadline))
+	ctx, cancel := context.WithDeadline(ctx, t.Deadline)
 	defer cancel()
-	err := first
-	for wait := 100 * time.Millisecond; ctx.Err() == nil; wait = min(wait*2, time.Second) {
-		sleepCtx(ctx, jitter(wait))
-		key := protocol.CallKey(msg.Header.Get(protocol.HeaderCallKey))
-		c := t.call(key)
-		if c == nil {
-			return err
-		}
-		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = d.js.PublishMsg(pctx, msg, callPubOpts(t, c)...)
-		pcancel()
-		if err == nil || permanentPublishError(err) {
-			return err
-		}
-	}
+	_, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*jetstream.PubAck, error) {
+		return d.js.PublishMsg(ctx, msg, callPubOpts(t, c)...)
+	})
 	return err
-}
-
-// publishRetryFor bounds how long a call's publication is retried: long
-// enough for a stream to elect a new leader.
-const publishRetryFor = 10 * time.Second
-
-// permanentPublishError reports failures a retry cannot fix: the team's
-// queue is full (the store refused it, 10077), or the call is too large.
-func permanentPublishError(err error) bool {
-	const storeFailed jetstream.ErrorCode = 10077
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.ErrorCode == storeFailed || apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum
-	}
-	return false
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 func (d *Dispatcher) callMsg(t *Turn, c *TurnCall) (*nats.Msg, error) {

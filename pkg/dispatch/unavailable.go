@@ -21,8 +21,10 @@ var ErrUnavailable = errors.New("dispatch: JetStream is unavailable")
 const unavailableRetryFor = 10 * time.Second
 
 // mayPass reports whether a JetStream failure may pass by itself: a request
-// timed out or found no responder (a server went away), or the server
-// answered that it is temporarily unavailable (a leader is being elected).
+// timed out or found no responder (a server went away), the server
+// answered that it is temporarily unavailable (a leader is being elected),
+// or too many publications await their acknowledgement. Anything else (a
+// full queue, a message too large, a refused compare-and-set) will not.
 func mayPass(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
@@ -30,6 +32,7 @@ func mayPass(err error) bool {
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
 		errors.Is(err, nats.ErrConnectionReconnecting)
 }
 
