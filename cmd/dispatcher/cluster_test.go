@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -89,12 +89,7 @@ cluster {
 	for _, n := range c.nodes {
 		c.run(n)
 	}
-	nc, err := nats.Connect(c.URL(), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := natstest.Connect(t, c.URL(), nats.RetryOnFailedConnect(true))
 	testutil.WaitFor(t, 60*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -135,12 +130,7 @@ func TestBuiltBinariesOnAClusterSurviveAServerKill(t *testing.T) {
 	w.executor("exec-2", "-demo")
 	ds := []*proc{w.dispatcher("dispatcher-a"), w.dispatcher("dispatcher-b")}
 
-	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := natstest.Connect(t, c.URL())
 	ctx := context.Background()
 	for _, name := range []string{protocol.ResultStream, protocol.CallStream("demo")} {
 		s, err := js.Stream(ctx, name)

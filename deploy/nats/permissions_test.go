@@ -21,6 +21,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -53,17 +54,9 @@ func TestConfigsParse(t *testing.T) {
 func connectAs(t *testing.T, s *server.Server, user, password string) (*nats.Conn, jetstream.JetStream, *asyncErrors) {
 	t.Helper()
 	errs := &asyncErrors{}
-	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(user, password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, js := natstest.Connect(t, s.ClientURL(), nats.UserInfo(user, password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		errs.add(err)
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	return nc, js, errs
 }
 
