@@ -238,14 +238,7 @@ func awaitWatch(t *testing.T, p *proc, id string, within time.Duration) *watchSt
 
 func (w *world) assistantsRun(prompt string, metadata map[string]string) (thread, run string) {
 	w.t.Helper()
-	ctx := context.Background()
-	a, err := w.client.Beta.Assistants.New(ctx, openai.BetaAssistantNewParams{Model: "gpt-4o"})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	r, err := w.client.Beta.Threads.NewAndRun(ctx, openai.BetaThreadNewAndRunParams{AssistantID: a.ID, Metadata: metadata,
-		Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
-			Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String(prompt)}}}}})
+	r, err := platformsim.StartAssistantsRun(context.Background(), w.client, prompt, metadata)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -154,13 +154,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 `, platformsim.Scenario{Name: "report", Prompt: "report", Steps: []platformsim.Step{{{Name: "long_report"}}}, Answer: `{{out "long_report"}}`})
 	p.waitServing(t, 1)
 	ctx := context.Background()
-	a, err := p.client.Beta.Assistants.New(ctx, openai.BetaAssistantNewParams{Model: "m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run, err := p.client.Beta.Threads.NewAndRun(ctx, openai.BetaThreadNewAndRunParams{AssistantID: a.ID,
-		Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
-			Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String("the report")}}}}})
+	run, err := platformsim.StartAssistantsRun(ctx, p.client, "the report", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

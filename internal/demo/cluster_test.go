@@ -70,13 +70,7 @@ func TestClusterSurvivesANodeLoss(t *testing.T) {
 	const runs = 10
 	var watches []*dispatch.Watch
 	for i := range runs {
-		a, err := client.Beta.Assistants.New(context.Background(), openai.BetaAssistantNewParams{Model: "gpt-4o"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := client.Beta.Threads.NewAndRun(context.Background(), openai.BetaThreadNewAndRunParams{AssistantID: a.ID,
-			Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
-				Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String("my favorite city")}}}}})
+		r, err := platformsim.StartAssistantsRun(context.Background(), client, "my favorite city", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -292,18 +292,9 @@ func start(ctx context.Context, client openai.Client, sc scenario) (dispatch.Ref
 		}
 		return dispatch.Ref{Platform: sc.platform, SessionID: s.ID}, nil
 	case protocol.PlatformAssistants:
-		a, err := client.Beta.Assistants.New(ctx, openai.BetaAssistantNewParams{Model: "gpt-4o", Name: openai.String("weather-helper")})
+		r, err := platformsim.StartAssistantsRun(ctx, client, sc.prompt, nil)
 		if err != nil {
-			return dispatch.Ref{}, fmt.Errorf("create assistant: %w", err)
-		}
-		r, err := client.Beta.Threads.NewAndRun(ctx, openai.BetaThreadNewAndRunParams{
-			AssistantID: a.ID,
-			Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
-				Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String(sc.prompt)},
-			}}},
-		})
-		if err != nil {
-			return dispatch.Ref{}, fmt.Errorf("create run: %w", err)
+			return dispatch.Ref{}, err
 		}
 		return dispatch.Ref{Platform: sc.platform, ThreadID: r.ThreadID, RunID: r.ID}, nil
 	default:

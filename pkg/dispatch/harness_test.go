@@ -206,17 +206,7 @@ func (e *env) response(prompt string) dispatch.Ref {
 // simulator's run TTL.
 func (e *env) assistantsRun(prompt string, metadata map[string]string) dispatch.Ref {
 	e.t.Helper()
-	ctx := context.Background()
-	a, err := e.client.Beta.Assistants.New(ctx, openai.BetaAssistantNewParams{Model: "gpt-4o"})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	r, err := e.client.Beta.Threads.NewAndRun(ctx, openai.BetaThreadNewAndRunParams{
-		AssistantID: a.ID, Metadata: metadata,
-		Thread: openai.BetaThreadNewAndRunParamsThread{Messages: []openai.BetaThreadNewAndRunParamsThreadMessage{{
-			Role: "user", Content: openai.BetaThreadNewAndRunParamsThreadMessageContentUnion{OfString: openai.String(prompt)},
-		}}},
-	})
+	r, err := platformsim.StartAssistantsRun(context.Background(), e.client, prompt, metadata)
 	if err != nil {
 		e.t.Fatal(err)
 	}
