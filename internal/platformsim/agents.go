@@ -489,13 +489,9 @@ func (s *Server) listSessionItems(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	body, err := paginate(r.URL.Query(), sess.items, func(m map[string]any) string { return m["id"].(string) })
+	body, err := paginate(r.URL.Query(), sess.items)
 	s.mu.Unlock()
-	if err != nil {
-		s.badRequest(w, err.Error(), "")
-		return
-	}
-	writeJSON(w, http.StatusOK, body)
+	s.writePage(w, body, err)
 }
 
 func (s *Server) listSessionTurns(w http.ResponseWriter, r *http.Request) {
@@ -509,12 +505,8 @@ func (s *Server) listSessionTurns(w http.ResponseWriter, r *http.Request) {
 		turns = append(turns, s.turnJSON(sess, t))
 	}
 	s.mu.Unlock()
-	body, err := paginate(r.URL.Query(), turns, func(m map[string]any) string { return m["id"].(string) })
-	if err != nil {
-		s.badRequest(w, err.Error(), "")
-		return
-	}
-	writeJSON(w, http.StatusOK, body)
+	body, err := paginate(r.URL.Query(), turns)
+	s.writePage(w, body, err)
 }
 
 func (s *Server) getSessionTurn(w http.ResponseWriter, r *http.Request) {

@@ -242,13 +242,9 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	body, err := paginate(r.URL.Query(), t.messages, func(m map[string]any) string { return m["id"].(string) })
+	body, err := paginate(r.URL.Query(), t.messages)
 	s.mu.Unlock()
-	if err != nil {
-		s.badRequest(w, err.Error(), "")
-		return
-	}
-	writeJSON(w, http.StatusOK, body)
+	s.writePage(w, body, err)
 }
 
 type createRunRequest struct {
@@ -447,12 +443,8 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	slices.SortFunc(runs, func(a, b map[string]any) int { return int(a["created_at"].(int64) - b["created_at"].(int64)) })
-	body, err := paginate(r.URL.Query(), runs, func(m map[string]any) string { return m["id"].(string) })
-	if err != nil {
-		s.badRequest(w, err.Error(), "")
-		return
-	}
-	writeJSON(w, http.StatusOK, body)
+	body, err := paginate(r.URL.Query(), runs)
+	s.writePage(w, body, err)
 }
 
 func (s *Server) submitToolOutputs(w http.ResponseWriter, r *http.Request) {

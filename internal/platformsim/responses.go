@@ -425,15 +425,12 @@ func (s *Server) listConversationItems(w http.ResponseWriter, r *http.Request) {
 	var body map[string]any
 	var err error
 	if c != nil {
-		body, err = paginate(r.URL.Query(), c.items, func(m map[string]any) string { return m["id"].(string) })
+		body, err = paginate(r.URL.Query(), c.items)
 	}
 	s.mu.Unlock()
-	switch {
-	case c == nil:
+	if c == nil {
 		s.notFound(w, "conversation", r.PathValue("id"))
-	case err != nil:
-		s.badRequest(w, err.Error(), "")
-	default:
-		writeJSON(w, http.StatusOK, body)
+		return
 	}
+	s.writePage(w, body, err)
 }

@@ -317,10 +317,11 @@ func newID(prefix string) string {
 
 func unixNow() int64 { return time.Now().Unix() }
 
-// paginate serves a CursorPage of items (held oldest first) honouring the
-// order ("asc" or "desc", default desc), limit (1..100, default 20) and
-// after query parameters.
-func paginate[T any](q url.Values, items []T, id func(T) string) (map[string]any, error) {
+// paginate serves a CursorPage of items (held oldest first, each with an
+// "id") honouring the order ("asc" or "desc", default desc), limit (1..100,
+// default 20) and after query parameters.
+func paginate(q url.Values, items []map[string]any) (map[string]any, error) {
+	id := func(m map[string]any) string { return m["id"].(string) }
 	data := slices.Clone(items)
 	switch q.Get("order") {
 	case "", "desc":
@@ -338,7 +339,7 @@ func paginate[T any](q url.Values, items []T, id func(T) string) (map[string]any
 		limit = n
 	}
 	if after := q.Get("after"); after != "" {
-		i := slices.IndexFunc(data, func(t T) bool { return id(t) == after })
+		i := slices.IndexFunc(data, func(m map[string]any) bool { return id(m) == after })
 		if i < 0 {
 			return nil, fmt.Errorf("Invalid value for 'after': no object with id '%s'.", after)
 		}
@@ -353,7 +354,17 @@ func paginate[T any](q url.Values, items []T, id func(T) string) (map[string]any
 		first, last = id(data[0]), id(data[len(data)-1])
 	}
 	if data == nil {
-		data = []T{}
+		data = []map[string]any{}
 	}
 	return map[string]any{"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more}, nil
+}
+
+// writePage answers a list request with its page, or 400 when the paging
+// parameters were bad.
+func (s *Server) writePage(w http.ResponseWriter, page map[string]any, err error) {
+	if err != nil {
+		s.badRequest(w, err.Error(), "")
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
 }
