@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -74,7 +73,7 @@ func newPipeline(t *testing.T, config string, scenarios ...platformsim.Scenario)
 	hs := httptest.NewServer(sim)
 	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
 	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("k"))
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{Logger: slog.New(slog.DiscardHandler)})
+	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -94,7 +93,7 @@ func TestTeamPermissions(t *testing.T) {
 		t.Fatal("server not ready")
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	quiet := slog.New(slog.DiscardHandler)
+	quiet := testutil.Logger(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })

@@ -2,7 +2,6 @@ package demo
 
 import (
 	"context"
-	"log/slog"
 	"net/http/httptest"
 	"regexp"
 	"strconv"
@@ -46,7 +45,7 @@ func newStack(t *testing.T) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet := slog.New(slog.DiscardHandler)
+	quiet := testutil.Logger(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, 3)
 	t.Cleanup(func() {

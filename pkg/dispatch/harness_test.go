@@ -3,10 +3,8 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,7 +84,7 @@ func (e *env) webhooksTo(d *dispatch.Dispatcher) {
 func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop func()) {
 	e.t.Helper()
 	if opts.Logger == nil {
-		opts.Logger = testLogger()
+		opts.Logger = testutil.Logger(e.t)
 	}
 	_, js := e.srv.Connect(e.t)
 	if opts.WebhookSecret == "" {
@@ -238,12 +236,4 @@ func finish(t *testing.T, d *dispatch.Dispatcher, ref dispatch.Ref, within time.
 		return err == nil && w.State != dispatch.WatchActive
 	})
 	return w
-}
-
-// testLogger discards logs unless TOOLRELAY_TEST_LOG is set.
-func testLogger() *slog.Logger {
-	if os.Getenv("TOOLRELAY_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
 }

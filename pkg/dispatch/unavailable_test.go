@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -80,7 +79,7 @@ func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	d, err := New(js, NewPlatforms(openai.NewClient(option.WithBaseURL("http://127.0.0.1:1/v1"), option.WithAPIKey("k"))),
-		Options{Logger: slog.New(slog.DiscardHandler)})
+		Options{Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

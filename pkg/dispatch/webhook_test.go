@@ -160,7 +160,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 	// /openai/v1 base URL and a bearer token the simulator checks.
 	foundry := openai.NewClient(option.WithBaseURL(e.simURL+"/api/projects/p1/openai/v1"), option.WithAPIKey("entra-token"))
 	_, js := e.srv.Connect(t)
-	d, err := dispatch.New(js, dispatch.NewPlatforms(foundry), dispatch.Options{Logger: testLogger()})
+	d, err := dispatch.New(js, dispatch.NewPlatforms(foundry), dispatch.Options{Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
