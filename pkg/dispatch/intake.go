@@ -107,6 +107,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	sent := time.Now()
 	timer, err := d.scheduleDeadlineAsync(t)
 	if err != nil {
 		return 0, err
@@ -115,17 +116,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	await := func(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
-		select {
-		case ack := <-f.Ok():
-			return ack, nil
-		case err := <-f.Err():
-			return nil, err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	ack, err := await(rec)
+	ack, err := awaitAck(ctx, rec, sent)
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164) {
 		return 0, errConflict
@@ -133,7 +124,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := await(timer); err != nil {
+	if _, err := awaitAck(ctx, timer, sent); err != nil {
 		// The record exists: try once more, synchronously. The turn still
 		// completes when its results arrive, but without a timer it has no
 		// deadline and the sweep does not see it.
@@ -212,6 +203,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 		call    *TurnCall
 		msg     *nats.Msg
 		ack     jetstream.PubAckFuture
+		sent    time.Time
 		release func()
 		span    trace.Span
 	}
@@ -223,15 +215,12 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 	go func() {
 		defer close(done)
 		for p := range acks {
-			select {
-			case <-p.ack.Ok():
-			case err := <-p.ack.Err():
+			if _, err := awaitAck(ctx, p.ack, p.sent); err != nil && ctx.Err() == nil {
 				if err = d.republish(ctx, t, p.call, p.msg, err); err != nil {
 					p.span.RecordError(err)
 					p.span.SetStatus(codes.Error, "publish failed")
 					d.publishFailed(ctx, t, p.call, err)
 				}
-			case <-ctx.Done():
 			}
 			p.span.End()
 			p.release()
@@ -253,9 +242,10 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			return // shutting down; the sweep re-publishes
 		}
 		span := d.tel.send(ctx, c, msg.Header, len(msg.Data))
+		sent := time.Now()
 		f, err := d.js.PublishMsgAsync(msg, callPubOpts(t, c)...)
 		if err == nil {
-			acks <- pending{c, msg, f, release, span}
+			acks <- pending{c, msg, f, sent, release, span}
 			continue
 		}
 		if err = d.republish(ctx, t, c, msg, err); err != nil {

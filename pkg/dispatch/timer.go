@@ -19,18 +19,13 @@ const timersConsumer = "toolrelay_timers"
 
 // scheduleDeadline arms t's timer. Arming twice is deduplicated.
 func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
+	sent := time.Now()
 	f, err := d.scheduleDeadlineAsync(t)
 	if err != nil {
 		return err
 	}
-	select {
-	case <-f.Ok():
-		return nil
-	case err := <-f.Err():
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	_, err = awaitAck(ctx, f, sent)
+	return err
 }
 
 func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (jetstream.PubAckFuture, error) {

@@ -33,7 +33,31 @@ func mayPass(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
-		errors.Is(err, nats.ErrConnectionReconnecting)
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected)
+}
+
+// ackTimeout bounds the wait for a publication's acknowledgement.
+const ackTimeout = 5 * time.Second
+
+// awaitAck waits for the acknowledgement of an asynchronous publication
+// sent at sent. A JetStream context made without WithPublishAsyncTimeout
+// never fails a future whose acknowledgement was lost with a server (only a
+// reconnect of this client does), so the wait ends ackTimeout after sent:
+// a lost acknowledgement is jetstream.ErrAsyncPublishTimeout, which may
+// pass, and message IDs make publishing again safe.
+func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*jetstream.PubAck, error) {
+	timeout := time.NewTimer(time.Until(sent.Add(ackTimeout)))
+	defer timeout.Stop()
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-timeout.C:
+		return nil, jetstream.ErrAsyncPublishTimeout
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // whileUnavailable runs op, each attempt bounded by a few seconds, until it

@@ -30,6 +30,8 @@ func TestMayPassTellsFailoverFromRefusal(t *testing.T) {
 		{fmt.Errorf("get: %w", context.DeadlineExceeded), true},
 		{jetstream.ErrNoStreamResponse, true},
 		{jetstream.ErrTooManyStalledMsgs, true},
+		{jetstream.ErrAsyncPublishTimeout, true},
+		{nats.ErrDisconnected, true},
 		{&jetstream.APIError{Code: http.StatusInternalServerError, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
 		{&jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jetstream.JSErrCodeStreamMessageExceedsMaximum}, false},
 		{&jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
@@ -125,5 +127,23 @@ func TestWhileUnavailableStopsAtTheCallersDeadline(t *testing.T) {
 	_, err = whileUnavailable(ctx, time.Minute, func(context.Context) (int, error) { return 0, nats.ErrTimeout })
 	if errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrTimeout) {
 		t.Fatalf("cancelled: %v; want the failure itself", err)
+	}
+}
+
+// lostAck is a publication whose acknowledgement never comes, as when the
+// server that stored it went away.
+type lostAck struct{}
+
+func (lostAck) Ok() <-chan *jetstream.PubAck { return nil }
+func (lostAck) Err() <-chan error            { return nil }
+func (lostAck) Msg() *nats.Msg               { return nil }
+
+// A lost acknowledgement ends the wait ackTimeout after the publication
+// (nats.go fails such futures only when this client reconnects), as a
+// failure that may pass, so the publication is retried instead of hanging.
+func TestAwaitAckGivesUpOnALostAcknowledgement(t *testing.T) {
+	_, err := awaitAck(context.Background(), lostAck{}, time.Now().Add(-ackTimeout))
+	if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) || !mayPass(err) {
+		t.Fatalf("lost acknowledgement: %v; want ErrAsyncPublishTimeout, which may pass", err)
 	}
 }
