@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/firstwins"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -117,8 +118,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 		return 0, err
 	}
 	ack, err := awaitAck(ctx, rec, sent)
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164) {
+	if firstwins.Lost(err) {
 		return 0, errConflict
 	}
 	if err != nil {
@@ -314,7 +314,7 @@ func (d *Dispatcher) recordFailure(ctx context.Context, t *Turn, c *TurnCall, ce
 		Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 		Error: cerr, Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC(),
 	}
-	if err := recordResult(ctx, d.js, res); err != nil {
+	if err := firstwins.Record(ctx, d.js, res, nil); err != nil {
 		// The deadline still closes the turn with a failure for this call.
 		d.log.Error("recording failure result failed", "turn", t.Key, "call_key", c.Key, "err", err)
 	}
@@ -332,23 +332,6 @@ func safeName(name string) string {
 func mustJSONString(s string) json.RawMessage {
 	b, _ := json.Marshal(s)
 	return b
-}
-
-// recordResult publishes res so that the first result of a call wins.
-func recordResult(ctx context.Context, js jetstream.JetStream, res *protocol.Result) error {
-	data, err := protocol.EncodeResult(res)
-	if err != nil {
-		return err
-	}
-	m := nats.NewMsg(res.Subject())
-	m.Data = data
-	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
-	_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-		return nil // a result was recorded first
-	}
-	return err
 }
 
 func (d *Dispatcher) emit(e Event) {

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/firstwins"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -278,7 +279,7 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	d.span.SetAttributes(attrOutcome.String(outcomeOf(res)))
 	header := nats.Header{}
 	send := d.w.tel.send(ctx, res, header)
-	err := d.persist(ctx, func(ctx context.Context) error { return recordResult(ctx, js, res, header) })
+	err := d.persist(ctx, func(ctx context.Context) error { return firstwins.Record(ctx, js, res, header) })
 	send.End()
 	if err != nil {
 		d.log.Error("could not record result; call will be redelivered", "err", err)
@@ -325,31 +326,6 @@ func (d decision) persist(ctx context.Context, publish func(context.Context) err
 			return errors.Join(err, ctx.Err())
 		}
 	}
-}
-
-// recordResult publishes res so that the first result of a call wins: a
-// second result is refused by the server (wrong last sequence), and a retried
-// identical publish is deduplicated by its message ID.
-func recordResult(ctx context.Context, js jetstream.JetStream, res *protocol.Result, header nats.Header) error {
-	data, err := protocol.EncodeResult(res)
-	if err != nil {
-		return err
-	}
-	if header == nil {
-		header = nats.Header{}
-	}
-	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
-	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
-	_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
-	if isAlreadyRecorded(err) {
-		return nil
-	}
-	return err
-}
-
-func isAlreadyRecorded(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 func outcomeOf(res *protocol.Result) string {

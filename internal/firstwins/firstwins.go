@@ -1,0 +1,56 @@
+// Package firstwins records call results so that the first result of a call
+// wins: the one place where the dispatcher (failures decided at intake) and
+// executors (outcomes of runs) write results.
+//
+// The results stream keeps one message per subject and refuses a second
+// with "wrong last sequence" (a publish expecting the subject to be empty),
+// and a repeat of the same publication is deduplicated by its message ID,
+// the call key. Both mean a result is already recorded, which is success
+// for a writer that only needs some result to exist.
+package firstwins
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Record publishes res on its result subject unless a result of the call is
+// recorded already, which is not an error. header (may be nil) carries
+// trace context; Record adds the call key.
+func Record(ctx context.Context, js jetstream.Publisher, res *protocol.Result, header nats.Header) error {
+	data, err := protocol.EncodeResult(res)
+	if err != nil {
+		return err
+	}
+	if header == nil {
+		header = nats.Header{}
+	}
+	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
+	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
+	_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
+	if Lost(err) {
+		return nil
+	}
+	return err
+}
+
+// Lost reports whether err says a publication conditioned on a subject's
+// last sequence lost its race: another message got there first. A single
+// server answers with error code 10071; a replicated (R>1) stream answers
+// with 10164, which must be read the same way.
+func Lost(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+		return true
+	}
+	return false
+}
