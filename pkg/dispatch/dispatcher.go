@@ -204,7 +204,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 		}
 		d.platforms[p.Name()] = p
 	}
-	tel, err := newTelemetry(d, opts.TracerProvider, opts.MeterProvider)
+	tel, err := newTelemetry(opts.TracerProvider, opts.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: telemetry: %w", err)
 	}
@@ -266,60 +266,103 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	d.registry = newRegistry(regKV, d.log)
 
-	// Background work outlives ctx by up to ShutdownTimeout, so that a
-	// submission in flight is not cut off by a routine restart; watch
-	// drivers and consumers stop with ctx.
+	// Consumers, watches and refreshers run under rctx, which ends with ctx
+	// or as soon as Run returns (a startup error returns at once). Background
+	// work (submissions, watch drivers) runs under bctx: once ctx ends it may
+	// finish for up to ShutdownTimeout, so that a submission in flight is not
+	// cut off by a routine restart; then it is cancelled and left to another
+	// replica or the restart.
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer cancel(errShutdown)
-	stopAfter := context.AfterFunc(ctx, func() {
-		time.AfterFunc(d.opts.ShutdownTimeout, func() { cancel(errShutdown) })
-	})
-	defer stopAfter()
+	rctx, stopRun := context.WithCancel(ctx)
+	bctx, cancelBackground := context.WithCancelCause(context.WithoutCancel(ctx))
 	d.spawnMu.Lock()
 	d.spawn = func(f func(context.Context)) { wg.Go(func() { f(bctx) }) }
-	d.runDone = ctx.Done()
+	d.runDone = rctx.Done()
 	d.spawnMu.Unlock()
-	defer func() { // before wg.Wait: no new background work once stopping
-		d.spawnMu.Lock()
+	defer func() {
+		stopRun()
+		d.spawnMu.Lock() // no new background work once stopping
 		d.spawn = nil
 		d.spawnMu.Unlock()
+		d.drain(&wg, cancelBackground)
 	}()
 
 	regReady := make(chan struct{})
-	wg.Go(func() { d.registry.watch(ctx, regReady) })
+	wg.Go(func() { d.registry.watch(rctx, regReady) })
+	regWait := time.NewTimer(registryLoadWait)
 	select {
 	case <-regReady:
-	case <-time.After(10 * time.Second):
-		d.log.Warn("registry not loaded after 10s; reading it on demand")
+	case <-regWait.C:
+		d.log.Warn("registry not loaded in time; reading it on demand", "after", registryLoadWait.String())
 	case <-ctx.Done():
+	}
+	regWait.Stop()
+	if ctx.Err() != nil {
 		return nil
 	}
 
-	stopResults, err := d.gather.start(ctx)
+	stopResults, err := d.gather.start(rctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("dispatch: gather results: %w", err)
 	}
 	defer stopResults()
-	stopTimers, err := d.startTimers(ctx)
+	stopTimers, err := d.startTimers(rctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("dispatch: consume deadline timers: %w", err)
 	}
 	defer stopTimers()
 
-	stopNATS, err := d.serveNATS(ctx)
+	stopNATS, err := d.serveNATS(rctx)
 	if err != nil {
 		return fmt.Errorf("dispatch: serve the watch API on NATS: %w", err)
 	}
 	defer stopNATS()
 	defer d.tel.endAll()
+	wg.Go(func() { d.refreshGaugesEvery(rctx, gaugeInterval) })
 	d.resume(bctx)
 	d.ready.Store(true)
 	d.log.InfoContext(ctx, "dispatcher ready", "platforms", len(d.platforms))
 	<-ctx.Done()
 	d.ready.Store(false)
+	d.log.InfoContext(ctx, "dispatcher stopping: no new work; open turns are left to other replicas or the restart")
 	return nil
+}
+
+// registryLoadWait bounds how long Run waits for the registry's first
+// snapshot before serving (it reads entries on demand meanwhile).
+const registryLoadWait = 10 * time.Second
+
+// drain waits for background work (submissions in progress) for up to
+// ShutdownTimeout, then cancels what is left with errShutdown and waits for
+// it to return. Anything cancelled is repeated by another replica's sweep
+// or this one's restart.
+func (d *Dispatcher) drain(wg *sync.WaitGroup, cancel context.CancelCauseFunc) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	timeout := time.NewTimer(d.opts.ShutdownTimeout)
+	defer timeout.Stop()
+	select {
+	case <-done:
+	case <-timeout.C:
+		d.log.Warn("shutdown timeout: cancelling submissions in progress; another replica or the restart repeats them",
+			"timeout", d.opts.ShutdownTimeout.String())
+	}
+	cancel(errShutdown)
+	<-done
+}
+
+// refreshGaugesEvery refreshes the gauges' figures until ctx ends.
+func (d *Dispatcher) refreshGaugesEvery(ctx context.Context, every time.Duration) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		d.refreshGauges(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // withRunContext derives a context that also ends when Run's context

@@ -41,6 +41,7 @@ const (
 	resultsConsumer = "toolrelay_dispatcher"
 	gatherWorkers   = 16
 	recheckDelay    = 25 * time.Millisecond
+	recheckTimeout  = 10 * time.Second
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
@@ -90,6 +91,7 @@ func (g *gatherer) start(ctx context.Context) (stop func(), err error) {
 			close(q)
 		}
 		wg.Wait()
+		g.stopRechecks()
 	}, nil
 }
 
@@ -199,38 +201,51 @@ func (g *gatherer) add(st *gathering, res *protocol.Result) bool {
 	if len(st.results) >= len(st.turn.Calls) {
 		return true
 	}
-	key := st.turn.Key
-	if st.recheck == nil {
-		st.recheck = time.AfterFunc(recheckDelay, func() { g.recheck(key) })
-	} else {
-		st.recheck.Reset(recheckDelay)
-	}
+	g.scheduleRecheck(st)
 	return false
 }
 
 // recheckSoon schedules a re-check of a turn's results (resume).
 func (g *gatherer) recheckSoon(key protocol.TurnKey) {
-	time.AfterFunc(recheckDelay, func() { g.recheck(key) })
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[key]; st != nil {
+		g.scheduleRecheck(st)
+	}
+}
+
+// scheduleRecheck (re)arms st's re-check; g.mu must be held. The timer is
+// the turn's own: forget and stop stop it, and the re-check runs as Run's
+// background work, so none runs after Run returns.
+func (g *gatherer) scheduleRecheck(st *gathering) {
+	if st.recheck != nil {
+		st.recheck.Reset(recheckDelay)
+		return
+	}
+	key := st.turn.Key
+	st.recheck = time.AfterFunc(recheckDelay, func() {
+		g.d.background(func(ctx context.Context) { g.recheck(ctx, key) })
+	})
 }
 
 // recheck asks the stream which results of a turn exist, and closes the
 // turn if all do.
-func (g *gatherer) recheck(key protocol.TurnKey) {
+func (g *gatherer) recheck(ctx context.Context, key protocol.TurnKey) {
 	g.mu.Lock()
 	st := g.turns[key]
 	g.mu.Unlock()
 	if st == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	present, err := g.present(ctx, st.turn)
+	cctx, cancel := context.WithTimeout(ctx, recheckTimeout)
+	present, err := g.present(cctx, st.turn)
+	cancel()
 	if err != nil {
 		g.d.log.Warn("re-checking results failed", "turn", key, "err", err)
 		return
 	}
 	if present == len(st.turn.Calls) {
-		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, key, false) })
+		g.d.closeTurn(ctx, key, false)
 	}
 }
 
@@ -291,6 +306,17 @@ func (g *gatherer) known(key protocol.TurnKey) (*Turn, uint64) {
 		return st.turn, st.rev
 	}
 	return nil, 0
+}
+
+// stopRechecks stops every re-check timer (the dispatcher is stopping).
+func (g *gatherer) stopRechecks() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, st := range g.turns {
+		if st.recheck != nil {
+			st.recheck.Stop()
+		}
+	}
 }
 
 // forget drops a closed turn.

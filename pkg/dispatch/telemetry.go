@@ -80,9 +80,12 @@ type telemetry struct {
 
 	mu    sync.Mutex
 	spans map[protocol.TurnKey]trace.Span
+
+	gaugesMu sync.Mutex
+	gauges   gauges
 }
 
-func newTelemetry(d *Dispatcher, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
@@ -124,13 +127,33 @@ func newTelemetry(d *Dispatcher, tp trace.TracerProvider, mp metric.MeterProvide
 	must(e)
 	t.takenIn, e = m.Int64Counter("toolrelay.turns.taken_in", metric.WithDescription("Turns taken in, by platform and by the channel that saw them first (poll, stream, webhook, api)."))
 	must(e)
-	must(t.observe(d, m))
+	must(t.observe(m))
 	return t, err
 }
 
-// observe registers the gauges read from JetStream at collection time:
-// open turns, calls queued and running per function, dead letters.
-func (t *telemetry) observe(d *Dispatcher, m metric.Meter) error {
+// gaugeInterval is how often Run refreshes the figures the gauges report:
+// a scrape reads the cache, so scrapes cost JetStream nothing however many
+// replicas are scraped and however often.
+const gaugeInterval = 5 * time.Second
+
+// gauges are the figures read from JetStream for the observable gauges.
+type gauges struct {
+	openTurns   int64
+	haveOpen    bool
+	functions   []functionGauge
+	deadLetters []functionGauge
+	refreshedAt time.Time
+}
+
+type functionGauge struct {
+	team, function  string
+	queued, running int64
+}
+
+// observe registers the gauges of JetStream state: open turns, calls
+// queued and running per function, dead letters. They report the figures
+// refreshGauges last read.
+func (t *telemetry) observe(m metric.Meter) error {
 	openTurns, err := m.Int64ObservableGauge("toolrelay.turns.open", metric.WithDescription("Turns taken in and not yet submitted (all replicas)."))
 	if err != nil {
 		return err
@@ -147,41 +170,70 @@ func (t *telemetry) observe(d *Dispatcher, m metric.Meter) error {
 	if err != nil {
 		return err
 	}
-	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		if d.timers != nil {
-			if keys, err := d.openTurns(ctx); err == nil {
-				o.ObserveInt64(openTurns, int64(len(keys)))
-			}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		t.gaugesMu.Lock()
+		g := t.gauges
+		t.gaugesMu.Unlock()
+		if g.haveOpen {
+			o.ObserveInt64(openTurns, g.openTurns)
 		}
-		names := d.js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.CallSubjectPrefix+".>"))
-		for name := range names.Name() {
-			s, err := d.js.Stream(ctx, name)
-			if err != nil {
-				continue
-			}
-			team := strings.TrimPrefix(name, protocol.CallStream(""))
-			infos := s.ListConsumers(ctx)
-			for ci := range infos.Info() {
-				attrs := metric.WithAttributes(attrTeam.String(team), attrFunction.String(ci.Name))
-				o.ObserveInt64(lag, int64(ci.NumPending), attrs)
-				o.ObserveInt64(running, int64(ci.NumAckPending), attrs)
-			}
+		for _, f := range g.functions {
+			attrs := metric.WithAttributes(attrTeam.String(f.team), attrFunction.String(f.function))
+			o.ObserveInt64(lag, f.queued, attrs)
+			o.ObserveInt64(running, f.running, attrs)
 		}
-		if s, err := d.js.Stream(ctx, protocol.DeadLetterStream); err == nil {
-			if info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.DeadLetterSubjectPrefix+".>")); err == nil {
-				for subj, n := range info.State.Subjects {
-					parts := strings.Split(subj, ".")
-					if len(parts) == 3 {
-						o.ObserveInt64(dead, int64(n), metric.WithAttributes(attrTeam.String(parts[1]), attrFunction.String(parts[2])))
-					}
-				}
-			}
+		for _, f := range g.deadLetters {
+			o.ObserveInt64(dead, f.queued, metric.WithAttributes(attrTeam.String(f.team), attrFunction.String(f.function)))
 		}
 		return nil
 	}, openTurns, lag, running, dead)
 	return err
+}
+
+// refreshGauges reads the gauges' figures from JetStream. A figure it
+// cannot read keeps its last value.
+func (d *Dispatcher) refreshGauges(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, gaugeInterval)
+	defer cancel()
+	t := d.tel
+	t.gaugesMu.Lock()
+	g := t.gauges
+	t.gaugesMu.Unlock()
+	if keys, err := d.openTurns(ctx); err == nil {
+		g.openTurns, g.haveOpen = int64(len(keys)), true
+	}
+	var fns []functionGauge
+	names := d.js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.CallSubjectPrefix+".>"))
+	for name := range names.Name() {
+		s, err := d.js.Stream(ctx, name)
+		if err != nil {
+			continue
+		}
+		team := strings.TrimPrefix(name, protocol.CallStream(""))
+		infos := s.ListConsumers(ctx)
+		for ci := range infos.Info() {
+			fns = append(fns, functionGauge{team: team, function: ci.Name, queued: int64(ci.NumPending), running: int64(ci.NumAckPending)})
+		}
+	}
+	if names.Err() == nil {
+		g.functions = fns
+	}
+	if s, err := d.js.Stream(ctx, protocol.DeadLetterStream); err == nil {
+		if info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.DeadLetterSubjectPrefix+".>")); err == nil {
+			var dl []functionGauge
+			for subj, n := range info.State.Subjects {
+				parts := strings.Split(subj, ".")
+				if len(parts) == 3 {
+					dl = append(dl, functionGauge{team: parts[1], function: parts[2], queued: int64(n)})
+				}
+			}
+			g.deadLetters = dl
+		}
+	}
+	g.refreshedAt = time.Now()
+	t.gaugesMu.Lock()
+	t.gauges = g
+	t.gaugesMu.Unlock()
 }
 
 // startTurn opens the turn's span as a child of ctx and stores its context
@@ -317,6 +369,20 @@ func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output,
 		if o.Result.Error != nil {
 			outcome = string(o.Result.Error.Code)
 		}
-		t.calls.Add(ctx, 1, t.sets.Get(attrFunction.String(o.Call.Name), attrTeam.String(o.Call.Team), attrOutcome.String(outcome)))
+		t.calls.Add(ctx, 1, t.sets.Get(attrFunction.String(metricFunction(&o.Call)), attrTeam.String(o.Call.Team), attrOutcome.String(outcome)))
 	}
+}
+
+// unknownFunction is the function label of calls to functions no team
+// serves: the model can invent any name, and each must not become a label
+// value of its own.
+const unknownFunction = "unknown"
+
+// metricFunction is the function label of a call: its name once intake
+// found the function's team, else unknownFunction.
+func metricFunction(c *TurnCall) string {
+	if c.Team == "" {
+		return unknownFunction
+	}
+	return c.Name
 }
