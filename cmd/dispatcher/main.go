@@ -15,14 +15,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	ctx, stop := cliutil.SignalContext(context.Background(), os.Stderr)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "dispatcher:", err)
 		}
@@ -39,7 +40,10 @@ func exitCode(err error) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+	switch {
+	case len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
+		cmd = "help" // the command list; "dispatcher serve -h" lists the settings
+	case len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-':
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -53,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return toolsCmd(ctx, args, stdout, stderr)
 	case "help":
 		usage(stdout)
+		fmt.Fprintln(stdout, "\nSettings of serve (environment variables):")
+		cliutil.PrintSettings(stdout, &config{})
 		return nil
 	}
 	usage(stderr)
@@ -60,7 +66,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
@@ -68,5 +74,7 @@ func usage(w io.Writer) {
               in-process seed executors; exits 0 when every answer arrived
   simulator   serve the platform simulator alone, to try the service without OpenAI
   tools       print the functions executors serve as a platform's tool definitions
+
+"dispatcher <command> -h" lists a command's flags and settings.
 `)
 }

@@ -40,6 +40,7 @@ type config struct {
 	MaxPerTeam    int           `envconfig:"TOOLRELAY_MAX_INFLIGHT_PER_TEAM" default:"1024" desc:"one team's share of them"`
 	Replicas      int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams and buckets (3 on a cluster)"`
 	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	Shutdown      time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"after SIGTERM, how long submissions in progress may finish before they are left to another replica or the restart"`
 	OpenAIAPIKey  secret        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
 	OpenAIBaseURL string        `envconfig:"OPENAI_BASE_URL" desc:"platform base URL; Foundry: {project endpoint}/openai/v1"`
 	WebhookSecret secret        `envconfig:"OPENAI_WEBHOOK_SECRET" desc:"verifies POST /webhooks/openai (whsec_...); empty: webhooks get 401"`
@@ -104,7 +105,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dopts := dispatch.Options{
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
 		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval, WebhookSecret: string(cfg.WebhookSecret),
-		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam,
+		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
 	}
 	if cfg.CrashAt != "" {
 		dopts.OnStage = crashAt(dispatch.Stage(cfg.CrashAt), log)
@@ -126,19 +127,37 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	go func() { httpErr <- srv.Serve(ln) }()
 	log.Info("HTTP API listening", "addr", ln.Addr().String())
 
+	// Run ends when ctx does (a signal), or at once if it cannot start; a
+	// failing HTTP server stops it too.
+	rctx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
 	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(ctx) }()
+	go func() { runErr <- d.Run(rctx) }()
+	var runDone bool
 	select {
+	case <-ctx.Done():
+		log.Info("stopping", "cause", context.Cause(ctx).Error(), "timeout", cfg.Shutdown.String())
 	case err = <-runErr:
+		runDone = true
 	case err = <-httpErr:
+		err = fmt.Errorf("HTTP API: %w", err)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	stopRun()
+	// Stop taking requests while Run hands its open turns over; both are
+	// bounded by the shutdown timeout.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Shutdown)
 	defer cancel()
-	_ = srv.Shutdown(sctx)
-	if err == nil || errors.Is(err, http.ErrServerClosed) {
-		err = <-runErr
+	if herr := srv.Shutdown(sctx); herr != nil {
+		log.Warn("HTTP API did not stop in time; closing its connections", "err", herr)
+		_ = srv.Close()
 	}
-	return err
+	if !runDone {
+		err = errors.Join(err, <-runErr)
+	}
+	if err == nil {
+		log.Info("stopped")
+	}
+	return err // then NATS is closed and the embedded server shut down
 }
 
 // crashAt kills this process with SIGKILL, as an operator's kill -9 would,
