@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
@@ -245,11 +246,25 @@ func memoryOnce(ctx context.Context, env *natsEnv, self string, n int) (memory, 
 	if err != nil {
 		return memory{}, err
 	}
-	spec, _ := protocol.EncodeFunctionSpec(&protocol.FunctionSpec{Version: protocol.Version, Name: "hold", Team: benchTeam,
-		Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()})
+	hold := protocol.FunctionSpec{Version: protocol.Version, Name: "hold", Team: benchTeam,
+		Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()}
+	spec, _ := protocol.EncodeFunctionSpec(&hold)
 	if _, err := reg.Put(ctx, "hold", spec); err != nil {
 		return memory{}, err
 	}
+	decls, err := provision.KeyValue(ctx, js, provision.DeclarationBucketConfig(provision.Options{}))
+	if err != nil {
+		return memory{}, err
+	}
+	keeper, err := lease.Declare(ctx, decls, []*protocol.Declaration{{Version: protocol.Version, Spec: hold,
+		Instance: "bench-hold", Executor: "bench", StartedAt: time.Now()}}, nil)
+	if err != nil {
+		return memory{}, err
+	}
+	kctx, stopLease := context.WithCancel(ctx)
+	leased := make(chan struct{})
+	go func() { keeper.Run(kctx); close(leased) }()
+	defer func() { stopLease(); <-leased; _ = keeper.Withdraw(context.WithoutCancel(ctx)) }()
 	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "hold", FilterSubject: protocol.CallSubject(benchTeam, "hold"), AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		return memory{}, err

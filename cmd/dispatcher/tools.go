@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,9 +24,11 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("dispatcher tools", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	platform := fs.String("platform", "responses", "agents, assistants or responses")
+	status := fs.Bool("status", false, "print every function with its team, live executors and schemas instead")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses]\n\n"+
-			"Prints the functions executors announced as a JSON array of tool definitions.\n"+
+		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses] [-status]\n\n"+
+			"Prints the functions live executors serve as a JSON array of tool definitions\n"+
+			"(functions no executor serves, and executors that disagree on a schema, are reported on stderr).\n"+
 			"Connects to NATS_URL, or to the embedded server at TOOLRELAY_NATS_LISTEN (default 127.0.0.1:4222).")
 		fs.PrintDefaults()
 	}
@@ -39,9 +44,25 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer closeNC()
-	specs, err := dispatch.Functions(ctx, js)
+	all, err := dispatch.Registry(ctx, js)
 	if err != nil {
 		return err
+	}
+	if *status {
+		printStatus(stdout, all)
+		return nil
+	}
+	var specs []*protocol.FunctionSpec
+	for _, f := range all {
+		switch {
+		case !f.Served():
+			fmt.Fprintf(stderr, "not served: %s (team %s) has no live executor; left out\n", f.Spec.Name, f.Spec.Team)
+			continue
+		case f.Schemas > 1:
+			fmt.Fprintf(stderr, "warning: %s: its %d live executors declare %d different schemas; printed is the newest (%s, started %s)\n",
+				f.Spec.Name, len(f.Executors), f.Schemas, f.Executors[0].Executor, f.Executors[0].StartedAt.Format(time.RFC3339))
+		}
+		specs = append(specs, f.Spec)
 	}
 	defs, err := dispatch.ToolDefinitions(specs, p)
 	if err != nil {
@@ -50,6 +71,27 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(defs)
+}
+
+// printStatus prints one line per function: what serves it now.
+func printStatus(w io.Writer, all []dispatch.FunctionStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FUNCTION\tTEAM\tEXECUTORS\tSCHEMAS\tSTATUS")
+	for _, f := range all {
+		state := "served"
+		switch {
+		case !f.Served():
+			state = "not served: no live executor"
+		case f.Schemas > 1:
+			state = "served; executors disagree on the schema"
+		}
+		var names []string
+		for _, e := range f.Executors {
+			names = append(names, e.Executor+"("+e.Schema+")")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", f.Spec.Name, f.Spec.Team, strings.Join(names, ","), f.Schemas, state)
+	}
+	_ = tw.Flush()
 }
 
 // natsURLForTools is NATS_URL, or the address a local dispatcher's

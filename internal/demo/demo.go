@@ -194,7 +194,7 @@ func connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
 }
 
 // waitReady waits for the dispatcher and for every seed function to be
-// announced in the registry.
+// served by a live executor.
 func waitReady(ctx context.Context, d *dispatch.Dispatcher, js jetstream.JetStream, derr <-chan error) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -217,13 +217,18 @@ func waitReady(ctx context.Context, d *dispatch.Dispatcher, js jetstream.JetStre
 	}
 }
 
+// registered reports whether live executors serve every seed function.
 func registered(ctx context.Context, js jetstream.JetStream) bool {
-	kv, err := js.KeyValue(ctx, protocol.RegistryBucket)
+	specs, err := dispatch.Functions(ctx, js)
 	if err != nil {
 		return false
 	}
+	served := map[string]bool{}
+	for _, s := range specs {
+		served[s.Name] = true
+	}
 	for _, f := range Functions() {
-		if _, err := kv.Get(ctx, f.Name); err != nil {
+		if !served[f.Name] {
 			return false
 		}
 	}

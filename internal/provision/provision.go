@@ -127,6 +127,22 @@ func RegistryBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
+// DeclarationBucketConfig holds the declarations of live executor
+// processes. Its age limit is the lease: a declaration not renewed within
+// protocol.LeaseTTL is removed by the server, which leaves a marker so
+// that watchers see it go.
+func DeclarationBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:         protocol.DeclarationBucket,
+		Description:    "toolrelay executors serving functions now, each a lease its process renews",
+		History:        1,
+		TTL:            protocol.LeaseTTL,
+		LimitMarkerTTL: protocol.LeaseTTL,
+		Storage:        jetstream.FileStorage,
+		Replicas:       o.replicas(),
+	}
+}
+
 // WatchBucketConfig holds what the dispatcher watches on request.
 func WatchBucketConfig(o Options) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
@@ -236,6 +252,9 @@ func KeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyVal
 	}
 	if want.TTL != 0 && st.TTL() != 0 && st.TTL() < want.TTL {
 		diffs = append(diffs, fmt.Sprintf("ttl is %s, toolrelay needs at least %s", st.TTL(), want.TTL))
+	}
+	if want.LimitMarkerTTL != 0 && st.LimitMarkerTTL() == 0 {
+		diffs = append(diffs, fmt.Sprintf("limit_marker_ttl is unset, toolrelay needs %s (nats-server 2.11 or later)", want.LimitMarkerTTL))
 	}
 	if len(diffs) > 0 {
 		return nil, &IncompatibleError{Kind: "bucket", Name: want.Bucket, Diffs: diffs}

@@ -204,7 +204,8 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 		}
 		d.platforms[p.Name()] = p
 	}
-	tel, err := newTelemetry(opts.TracerProvider, opts.MeterProvider)
+	d.registry = newRegistry(d.log)
+	tel, err := newTelemetry(opts.TracerProvider, opts.MeterProvider, d.registry.fleet)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: telemetry: %w", err)
 	}
@@ -260,11 +261,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.responses, err = provision.KeyValue(ctx, d.js, provision.ResponseBucketConfig(popts)); err != nil {
 		return err
 	}
-	regKV, err := provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts))
-	if err != nil {
+	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {
 		return err
 	}
-	d.registry = newRegistry(regKV, d.log)
+	if d.registry.decls, err = provision.KeyValue(ctx, d.js, provision.DeclarationBucketConfig(popts)); err != nil {
+		return err
+	}
 
 	// Consumers, watches and refreshers run under rctx, which ends with ctx
 	// or as soon as Run returns (a startup error returns at once). Background

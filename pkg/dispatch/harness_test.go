@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/provision"
@@ -113,22 +116,58 @@ func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop fu
 	return d, stop
 }
 
-// register announces a function in the registry, as an executor does.
+// register announces a function in the registry as an executor does: the
+// team's claim, and a declaration of this test's stand-in executor, kept
+// alive until the test ends.
 func (e *env) register(team, name, schema string) {
 	e.t.Helper()
-	kv, err := provision.KeyValue(context.Background(), e.js, provision.RegistryBucketConfig(provision.Options{}))
+	e.declare(team, name, schema, "test-executor", uuid.NewString())
+}
+
+// declare claims name for team and declares it as served by one executor
+// process (instance); the returned stop withdraws the declaration, as the
+// process stopping would.
+func (e *env) declare(team, name, schema, executor, instance string) (stop func()) {
+	e.t.Helper()
+	ctx := context.Background()
+	claims, err := provision.KeyValue(ctx, e.js, provision.RegistryBucketConfig(provision.Options{}))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	b, err := protocol.EncodeFunctionSpec(&protocol.FunctionSpec{
+	spec := protocol.FunctionSpec{
 		Version: protocol.Version, Name: name, Team: team, Parameters: json.RawMessage(schema), UpdatedAt: time.Now(),
-	})
+	}
+	b, err := protocol.EncodeFunctionSpec(&spec)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if _, err := kv.Put(context.Background(), name, b); err != nil {
+	if _, err := claims.Put(ctx, name, b); err != nil {
 		e.t.Fatal(err)
 	}
+	decls, err := provision.KeyValue(ctx, e.js, provision.DeclarationBucketConfig(provision.Options{}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	keeper, err := lease.Declare(ctx, decls, []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
+		Instance: instance, Executor: executor, StartedAt: time.Now()}}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	kctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { keeper.Run(kctx); close(done) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			if err := keeper.Withdraw(ctx); err != nil {
+				e.t.Errorf("withdraw %s: %v", name, err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
 }
 
 // serve runs a minimal executor for the named functions of team, with one

@@ -179,7 +179,12 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallErr
 		return &protocol.CallError{Code: protocol.CodeUnknownFunction,
 			Message: fmt.Sprintf("There is no function named %q. Use one of the functions you were given.", c.Name)}
 	}
-	c.Team = f.spec.Team
+	c.Team = f.team
+	// Arguments are checked against what live executors declare; with none
+	// alive there is nothing to run them, so wait a moment for one.
+	if f = d.registry.awaitLive(ctx, f, d.opts.ServeGrace); len(f.live) == 0 {
+		return notServed(c.Name)
+	}
 	if msg := f.validate(c.Arguments); msg != "" {
 		return &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: msg}
 	}
@@ -189,10 +194,15 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallErr
 		return nil
 	}
 	if !ok {
-		return &protocol.CallError{Code: protocol.CodeUnavailable,
-			Message: fmt.Sprintf("%s is unavailable: no executor is serving it right now. Continue without it, or try again later.", c.Name)}
+		return notServed(c.Name)
 	}
 	return nil
+}
+
+// notServed is the failure of a call to a function no executor serves.
+func notServed(name string) *protocol.CallError {
+	return &protocol.CallError{Code: protocol.CodeUnavailable,
+		Message: fmt.Sprintf("%s is unavailable: no executor is serving it right now. Continue without it, or try again later.", name)}
 }
 
 // publishCalls publishes every call of t not rejected at intake and not in

@@ -1,10 +1,15 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,108 +19,315 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// registry is the dispatcher's view of the functions executors announced:
-// a cache kept current by watching the registry bucket, with each schema
-// compiled once.
+// registry is the dispatcher's view of the fleet: which team owns each
+// function (its claim in the registry bucket) and which executor processes
+// serve it now (their declarations, each a lease). A cache kept current by
+// watching both buckets, with each distinct schema compiled once.
+//
+// Validation rule: a call's arguments are valid if they match the schema
+// of any live declaration of the function, so that during a rolling deploy
+// from one schema to another neither the calls the old version accepts
+// nor those the new one accepts are refused before they reach an executor.
+// When none matches, the model is told what the newest declaration (the
+// latest process to start) expects. A declaration counts only while its
+// lease is current and only if it is of the owning team; a dead process's
+// schema never counts.
 type registry struct {
-	kv  jetstream.KeyValue
-	log *slog.Logger
+	claims jetstream.KeyValue
+	decls  jetstream.KeyValue
+	log    *slog.Logger
 
-	mu    sync.RWMutex
-	funcs map[string]*function
+	mu      sync.RWMutex
+	owners  map[string]*protocol.FunctionSpec
+	live    map[string]map[string]*declared // function → instance → declaration
+	schemas map[string]*schema.Schema       // function/digest → compiled
+	// disagree holds the functions whose live declarations have more than
+	// one schema, as reported.
+	disagree map[string]int
+	changed  chan struct{} // closed and replaced on every change
 }
 
-type function struct {
-	spec   *protocol.FunctionSpec
+// declared is a live declaration.
+type declared struct {
+	decl   *protocol.Declaration
 	schema *schema.Schema
+	digest string
+	// expires is when the lease lapses unless renewed, by this process's
+	// clock from when the declaration arrived: a backstop for the server's
+	// removal marker, which a watcher can miss across a reconnect.
+	expires time.Time
 }
 
-func newRegistry(kv jetstream.KeyValue, log *slog.Logger) *registry {
-	return &registry{kv: kv, log: log, funcs: map[string]*function{}}
+// function is what intake needs of a function: its owning team and its
+// live declarations, newest first.
+type function struct {
+	name string
+	team string
+	live []*declared
 }
 
-// watch keeps the cache current until ctx ends, re-creating the watcher
-// when it closes (for instance after a reconnect).
+func newRegistry(log *slog.Logger) *registry {
+	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, live: map[string]map[string]*declared{},
+		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, changed: make(chan struct{})}
+}
+
+// watch keeps the cache current until ctx ends. ready is closed once both
+// buckets' current contents are loaded.
 func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
+	var loaded sync.WaitGroup
+	loaded.Add(2)
+	var wg sync.WaitGroup
+	wg.Go(func() { watchBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log) })
+	wg.Go(func() { watchBucket(ctx, r.decls, r.applyDeclaration, loaded.Done, r.log) })
+	wg.Go(func() {
+		loaded.Wait()
+		close(ready)
+	})
+	wg.Wait()
+}
+
+// watchBucket applies every change of kv until ctx ends, re-creating the
+// watcher when it closes (for instance after a reconnect). loaded is called
+// once, when the first snapshot is delivered (or ctx ends before).
+func watchBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), loaded func(), log *slog.Logger) {
+	var once sync.Once
+	defer once.Do(loaded)
 	for ctx.Err() == nil {
-		w, err := r.kv.WatchAll(ctx)
+		w, err := kv.WatchAll(ctx)
 		if err != nil {
-			r.log.Warn("registry watch failed; retrying", "err", err)
+			log.Warn("registry watch failed; retrying", "bucket", kv.Bucket(), "err", err)
 			sleepCtx(ctx, time.Second)
 			continue
 		}
 		for e := range w.Updates() {
-			if e == nil { // initial values delivered
-				if ready != nil {
-					close(ready)
-					ready = nil
-				}
+			if e == nil {
+				once.Do(loaded)
 				continue
 			}
-			r.apply(e)
+			apply(e)
 		}
 		_ = w.Stop()
 	}
 }
 
-func (r *registry) apply(e jetstream.KeyValueEntry) {
+func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	defer r.notify()
 	if e.Operation() != jetstream.KeyValuePut {
-		r.mu.Lock()
-		delete(r.funcs, e.Key())
-		r.mu.Unlock()
+		delete(r.owners, e.Key())
 		return
 	}
-	f, err := compileFunction(e.Value())
-	if err != nil {
+	spec, err := protocol.DecodeFunctionSpec(e.Value())
+	if err != nil || spec.Name != e.Key() {
 		r.log.Error("ignoring invalid registry entry", "fn", e.Key(), "err", err)
 		return
 	}
-	r.mu.Lock()
-	r.funcs[f.spec.Name] = f
-	r.mu.Unlock()
+	r.owners[spec.Name] = spec
 }
 
-// lookup returns the function, reading the bucket when the cache has not
-// seen it yet (an executor that announced it a moment ago).
+func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
+	name, instance, err := protocol.ParseDeclarationKey(e.Key())
+	if err != nil {
+		r.log.Error("ignoring a declaration under a malformed key", "key", e.Key(), "err", err)
+		return
+	}
+	if e.Operation() != jetstream.KeyValuePut {
+		r.mu.Lock()
+		delete(r.live[name], instance)
+		r.checkAgreement(name)
+		r.notify()
+		r.mu.Unlock()
+		return
+	}
+	decl, err := protocol.DecodeDeclaration(e.Value())
+	if err == nil && (decl.Spec.Name != name || decl.Instance != instance) {
+		err = errors.New("declaration does not match its key")
+	}
+	if err != nil {
+		r.log.Error("ignoring invalid declaration", "key", e.Key(), "err", err)
+		return
+	}
+	digest := schemaDigest(decl.Spec.Parameters)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.schemas[name+"/"+digest]
+	if s == nil {
+		if s, err = schema.Compile(name, decl.Spec.Parameters); err != nil {
+			r.log.Error("ignoring a declaration whose schema does not compile", "key", e.Key(), "err", err)
+			return
+		}
+		r.schemas[name+"/"+digest] = s
+	}
+	if r.live[name] == nil {
+		r.live[name] = map[string]*declared{}
+	}
+	r.live[name][instance] = &declared{decl: decl, schema: s, digest: digest, expires: time.Now().Add(protocol.LeaseTTL)}
+	r.checkAgreement(name)
+	r.notify()
+}
+
+// checkAgreement reports a function whose live declarations disagree on
+// its schema, once when it starts and once when it ends; r.mu is held.
+func (r *registry) checkAgreement(name string) {
+	digests := map[string][]string{}
+	for _, d := range r.live[name] {
+		digests[d.digest] = append(digests[d.digest], d.decl.Executor+"/"+d.decl.Instance)
+	}
+	n, was := len(digests), r.disagree[name]
+	switch {
+	case n > 1 && n != was:
+		r.disagree[name] = n
+		r.log.Warn("live executors declare different schemas for one function; arguments are accepted if any of them matches, and the newest explains a mismatch",
+			"fn", name, "schemas", n, "executors", digests)
+	case n <= 1 && was > 1:
+		delete(r.disagree, name)
+		r.log.Info("live executors agree on the function's schema again", "fn", name)
+	}
+	if len(r.live[name]) == 0 {
+		delete(r.live, name)
+		for k := range r.schemas { // drop the function's compiled schemas
+			if len(k) > len(name) && k[:len(name)+1] == name+"/" {
+				delete(r.schemas, k)
+			}
+		}
+	}
+}
+
+// notify wakes whoever waits for a change; r.mu is held.
+func (r *registry) notify() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// lookup returns the function, or nil if no team owns the name. The claim
+// is read from the bucket when the cache has not seen it yet (an executor
+// that announced it a moment ago).
 func (r *registry) lookup(ctx context.Context, name string) (*function, error) {
 	r.mu.RLock()
-	f := r.funcs[name]
+	owner := r.owners[name]
 	r.mu.RUnlock()
-	if f != nil {
-		return f, nil
+	if owner == nil {
+		e, err := r.claims.Get(ctx, name)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dispatch: registry lookup %s: %w", name, err)
+		}
+		if owner, err = protocol.DecodeFunctionSpec(e.Value()); err != nil {
+			return nil, err
+		}
+		r.mu.Lock()
+		r.owners[name] = owner
+		r.mu.Unlock()
 	}
-	e, err := r.kv.Get(ctx, name)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("dispatch: registry lookup %s: %w", name, err)
-	}
-	f, err = compileFunction(e.Value())
-	if err != nil {
-		return nil, err
-	}
-	r.mu.Lock()
-	r.funcs[name] = f
-	r.mu.Unlock()
-	return f, nil
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return &function{name: name, team: owner.Team, live: r.liveOf(name, owner.Team)}, nil
 }
 
-func compileFunction(data []byte) (*function, error) {
-	spec, err := protocol.DecodeFunctionSpec(data)
-	if err != nil {
-		return nil, err
+// liveOf returns the live declarations of name by team, newest first;
+// r.mu is held.
+func (r *registry) liveOf(name, team string) []*declared {
+	now := time.Now()
+	var live []*declared
+	for _, d := range r.live[name] {
+		if d.decl.Spec.Team == team && now.Before(d.expires) {
+			live = append(live, d)
+		}
 	}
-	s, err := schema.Compile(spec.Name, spec.Parameters)
-	if err != nil {
-		return nil, fmt.Errorf("dispatch: %w", err)
-	}
-	return &function{spec: spec, schema: s}, nil
+	slices.SortFunc(live, func(a, b *declared) int { return b.decl.StartedAt.Compare(a.decl.StartedAt) })
+	return live
 }
 
-// validate checks arguments against the function's schema and returns a
-// message for the model, or "" if they are valid.
-func (f *function) validate(args []byte) string { return f.schema.Check(args) }
+// awaitLive returns the function once it has a live declaration, waiting
+// up to grace for one (an executor starting or reconnecting); a function
+// still without one is returned as it is.
+func (r *registry) awaitLive(ctx context.Context, f *function, grace time.Duration) *function {
+	if len(f.live) > 0 {
+		return f
+	}
+	deadline := time.NewTimer(grace)
+	defer deadline.Stop()
+	for {
+		r.mu.RLock()
+		changed := r.changed
+		f = &function{name: f.name, team: f.team, live: r.liveOf(f.name, f.team)}
+		r.mu.RUnlock()
+		if len(f.live) > 0 {
+			return f
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return f
+		case <-ctx.Done():
+			return f
+		}
+	}
+}
+
+// fleetGauge is what the registry knows of one function's executors.
+type fleetGauge struct {
+	team, function     string
+	executors, schemas int64
+}
+
+// fleet returns, for each function with a live declaration of its owning
+// team, how many executor processes serve it and how many distinct
+// schemas they declare.
+func (r *registry) fleet() []fleetGauge {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]fleetGauge, 0, len(r.live))
+	for name := range r.live {
+		owner := r.owners[name]
+		if owner == nil {
+			continue
+		}
+		live := r.liveOf(name, owner.Team)
+		digests := map[string]bool{}
+		for _, d := range live {
+			digests[d.digest] = true
+		}
+		out = append(out, fleetGauge{team: owner.Team, function: name, executors: int64(len(live)), schemas: int64(len(digests))})
+	}
+	return out
+}
+
+// validate checks arguments against the live declarations' schemas (see
+// registry) and returns a message for the model, or "" if they are valid.
+func (f *function) validate(args []byte) string {
+	if len(f.live) == 0 {
+		return ""
+	}
+	tried := make(map[*schema.Schema]bool, 1)
+	for _, d := range f.live {
+		if tried[d.schema] {
+			continue
+		}
+		tried[d.schema] = true
+		if d.schema.Check(args) == "" {
+			return ""
+		}
+	}
+	return f.live[0].schema.Check(args)
+}
+
+// schemaDigest identifies a schema by its content, whatever its key order
+// and spacing.
+func schemaDigest(raw json.RawMessage) string {
+	var v any
+	canonical := []byte(raw)
+	if json.Unmarshal(raw, &v) == nil {
+		if b, err := json.Marshal(v); err == nil {
+			canonical = b
+		}
+	}
+	sum := sha256.Sum256(bytes.TrimSpace(canonical))
+	return hex.EncodeToString(sum[:8])
+}
 
 func sleepCtx(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -85,7 +85,7 @@ type telemetry struct {
 	gauges   gauges
 }
 
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func() []fleetGauge) (*telemetry, error) {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
@@ -127,7 +127,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 	must(e)
 	t.takenIn, e = m.Int64Counter("toolrelay.turns.taken_in", metric.WithDescription("Turns taken in, by platform and by the channel that saw them first (poll, stream, webhook, api)."))
 	must(e)
-	must(t.observe(m))
+	must(t.observe(m, fleet))
 	return t, err
 }
 
@@ -153,7 +153,7 @@ type functionGauge struct {
 // observe registers the gauges of JetStream state: open turns, calls
 // queued and running per function, dead letters. They report the figures
 // refreshGauges last read.
-func (t *telemetry) observe(m metric.Meter) error {
+func (t *telemetry) observe(m metric.Meter, fleet func() []fleetGauge) error {
 	openTurns, err := m.Int64ObservableGauge("toolrelay.turns.open", metric.WithDescription("Turns taken in and not yet submitted (all replicas)."))
 	if err != nil {
 		return err
@@ -167,6 +167,14 @@ func (t *telemetry) observe(m metric.Meter) error {
 		return err
 	}
 	dead, err := m.Int64ObservableGauge("toolrelay.dead_letters", metric.WithDescription("Dead letters kept, by team and function."))
+	if err != nil {
+		return err
+	}
+	executors, err := m.Int64ObservableGauge("toolrelay.function.executors", metric.WithDescription("Executor processes serving each function now (live declarations), by team and function."))
+	if err != nil {
+		return err
+	}
+	schemas, err := m.Int64ObservableGauge("toolrelay.function.schemas", metric.WithDescription("Distinct schemas the live executors of each function declare; more than 1 means they disagree."))
 	if err != nil {
 		return err
 	}
@@ -185,8 +193,13 @@ func (t *telemetry) observe(m metric.Meter) error {
 		for _, f := range g.deadLetters {
 			o.ObserveInt64(dead, f.queued, metric.WithAttributes(attrTeam.String(f.team), attrFunction.String(f.function)))
 		}
+		for _, f := range fleet() {
+			attrs := metric.WithAttributes(attrTeam.String(f.team), attrFunction.String(f.function))
+			o.ObserveInt64(executors, f.executors, attrs)
+			o.ObserveInt64(schemas, f.schemas, attrs)
+		}
 		return nil
-	}, openTurns, lag, running, dead)
+	}, openTurns, lag, running, dead, executors, schemas)
 	return err
 }
 

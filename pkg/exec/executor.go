@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -112,10 +113,15 @@ func (e *Executor) Register(fn Function) error {
 	return nil
 }
 
-// Run provisions the team's stream and one consumer per function, announces
-// the functions in the registry, and serves calls until ctx ends. Then it
-// stops fetching, waits up to ShutdownTimeout for running calls, cancels the
-// rest with ErrShutdown and returns; unfinished calls are redelivered.
+// Run provisions the team's stream and one consumer per function, claims
+// the functions for the team in the registry, declares them as served by
+// this process (a lease it renews while it runs), and serves calls until
+// ctx ends. Then it withdraws its declarations, stops fetching, waits up to
+// ShutdownTimeout for running calls, cancels the rest with ErrShutdown and
+// returns nil; unfinished calls are redelivered. If a function's consumer
+// stops delivering (deleted, or the connection closed) Run stops the same
+// way and returns that error, so a process never serves only some of its
+// functions without saying so.
 func (e *Executor) Run(ctx context.Context) error {
 	e.mu.Lock()
 	if e.ran {
@@ -142,6 +148,10 @@ func (e *Executor) Run(ctx context.Context) error {
 		return err
 	}
 	registry, err := provision.KeyValue(ctx, e.js, provision.RegistryBucketConfig(popts))
+	if err != nil {
+		return err
+	}
+	declarations, err := provision.KeyValue(ctx, e.js, provision.DeclarationBucketConfig(popts))
 	if err != nil {
 		return err
 	}
@@ -189,33 +199,74 @@ func (e *Executor) Run(ctx context.Context) error {
 		})
 	}
 
-	// Handlers outlive ctx by up to ShutdownTimeout, then get ErrShutdown.
+	// Workers pull under sctx, which ends with ctx or when a worker fails;
+	// handlers outlive it by up to ShutdownTimeout, then get ErrShutdown.
+	sctx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
 	hctx, hcancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hcancel(ErrShutdown)
 	var wg sync.WaitGroup
 	errc := make(chan error, len(workers))
 	for _, w := range workers {
-		wg.Go(func() { errc <- w.serve(ctx, hctx) })
+		wg.Go(func() {
+			if err := w.serve(sctx, hctx); err != nil {
+				errc <- err
+			}
+		})
 	}
-	e.log.InfoContext(ctx, "executor serving", "functions", len(workers))
 
-	<-ctx.Done()
+	// Declare what this process serves, and keep the leases while it runs.
+	instance := uuid.NewString()
+	started := time.Now().UTC()
+	decls := make([]*protocol.Declaration, 0, len(funcs))
+	for _, f := range funcs {
+		decls = append(decls, &protocol.Declaration{Version: protocol.Version, Spec: *f.spec(e.team, started),
+			Instance: instance, Executor: e.opts.Name, StartedAt: started})
+	}
+	keeper, err := lease.Declare(ctx, declarations, decls, e.log)
+	if err != nil {
+		stopServing()
+		wg.Wait()
+		return fmt.Errorf("exec: declare functions: %w", err)
+	}
+	wg.Go(func() { keeper.Run(sctx) })
+	e.log.InfoContext(ctx, "executor serving", "functions", len(workers), "instance", instance)
+
+	var failed error
+	select {
+	case <-ctx.Done():
+	case failed = <-errc:
+		e.log.Error("a worker stopped consuming; stopping the executor", "err", failed)
+	}
+	stopServing()
+	// Withdraw first, so dispatchers stop counting this process before its
+	// running calls finish.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
+	if err := keeper.Withdraw(wctx); err != nil {
+		e.log.Warn("withdrawing declarations failed; they lapse with their leases", "err", err, "lease", protocol.LeaseTTL.String())
+	}
+	cancel()
 	stopped := make(chan struct{})
 	go func() { wg.Wait(); close(stopped) }()
+	timeout := time.NewTimer(e.opts.ShutdownTimeout)
+	defer timeout.Stop()
 	select {
 	case <-stopped:
-	case <-time.After(e.opts.ShutdownTimeout):
+	case <-timeout.C:
 		e.log.Warn("shutdown timeout: cancelling running calls; they will be redelivered", "timeout", e.opts.ShutdownTimeout.String())
 		hcancel(ErrShutdown)
 		<-stopped
 	}
 	close(errc)
-	var errs []error
+	errs := []error{failed}
 	for err := range errc {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
+
+// withdrawTimeout bounds the deletion of declarations at shutdown.
+const withdrawTimeout = 2 * time.Second
 
 func (e *Executor) consumerConfig(f *Function) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{

@@ -60,6 +60,7 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 	}
 	defer running.Wait()
 	defer close(work)
+	var lastErr error // the pull error before the iterator closed, if any
 	for {
 		// Take a slot before pulling, so a call is only fetched when it can
 		// start. After shutdown began, Next returns what is still buffered
@@ -70,6 +71,9 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 		}
 		msg, err := it.Next()
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if ctx.Err() == nil {
+				return fmt.Errorf("exec: consuming %s stopped: %w", w.fn.Name, errors.Join(lastErr, err))
+			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -80,6 +84,7 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 		}
 		if err != nil {
 			w.log.Warn("pull failed; retrying", "err", err)
+			lastErr = err
 			<-slots
 			continue
 		}

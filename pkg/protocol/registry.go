@@ -3,12 +3,14 @@ package protocol
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
-// FunctionSpec is what an executor announces about a function it serves, in
-// the RegistryBucket under the function's name. The dispatcher validates
-// arguments against Parameters and routes calls to Team's stream.
+// FunctionSpec is what an executor announces about a function it serves:
+// in the RegistryBucket under the function's name as its team's claim, and
+// in each process's Declaration. The dispatcher validates arguments against
+// the Parameters of live declarations and routes calls to Team's stream.
 type FunctionSpec struct {
 	Version     int             `json:"v"`
 	Name        string          `json:"name"`
@@ -66,6 +68,93 @@ func DecodeFunctionSpec(data []byte) (*FunctionSpec, error) {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// Leases of declarations. An executor process renews each of its
+// declarations every LeaseRenewal; the DeclarationBucket's age limit is
+// LeaseTTL, so the declaration of a process that stopped renewing (killed,
+// partitioned) is removed by the server LeaseTTL after its last renewal,
+// and a process that stops cleanly deletes its own.
+const (
+	LeaseTTL     = 15 * time.Second
+	LeaseRenewal = LeaseTTL / 3
+)
+
+// Declaration is one executor process's announcement that it serves a
+// function now, stored in the DeclarationBucket under DeclarationKey.
+type Declaration struct {
+	Version int `json:"v"`
+	// Spec is the function as this process serves it.
+	Spec FunctionSpec `json:"spec"`
+	// Instance identifies the process uniquely (a random ID per run);
+	// Executor is its human-readable name.
+	Instance string `json:"instance"`
+	Executor string `json:"executor,omitempty"`
+	// StartedAt is when the process started serving; of two live
+	// declarations with different schemas, the later is the newer.
+	StartedAt time.Time `json:"started_at"`
+}
+
+// DeclarationKey is the key of instance's declaration of function in the
+// DeclarationBucket: <function>.<instance>.
+func DeclarationKey(function, instance string) string { return function + "." + instance }
+
+// ParseDeclarationKey splits a DeclarationKey.
+func ParseDeclarationKey(key string) (function, instance string, err error) {
+	function, instance, ok := strings.Cut(key, ".")
+	if !ok || ValidateFunctionName(function) != nil || ValidateInstance(instance) != nil {
+		return "", "", fmt.Errorf("%w: declaration key %q: want <function>.<instance>", ErrMalformed, key)
+	}
+	return function, instance, nil
+}
+
+// ValidateInstance checks an executor instance ID: 1 to 64 letters,
+// digits, '-' or '_', so that it is one subject token.
+func ValidateInstance(id string) error {
+	if !validName(id, 64, true) {
+		return fmt.Errorf("%w: instance %q must match %s", ErrMalformed, id, FunctionNamePattern)
+	}
+	return nil
+}
+
+// Validate reports whether d is complete.
+func (d *Declaration) Validate() error {
+	if d.Version < 1 || d.Version > Version {
+		return fmt.Errorf("%w: declaration version %d not supported", ErrMalformed, d.Version)
+	}
+	if err := d.Spec.Validate(); err != nil {
+		return err
+	}
+	if err := ValidateInstance(d.Instance); err != nil {
+		return err
+	}
+	if d.StartedAt.IsZero() {
+		return fmt.Errorf("%w: declaration of %s has no started_at", ErrMalformed, d.Spec.Name)
+	}
+	return nil
+}
+
+// Key is d's key in the DeclarationBucket.
+func (d *Declaration) Key() string { return DeclarationKey(d.Spec.Name, d.Instance) }
+
+// EncodeDeclaration validates and encodes d.
+func EncodeDeclaration(d *Declaration) ([]byte, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(d)
+}
+
+// DecodeDeclaration decodes and validates a declaration.
+func DecodeDeclaration(data []byte) (*Declaration, error) {
+	var d Declaration
+	if err := decodeStrictJSON(data, &d); err != nil {
+		return nil, fmt.Errorf("%w: declaration: %w", ErrMalformed, err)
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return &d, nil
 }
 
 // Duration is a time.Duration that encodes as a Go duration string ("30s").

@@ -19,8 +19,13 @@ const (
 	// callStreamPrefix + team is a team's work-queue stream of calls.
 	callStreamPrefix = "FNCALLS_"
 
-	// RegistryBucket maps function names to their FunctionSpec.
+	// RegistryBucket maps function names to the claim of the team that
+	// owns them: the FunctionSpec its executors last announced. A claim
+	// outlives executors; what is served now is in DeclarationBucket.
 	RegistryBucket = "toolrelay_functions"
+	// DeclarationBucket holds one Declaration per function and executor
+	// process, under DeclarationKey, each a lease that process renews.
+	DeclarationBucket = "toolrelay_declarations"
 	// TurnBucket maps turn keys to the dispatcher's turn records.
 	TurnBucket = "toolrelay_turns"
 	// WatchBucket maps watch IDs to what the dispatcher drives for them.

@@ -1,0 +1,12 @@
+package dispatch
+
+// LiveSchemas is, for tests, how many distinct schemas the live executors
+// of a function declare in d's view of the registry (0: none serves it).
+func LiveSchemas(d *Dispatcher, function string) int {
+	for _, f := range d.registry.fleet() {
+		if f.function == function {
+			return int(f.schemas)
+		}
+	}
+	return 0
+}

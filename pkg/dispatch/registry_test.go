@@ -1,0 +1,83 @@
+package dispatch_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Two versions of get_weather's schema that accept disjoint arguments.
+const (
+	weatherV1 = `{"type":"object","properties":{"location":{"type":"string"}},"required":["location"],"additionalProperties":false}`
+	weatherV2 = `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false}`
+)
+
+// The registry follows the live fleet: a schema declared by a process that
+// stopped no longer counts, replicas that disagree are reported, and while
+// two versions run side by side (a rolling deploy) calls valid for either
+// reach an executor. A function whose every executor stopped is not served
+// and fails fast.
+func TestRegistryFollowsTheLiveFleet(t *testing.T) {
+	e := newEnv(t,
+		weatherScenario("v1-alone", "v1 args, v1 alone", `{"location":"Oslo"}`),
+		weatherScenario("v1-rollout", "v1 args during the rollout", `{"location":"Oslo"}`),
+		weatherScenario("v2-rollout", "v2 args during the rollout", `{"city":"Oslo"}`),
+		weatherScenario("v2-after", "v2 args after v2 stopped", `{"city":"Oslo"}`),
+		weatherScenario("v1-after", "v1 args after v2 stopped", `{"location":"Oslo"}`),
+		weatherScenario("none", "nobody serves", `{"location":"Oslo"}`),
+	)
+	stopV1 := e.declare("geo", "get_weather", weatherV1, "exec-v1", "instance-v1")
+	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
+	d, _ := e.dispatcher(dispatch.Options{ServeGrace: 500 * time.Millisecond})
+	ok := func(prompt string) {
+		t.Helper()
+		w := finish(t, d, e.response(prompt), 10*time.Second)
+		if w.Answer != "weather: sunny" {
+			t.Fatalf("%s: answer %q (%s), want the function's output", prompt, w.Answer, w.Error)
+		}
+	}
+	failed := func(prompt, code, mention string) {
+		t.Helper()
+		w := finish(t, d, e.response(prompt), 10*time.Second)
+		if !strings.Contains(w.Answer, `"type":"`+code+`"`) || !strings.Contains(w.Answer, mention) {
+			t.Fatalf("%s: answer %q, want a %s failure mentioning %q", prompt, w.Answer, code, mention)
+		}
+	}
+	ok("v1 args, v1 alone")
+
+	// v2 starts beside v1 (a later process: the newer declaration).
+	stopV2 := e.declare("geo", "get_weather", weatherV2, "exec-v2", "instance-v2")
+	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 2 })
+	fns, err := dispatch.Registry(context.Background(), e.js)
+	if err != nil || len(fns) != 1 || fns[0].Schemas != 2 || len(fns[0].Executors) != 2 ||
+		fns[0].Executors[0].Executor != "exec-v2" || string(fns[0].Spec.Parameters) != weatherV2 {
+		t.Fatalf("registry during the rollout = %+v (%v); want two executors, two schemas, v2 newest", fns, err)
+	}
+	ok("v1 args during the rollout")
+	ok("v2 args during the rollout")
+
+	// v2 stops: its schema goes with it.
+	stopV2()
+	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	failed("v2 args after v2 stopped", "invalid_arguments", "location")
+	ok("v1 args after v2 stopped")
+	if n := ran.Load(); n != 4 {
+		t.Errorf("the executor ran %d calls, want 4", n)
+	}
+
+	// v1 stops too: nothing serves get_weather, which fails fast.
+	stopV1()
+	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 0 })
+	if specs, err := dispatch.Functions(context.Background(), e.js); err != nil || len(specs) != 0 {
+		t.Fatalf("served functions = %v (%v); want none", specs, err)
+	}
+	failed("nobody serves", "unavailable", "no executor is serving it")
+	if n := ran.Load(); n != 4 {
+		t.Errorf("the executor ran %d calls, want still 4", n)
+	}
+}
