@@ -13,6 +13,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
@@ -236,4 +238,30 @@ func finish(t *testing.T, d *dispatch.Dispatcher, ref dispatch.Ref, within time.
 		return err == nil && w.State != dispatch.WatchActive
 	})
 	return w
+}
+
+// counter reads the total of an int64 counter (all attribute sets) from r;
+// 0 if it was never added to.
+func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				t.Fatalf("metric %s is a %T, not an int64 counter", name, m.Data)
+			}
+			for _, dp := range sum.DataPoints {
+				total += dp.Value
+			}
+		}
+	}
+	return total
 }
