@@ -139,6 +139,25 @@ func (e *env) register(team, name, schema string) {
 // means never answering. It returns the number of calls it ran.
 func (e *env) serve(team string, functions []string, fn func(c *protocol.Call) (string, bool)) *atomic.Int32 {
 	e.t.Helper()
+	return e.serveWith(team, functions, func(c *protocol.Call, _ int) (*protocol.Result, bool) {
+		out, failed := fn(c)
+		if out == "" && !failed {
+			return nil, false // never answers: leaves the call to the deadline
+		}
+		res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
+			Output: out, FinishedAt: time.Now()}
+		if failed {
+			res.Output, res.Error = "", &protocol.CallError{Code: protocol.CodeFunctionError, Message: out}
+		}
+		return res, false
+	})
+}
+
+// serveWith is serve with fn writing the whole result of each delivery
+// (attempt counts from 1). A nil result leaves the call unanswered; retry
+// asks for the call again at once, as a failed attempt does.
+func (e *env) serveWith(team string, functions []string, fn func(c *protocol.Call, attempt int) (res *protocol.Result, retry bool)) *atomic.Int32 {
+	e.t.Helper()
 	ctx := context.Background()
 	s, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(team, provision.Options{}))
 	if err != nil {
@@ -162,15 +181,18 @@ func (e *env) serve(team string, functions []string, fn func(c *protocol.Call) (
 				_ = msg.Term()
 				return
 			}
-			ran.Add(1)
-			out, failed := fn(c)
-			if out == "" && !failed {
-				return // never answers: leaves the call to the deadline
+			attempt := 1
+			if md, err := msg.Metadata(); err == nil {
+				attempt = int(md.NumDelivered)
 			}
-			res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
-				Output: out, FinishedAt: time.Now()}
-			if failed {
-				res.Output, res.Error = "", &protocol.CallError{Code: protocol.CodeFunctionError, Message: out}
+			ran.Add(1)
+			res, retry := fn(c, attempt)
+			if retry {
+				_ = msg.Nak()
+				return
+			}
+			if res == nil {
+				return // never answers: leaves the call to the deadline
 			}
 			data, err := protocol.EncodeResult(res)
 			if err != nil {
