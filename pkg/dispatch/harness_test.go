@@ -85,6 +85,13 @@ func (e *env) webhooksTo(d *dispatch.Dispatcher) {
 // when the test ends or when stop is called.
 func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop func()) {
 	e.t.Helper()
+	return e.dispatcherOn(e.client, opts)
+}
+
+// dispatcherOn is dispatcher with the platforms reached through client
+// (a proxy in front of the simulator, say).
+func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *dispatch.Dispatcher, stop func()) {
+	e.t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = testutil.Logger(e.t)
 	}
@@ -92,7 +99,7 @@ func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop fu
 	if opts.WebhookSecret == "" {
 		opts.WebhookSecret = testWebhookSecret
 	}
-	d, err := dispatch.New(js, dispatch.NewPlatforms(e.client), opts)
+	d, err := dispatch.New(js, dispatch.NewPlatforms(client), opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -21,7 +21,8 @@ import (
 
 // Handler serves the dispatcher's HTTP API:
 //
-//	POST /v1/watch       start driving a platform object (202, or 400 naming the field)
+//	POST /v1/watch       start driving a platform object (202; 400 naming the field,
+//	                     or 404 naming it when the platform has no such object)
 //	GET  /v1/watch/{id}  the watch, its turns and each call's result
 //	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
@@ -113,6 +114,8 @@ func (d *Dispatcher) watchRequest(ctx context.Context, body []byte) (int, any) {
 	if err != nil {
 		var fe *FieldError
 		switch {
+		case errors.As(err, &fe) && errors.Is(err, ErrObjectNotFound):
+			return http.StatusNotFound, fieldErrorBody(fe)
 		case errors.As(err, &fe):
 			return http.StatusBadRequest, fieldErrorBody(fe)
 		case errors.Is(err, ErrNotRunning):

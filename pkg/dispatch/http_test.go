@@ -1,15 +1,20 @@
 package dispatch_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
@@ -159,5 +164,123 @@ func TestWatchReportShowsEachResult(t *testing.T) {
 	}
 	if p := got["big"].OutputPreview; len(p) > 1024 || !strings.HasPrefix(big, p) {
 		t.Errorf("preview of %d bytes, want at most 1024 bytes from the start of the output", len(p))
+	}
+}
+
+// A watch of an object the platform does not know is refused with 404
+// naming the field, over HTTP and over NATS alike, and records nothing;
+// watching a real object twice still gives one watch.
+func TestWatchOfAnUnknownObjectIs404(t *testing.T) {
+	e := newEnv(t)
+	d, _ := e.dispatcher(dispatch.Options{})
+	hs := httptest.NewServer(d.Handler())
+	t.Cleanup(hs.Close)
+	nc, _ := e.srv.Connect(t)
+	run := e.assistantsRun("hello", nil)
+
+	cases := []struct {
+		name, body, field, id string
+	}{
+		{"agents session", `{"platform":"agents","session_id":"sess_nope"}`, "session_id", "sess_nope"},
+		{"assistants thread", `{"platform":"assistants","thread_id":"thread_nope","run_id":"run_nope"}`, "thread_id", "thread_nope"},
+		{"assistants run", `{"platform":"assistants","thread_id":"` + run.ThreadID + `","run_id":"run_nope"}`, "run_id", "run_nope"},
+		{"response", `{"platform":"responses","response_id":"resp_nope"}`, "response_id", "resp_nope"},
+		{"conversation", `{"platform":"responses","conversation":"conv_nope","model":"gpt-5.5"}`, "conversation", "conv_nope"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			check := func(via string, status int, reply map[string]any) {
+				t.Helper()
+				errObj, _ := reply["error"].(map[string]any)
+				msg, _ := errObj["message"].(string)
+				if status != http.StatusNotFound || errObj["field"] != tc.field || !strings.Contains(msg, tc.id) {
+					t.Errorf("%s: %d %v; want 404 with field %q and a message naming %s", via, status, reply, tc.field, tc.id)
+				}
+			}
+			status, reply := postWatch(t, hs.URL, tc.body)
+			check("HTTP", status, reply)
+
+			m, err := nc.Request(protocol.WatchSubject, []byte(tc.body), 10*time.Second)
+			if err != nil {
+				t.Fatalf("NATS watch request: %v", err)
+			}
+			reply = nil
+			if err := json.Unmarshal(m.Data, &reply); err != nil {
+				t.Fatalf("NATS reply %s: %v", m.Data, err)
+			}
+			natsStatus, _ := reply["status"].(float64)
+			check("NATS", int(natsStatus), reply)
+		})
+	}
+	kv, err := e.js.KeyValue(context.Background(), protocol.WatchBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeys(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for k := range keys.Keys() {
+		ids = append(ids, k)
+	}
+	if len(ids) != 0 {
+		t.Errorf("refused watches were recorded: %v", ids)
+	}
+
+	// A real object is watched, and watching it again gives the same watch.
+	body := `{"platform":"assistants","thread_id":"` + run.ThreadID + `","run_id":"` + run.RunID + `"}`
+	status, first := postWatch(t, hs.URL, body)
+	if status != http.StatusAccepted || first["id"] == nil {
+		t.Fatalf("POST /v1/watch of a real run: %d %v; want 202", status, first)
+	}
+	status, again := postWatch(t, hs.URL, body)
+	if status != http.StatusAccepted || again["id"] != first["id"] {
+		t.Errorf("watching the run again: %d %v; want 202 with id %v", status, again, first["id"])
+	}
+	m, err := nc.Request(protocol.WatchSubject, []byte(body), 10*time.Second)
+	if err != nil || !strings.Contains(string(m.Data), `"status":202`) || !strings.Contains(string(m.Data), fmt.Sprint(first["id"])) {
+		t.Errorf("watching the run again over NATS: %s %v; want 202 with id %v", m.Data, err, first["id"])
+	}
+}
+
+// A platform failing for a while (503) is no verdict on the object: the
+// watch is accepted, not refused with 404, and completes once the platform
+// answers again.
+func TestWatchAcceptedWhileThePlatformFails(t *testing.T) {
+	e := newEnv(t)
+	var failing atomic.Bool
+	var failed atomic.Int32
+	failing.Store(true)
+	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if failing.Load() && r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/responses/") {
+			failed.Add(1)
+			w.Header().Set("Retry-After-Ms", "1")
+			http.Error(w, `{"error":{"message":"overloaded","type":"server_error"}}`, http.StatusServiceUnavailable)
+			return
+		}
+		e.sim.ServeHTTP(w, r)
+	}))
+	t.Cleanup(flaky.Close)
+	d, _ := e.dispatcherOn(openai.NewClient(option.WithBaseURL(flaky.URL+"/v1"), option.WithAPIKey("sk-test")), dispatch.Options{})
+	hs := httptest.NewServer(d.Handler())
+	t.Cleanup(hs.Close)
+
+	ref := e.response("hello")
+	status, reply := postWatch(t, hs.URL, `{"platform":"responses","response_id":"`+ref.ResponseID+`"}`)
+	if status != http.StatusAccepted {
+		t.Fatalf("POST /v1/watch while the platform answers 503: %d %v; want 202", status, reply)
+	}
+	if failed.Load() == 0 {
+		t.Fatal("the platform was never asked while failing; the test proves nothing")
+	}
+	failing.Store(false)
+	var w watchJSON
+	testutil.WaitFor(t, 20*time.Second, func() bool {
+		getJSON(t, hs.URL+reply["status_url"].(string), &w)
+		return w.State != string(dispatch.WatchActive)
+	})
+	if w.State != string(dispatch.WatchCompleted) {
+		t.Errorf("watch %s (%s); want completed once the platform answers", w.State, w.Error)
 	}
 }
