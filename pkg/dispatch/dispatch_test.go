@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -100,7 +103,8 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 		return "", false // never answers in time
 	})
 	// No expiry on Responses: RUN_TTL applies; a quarter of it is the margin.
-	d, _ := e.dispatcher(dispatch.Options{RunTTL: 4 * time.Second})
+	reader := sdkmetric.NewManualReader()
+	d, _ := e.dispatcher(dispatch.Options{RunTTL: 4 * time.Second, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	w := finish(t, d, e.response("slow weather"), 15*time.Second)
 	if w.State != dispatch.WatchCompleted || !strings.Contains(w.Answer, `"type":"timeout"`) || !strings.Contains(w.Answer, "get_weather timed out") {
 		t.Fatalf("watch %s answer %q (%s), want a timeout result", w.State, w.Answer, w.Error)
@@ -114,23 +118,35 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 	}
 
 	// The straggler's result arrives late: recorded, never submitted.
+	before := e.sim.Stats().FunctionCallOutputs
 	c := <-release
 	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function, Output: "late", FinishedAt: time.Now()}
-	data, _ := protocol.EncodeResult(res)
+	data, err := protocol.EncodeResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := e.js.Publish(context.Background(), res.Subject(), data); err != nil {
 		t.Fatal(err)
 	}
-	before := e.sim.Stats().FunctionCallOutputs
-	testutil.WaitFor(t, 5*time.Second, func() bool {
-		s, err := e.js.Stream(context.Background(), protocol.ResultStream)
-		if err != nil {
-			return false
-		}
-		_, err = s.GetLastMsgForSubject(context.Background(), res.Subject())
-		return err == nil
-	})
+	// Wait until the dispatcher has taken the result in and judged it late:
+	// whatever it would do with it, it has decided by then.
+	testutil.WaitFor(t, 10*time.Second, func() bool { return counter(t, reader, "toolrelay.results.late") == 1 })
 	if after := e.sim.Stats().FunctionCallOutputs; after != before {
 		t.Errorf("late result was submitted: outputs %d -> %d", before, after)
+	}
+	if turn, err := d.Turn(context.Background(), w.Turns[0]); err != nil || turn.State != dispatch.StateSubmitted || len(turn.TimedOut) != 1 {
+		t.Errorf("after the late result: turn = %+v, %v; want it still submitted with the call timed out", turn, err)
+	}
+	s, err := e.js.Stream(context.Background(), protocol.ResultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(context.Background(), res.Subject())
+	if err != nil {
+		t.Fatalf("the late result is not recorded: %v", err)
+	}
+	if got, err := protocol.DecodeResult(m.Data); err != nil || got.Output != "late" {
+		t.Errorf("recorded result = %+v, %v; want the late one", got, err)
 	}
 }
 
@@ -149,7 +165,11 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 		ds = append(ds, d)
 	}
 	const runs = 10
-	var wg sync.WaitGroup
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		turns []protocol.TurnKey
+	)
 	for i := range runs {
 		ref := e.assistantsRun("favorite city", nil)
 		wg.Go(func() {
@@ -163,9 +183,33 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 					t.Errorf("run %d: watch %s %q %s", i, w.State, w.Answer, w.Error)
 				}
 			}
+			mu.Lock()
+			turns = append(turns, ws[0].Turns...)
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	if len(turns) != 2*runs {
+		t.Fatalf("the watches drove %d turns, want %d", len(turns), 2*runs)
+	}
+	// A run completes as soon as its last submission is accepted; another
+	// replica could still submit a turn again (a sweep taking over one it
+	// thinks stuck). Wait until no replica can: every turn is recorded
+	// submitted and has left the index of open turns the sweeps read.
+	ctx := context.Background()
+	timers, err := e.js.Stream(ctx, protocol.TimerStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, func() bool {
+		for _, key := range turns {
+			if turn, err := ds[0].Turn(ctx, key); err != nil || turn.State != dispatch.StateSubmitted {
+				return false
+			}
+		}
+		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(protocol.TimerSubjectPrefix+".>"))
+		return err == nil && len(info.State.Subjects) == 0
+	})
 	if got := e.sim.Stats().SubmitToolOutputs; got != 2*runs {
 		t.Errorf("accepted submissions = %d, want exactly %d (two steps per run)", got, 2*runs)
 	}
@@ -207,7 +251,34 @@ func TestIntakeIsIdempotent(t *testing.T) {
 			t.Fatalf("different keys for one required action: %v", keys)
 		}
 	}
-	testutil.WaitFor(t, 5*time.Second, func() bool { return ran.Load() >= 1 })
+	// Every Intake has returned, so whatever it published is stored. Wait
+	// until the turn is closed (nothing re-publishes its calls any more)
+	// and the executor has run and acknowledged every call stored: a second
+	// publication would have run by then.
+	ctx := context.Background()
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		turn, err := d1.Turn(ctx, keys[0])
+		return err == nil && !turn.Open()
+	})
+	calls, err := e.js.Stream(ctx, protocol.CallStream("geo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		ci, err := calls.Consumer(ctx, "get_weather")
+		if err != nil {
+			return false
+		}
+		info, err := ci.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	info, err := calls.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.LastSeq != 1 {
+		t.Errorf("the call stream stored %d messages, want 1", info.State.LastSeq)
+	}
 	if n := ran.Load(); n != 1 {
 		t.Errorf("the call ran %d times, want once", n)
 	}

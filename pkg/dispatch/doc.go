@@ -43,7 +43,9 @@
 // # Errors
 //
 // Intake and Watch return errors for bad input ([FieldError] names the
-// field) and for JetStream failures; platform errors are classified as
+// field) and for JetStream failures; Watch also refuses an object the
+// platform says does not exist ([ErrObjectNotFound], in a [FieldError]
+// naming the field). Platform errors are classified as
 // [PlatformError] and retried (429, 5xx, transport) with backoff that
 // honours Retry-After until the run expires. A call's failure reaches the
 // model as a result, never as an error here.

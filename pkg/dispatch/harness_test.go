@@ -15,6 +15,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/natstest"
@@ -86,6 +88,13 @@ func (e *env) webhooksTo(d *dispatch.Dispatcher) {
 // when the test ends or when stop is called.
 func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop func()) {
 	e.t.Helper()
+	return e.dispatcherOn(e.client, opts)
+}
+
+// dispatcherOn is dispatcher with the platforms reached through client
+// (a proxy in front of the simulator, say).
+func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *dispatch.Dispatcher, stop func()) {
+	e.t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = testutil.Logger(e.t)
 	}
@@ -93,7 +102,7 @@ func (e *env) dispatcher(opts dispatch.Options) (d *dispatch.Dispatcher, stop fu
 	if opts.WebhookSecret == "" {
 		opts.WebhookSecret = testWebhookSecret
 	}
-	d, err := dispatch.New(js, dispatch.NewPlatforms(e.client), opts)
+	d, err := dispatch.New(js, dispatch.NewPlatforms(client), opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -176,6 +185,25 @@ func (e *env) declare(team, name, schema, executor, instance string) (stop func(
 // means never answering. It returns the number of calls it ran.
 func (e *env) serve(team string, functions []string, fn func(c *protocol.Call) (string, bool)) *atomic.Int32 {
 	e.t.Helper()
+	return e.serveWith(team, functions, func(c *protocol.Call, _ int) (*protocol.Result, bool) {
+		out, failed := fn(c)
+		if out == "" && !failed {
+			return nil, false // never answers: leaves the call to the deadline
+		}
+		res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
+			Output: out, FinishedAt: time.Now()}
+		if failed {
+			res.Output, res.Error = "", &protocol.CallError{Code: protocol.CodeFunctionError, Message: out}
+		}
+		return res, false
+	})
+}
+
+// serveWith is serve with fn writing the whole result of each delivery
+// (attempt counts from 1). A nil result leaves the call unanswered; retry
+// asks for the call again at once, as a failed attempt does.
+func (e *env) serveWith(team string, functions []string, fn func(c *protocol.Call, attempt int) (res *protocol.Result, retry bool)) *atomic.Int32 {
+	e.t.Helper()
 	ctx := context.Background()
 	s, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(team, provision.Options{}))
 	if err != nil {
@@ -199,15 +227,18 @@ func (e *env) serve(team string, functions []string, fn func(c *protocol.Call) (
 				_ = msg.Term()
 				return
 			}
-			ran.Add(1)
-			out, failed := fn(c)
-			if out == "" && !failed {
-				return // never answers: leaves the call to the deadline
+			attempt := 1
+			if md, err := msg.Metadata(); err == nil {
+				attempt = int(md.NumDelivered)
 			}
-			res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.CallID, Team: c.Team, Function: c.Function,
-				Output: out, FinishedAt: time.Now()}
-			if failed {
-				res.Output, res.Error = "", &protocol.CallError{Code: protocol.CodeFunctionError, Message: out}
+			ran.Add(1)
+			res, retry := fn(c, attempt)
+			if retry {
+				_ = msg.Nak()
+				return
+			}
+			if res == nil {
+				return // never answers: leaves the call to the deadline
 			}
 			data, err := protocol.EncodeResult(res)
 			if err != nil {
@@ -275,4 +306,30 @@ func finish(t *testing.T, d *dispatch.Dispatcher, ref dispatch.Ref, within time.
 		return err == nil && w.State != dispatch.WatchActive
 	})
 	return w
+}
+
+// counter reads the total of an int64 counter (all attribute sets) from r;
+// 0 if it was never added to.
+func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				t.Fatalf("metric %s is a %T, not an int64 counter", name, m.Data)
+			}
+			for _, dp := range sum.DataPoints {
+				total += dp.Value
+			}
+		}
+	}
+	return total
 }

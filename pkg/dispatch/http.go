@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,8 +21,9 @@ import (
 
 // Handler serves the dispatcher's HTTP API:
 //
-//	POST /v1/watch       start driving a platform object (202, or 400 naming the field)
-//	GET  /v1/watch/{id}  the watch and its turns
+//	POST /v1/watch       start driving a platform object (202; 400 naming the field,
+//	                     or 404 naming it when the platform has no such object)
+//	GET  /v1/watch/{id}  the watch, its turns and each call's result
 //	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
@@ -112,6 +114,8 @@ func (d *Dispatcher) watchRequest(ctx context.Context, body []byte) (int, any) {
 	if err != nil {
 		var fe *FieldError
 		switch {
+		case errors.As(err, &fe) && errors.Is(err, ErrObjectNotFound):
+			return http.StatusNotFound, fieldErrorBody(fe)
 		case errors.As(err, &fe):
 			return http.StatusBadRequest, fieldErrorBody(fe)
 		case errors.Is(err, ErrNotRunning):
@@ -162,12 +166,73 @@ type turnReport struct {
 	Error    string `json:"error,omitempty"`
 }
 
+// callReport is one call of a turn and, once recorded, its result: what it
+// returned (or its error), which executor produced it, on which attempt and
+// how long that attempt ran.
 type callReport struct {
 	ID       string              `json:"id"`
 	Function string              `json:"function"`
 	Team     string              `json:"team"`
 	Result   string              `json:"result"` // ok | error | pending | timed_out
 	Error    *protocol.CallError `json:"error,omitempty"`
+	// Output is the output of a successful call, whole, when it is at most
+	// outputPreviewSize bytes; a larger one is shown by OutputPreview, its
+	// first bytes. OutputBytes is the output's size either way.
+	Output        *string `json:"output,omitempty"`
+	OutputPreview string  `json:"output_preview,omitempty"`
+	OutputBytes   *int    `json:"output_bytes,omitempty"`
+	// Executor names the process that recorded the result
+	// ("dispatcher/<name>" for a call failed without running).
+	Executor string `json:"executor,omitempty"`
+	// Attempts is how many times the call was run, the one that produced
+	// the result included; absent when it never ran.
+	Attempts   int    `json:"attempts,omitempty"`
+	StartedAt  string `json:"started_at,omitempty"`
+	FinishedAt string `json:"finished_at,omitempty"`
+	// Duration is how long the attempt that produced the result ran.
+	Duration string `json:"duration,omitempty"`
+}
+
+// outputPreviewSize bounds the output a watch report carries per call: an
+// output up to this size is shown whole, a larger one by its first
+// outputPreviewSize bytes (cut between characters) and its size, so a
+// report stays small whatever the functions return.
+const outputPreviewSize = 1 << 10
+
+// describe fills in what res says about the call.
+func (cr *callReport) describe(res *protocol.Result) {
+	cr.Result, cr.Error = "ok", res.Error
+	if res.Error != nil {
+		cr.Result = "error"
+	} else {
+		n := len(res.Output)
+		cr.OutputBytes = &n
+		if n <= outputPreviewSize {
+			out := res.Output
+			cr.Output = &out
+		} else {
+			cr.OutputPreview = res.Output[:runeStart(res.Output, outputPreviewSize)]
+		}
+	}
+	cr.Executor, cr.Attempts = res.Executor, res.Attempt
+	if !res.FinishedAt.IsZero() {
+		cr.FinishedAt = res.FinishedAt.Format(timeFormat)
+	}
+	if !res.StartedAt.IsZero() {
+		cr.StartedAt = res.StartedAt.Format(timeFormat)
+		if d := res.FinishedAt.Sub(res.StartedAt); d >= 0 {
+			cr.Duration = d.Round(time.Microsecond).String()
+		}
+	}
+}
+
+// runeStart returns the largest n <= i at which s can be cut between
+// characters.
+func runeStart(s string, i int) int {
+	for i > 0 && i < len(s) && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return i
 }
 
 func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
@@ -207,10 +272,7 @@ func (d *Dispatcher) watchReport(ctx context.Context, id string) (int, any) {
 			if timedOut(t, c.Key) {
 				cr.Result = "timed_out"
 			} else if res, err := d.gather.result(ctx, t, c); err == nil {
-				cr.Result, cr.Error = "ok", res.Error
-				if res.Error != nil {
-					cr.Result = "error"
-				}
+				cr.describe(res)
 			}
 			tr.Calls = append(tr.Calls, cr)
 		}

@@ -103,9 +103,13 @@ func (r Ref) String() string {
 type FieldError struct {
 	Field   string
 	Message string
+	// Err, when set, classifies the error (ErrObjectNotFound).
+	Err error
 }
 
 func (e *FieldError) Error() string { return "dispatch: " + e.Message }
+
+func (e *FieldError) Unwrap() error { return e.Err }
 
 // State is what a polled platform object is doing.
 type State int

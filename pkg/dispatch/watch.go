@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,6 +56,15 @@ type Watch struct {
 // ErrNotRunning is returned by Watch when the dispatcher is not running.
 var ErrNotRunning = errors.New("dispatch: dispatcher is not running")
 
+// ErrObjectNotFound is wrapped by the error Watch returns when the platform
+// answers that the object to watch does not exist (HTTP 404). That error is
+// a *FieldError naming the field of the request that names the object.
+var ErrObjectNotFound = errors.New("dispatch: the platform has no such object")
+
+// existsCheckTimeout bounds how long Watch waits for the platform to say
+// whether the object exists; without an answer in time the watch starts.
+const existsCheckTimeout = 5 * time.Second
+
 // watchID is stable per object, so asking twice to watch the same object
 // yields the same watch.
 func watchID(ref Ref) string {
@@ -64,15 +75,25 @@ func watchID(ref Ref) string {
 
 // Watch starts driving ref and returns its record. Watching an object that
 // is already watched returns the existing watch.
+//
+// The platform is asked for the object first (up to existsCheckTimeout):
+// if it answers 404, Watch returns a *FieldError wrapping
+// ErrObjectNotFound and records nothing. Any other failure to read it (a
+// 5xx, a 429, no answer) is no verdict: the watch starts, and its driver
+// keeps polling and reports what the platform says.
 func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 	if err := ref.Validate(); err != nil {
 		return nil, err
 	}
-	if _, ok := d.platforms[ref.Platform]; !ok {
+	p, ok := d.platforms[ref.Platform]
+	if !ok {
 		return nil, &FieldError{Field: "platform", Message: fmt.Sprintf("platform %q is not configured on this dispatcher", ref.Platform)}
 	}
 	if !d.Ready() {
 		return nil, ErrNotRunning
+	}
+	if err := d.checkExists(ctx, p, ref); err != nil {
+		return nil, err
 	}
 	id := watchID(ref)
 	now := time.Now().UTC()
@@ -93,6 +114,48 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 		return nil, ErrNotRunning
 	}
 	return w, nil
+}
+
+// checkExists polls ref's object once and returns an error wrapping
+// ErrObjectNotFound if the platform answers 404; nil otherwise.
+func (d *Dispatcher) checkExists(ctx context.Context, p Platform, ref Ref) error {
+	ctx, cancel := context.WithTimeout(ctx, existsCheckTimeout)
+	defer cancel()
+	_, err := p.Poll(ctx, ref)
+	var pe *PlatformError
+	if !errors.As(err, &pe) || pe.StatusCode != http.StatusNotFound {
+		if err != nil {
+			d.log.WarnContext(ctx, "could not tell whether the watched object exists; watching it anyway", "ref", ref.String(), "err", err)
+		}
+		return nil
+	}
+	answer := "404"
+	if pe.Err != nil {
+		answer = pe.Err.Error()
+	}
+	field, id := ref.objectField(answer)
+	return &FieldError{Field: field, Err: ErrObjectNotFound,
+		Message: fmt.Sprintf("%s %q does not exist on the platform (it answered: %s)", field, id, answer)}
+}
+
+// objectField names the request field (and its value) of the object a 404
+// with message msg is about. For Assistants the thread and the run are
+// told apart by the message, read without the ids themselves.
+func (r *Ref) objectField(msg string) (field, id string) {
+	switch r.Platform {
+	case protocol.PlatformAgents:
+		return "session_id", r.SessionID
+	case protocol.PlatformAssistants:
+		msg = strings.NewReplacer(r.ThreadID, "", r.RunID, "").Replace(msg)
+		if strings.Contains(strings.ToLower(msg), "thread") {
+			return "thread_id", r.ThreadID
+		}
+		return "run_id", r.RunID
+	}
+	if r.ResponseID == "" {
+		return "conversation", r.Conversation
+	}
+	return "response_id", r.ResponseID
 }
 
 // recordWatch stores w unless an active watch of the same object is

@@ -247,7 +247,11 @@ func TestEventStreamTakesTheTurnIn(t *testing.T) {
 	}
 	testutil.WaitFor(t, 20*time.Second, func() bool { return takenIn(t, reader)["stream"] == 1 })
 	testutil.WaitFor(t, 20*time.Second, func() bool {
-		w, _ = d.WatchStatus(context.Background(), w.ID)
+		got, err := d.WatchStatus(context.Background(), w.ID)
+		if err != nil {
+			t.Fatalf("reading watch %s: %v", w.ID, err) // Watch stored it: it must be readable
+		}
+		w = got
 		return len(w.Turns) == 1
 	})
 	if got := takenIn(t, reader); got["poll"] != 0 || got["webhook"] != 0 {
