@@ -8,7 +8,6 @@ import (
 	"io"
 	osexec "os/exec"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -17,8 +16,11 @@ import (
 // CommandHandler runs argv for each call: the arguments JSON on stdin, the
 // output read from stdout. A non-zero exit is a failed call whose message is
 // the command's stderr; exit status 75 (EX_TEMPFAIL) marks the failure
-// retryable. At the call's deadline the command's whole process group is
-// killed.
+// retryable. The command runs in a process group of its own, which is
+// killed (SIGKILL) at the call's deadline, when the command exits (so
+// nothing it left in the background outlives the call) and when the
+// executor dies, even by SIGKILL (see runInGroup). Each call costs a small
+// /bin/sh guard process besides the command.
 //
 // The command inherits the executor's environment plus
 // TOOLRELAY_FUNCTION, TOOLRELAY_CALL_ID, TOOLRELAY_CALL_KEY and
@@ -34,8 +36,6 @@ func CommandHandler(argv []string) (Handler, error) {
 	args := append([]string(nil), argv[1:]...)
 	return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
 		cmd := osexec.CommandContext(ctx, path, args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		// Children that keep stdout open must not keep the call waiting.
 		cmd.WaitDelay = time.Second
 		cmd.Stdin = bytes.NewReader(inv.Arguments)
@@ -48,7 +48,7 @@ func CommandHandler(argv []string) (Handler, error) {
 		stdout := &capped{limit: protocol.MaxOutputSize + 1}
 		stderr := &capped{limit: 4096}
 		cmd.Stdout, cmd.Stderr = stdout, stderr
-		err := cmd.Run()
+		err := runInGroup(cmd)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}

@@ -62,6 +62,20 @@ func TestCommandHandler(t *testing.T) {
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		testutil.WaitFor(t, 5*time.Second, func() bool { return !alive(pid) })
 	})
+	t.Run("what it leaves in the background ends with the call", func(t *testing.T) {
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		fn := command(t, `sleep 30 >/dev/null 2>&1 & echo $! > `+pidFile+`; echo done`)
+		res := exectest.Run(t, fn, `{}`, exectest.Options{})
+		if !res.OK() || res.Output != "done\n" {
+			t.Fatalf("result = %+v", res)
+		}
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		testutil.WaitFor(t, 5*time.Second, func() bool { return !alive(pid) })
+	})
 	if _, err := exec.CommandHandler([]string{"no-such-binary-xyz"}); err == nil {
 		t.Error("a missing binary was accepted")
 	}
