@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
@@ -107,6 +109,69 @@ func TestPanicLeavesADeadLetter(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
 	if dl[0].Reason != protocol.ReasonPanic || dl[0].Call.Key != c.Key {
 		t.Errorf("dead letter = %+v", dl[0])
+	}
+}
+
+func TestRefusalGivesOneFailureAndNoDeadLetter(t *testing.T) {
+	shipped := errors.New("order A-1 has already shipped; it can no longer be cancelled")
+	refusing, err := exec.CommandHandler([]string{"sh", "-c", `echo "no customer has that email" >&2; exit 65`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		err        error        // returned by a Go handler; nil: use handler
+		handler    exec.Handler // a non-Go handler
+		wantMsg    string       // the result's message contains it
+		deadLetter string       // the reason expected, or "" for none
+	}{
+		{name: "Refuse", err: exec.Refuse(shipped), wantMsg: shipped.Error()},
+		{name: "wrapped ErrRefused", err: fmt.Errorf("%w: %w", shipped, exec.ErrRefused), wantMsg: shipped.Error()},
+		{name: "refusal beats retryable", err: exec.Refuse(exec.Retryable(shipped)), wantMsg: shipped.Error()},
+		{name: "command exit 65", handler: refusing, wantMsg: "no customer has that email"},
+		{name: "plain error", err: errors.New("the order database returned garbage"),
+			wantMsg: "the order database returned garbage", deadLetter: protocol.ReasonPermanent},
+	}
+	var fns []exec.Function
+	runs := make([]atomic.Int32, len(tests))
+	for i, tc := range tests {
+		fn := exec.Function{Name: fmt.Sprintf("fn_%d", i), Retry: fastRetry(), Handler: tc.handler}
+		if tc.handler == nil {
+			fn.Handler = exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) {
+				runs[i].Add(1)
+				return nil, tc.err
+			})
+		}
+		fns = append(fns, fn)
+	}
+	h := start(t, "team-a", exec.Options{}, fns...)
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := h.call("team-a", fns[i].Name, `{}`, time.Now().Add(time.Minute))
+			res := h.result(c, 10*time.Second)
+			// A retry would have recorded nothing at attempt 1.
+			if res.OK() || res.Error.Code != protocol.CodeFunctionError || !strings.Contains(res.Error.Message, tc.wantMsg) || res.Attempt != 1 {
+				t.Fatalf("result = %+v; want one function_error at attempt 1 saying %q", res, tc.wantMsg)
+			}
+			if tc.handler == nil && runs[i].Load() != 1 {
+				t.Errorf("ran %d times, want 1", runs[i].Load())
+			}
+			// The dead letter is recorded before the result, so with the
+			// result in hand its absence is final.
+			var got []string
+			for _, d := range h.deadLetters() {
+				if d.Call.Key == c.Key {
+					got = append(got, d.Reason)
+				}
+			}
+			var want []string
+			if tc.deadLetter != "" {
+				want = []string{tc.deadLetter}
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("dead letters for the call (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

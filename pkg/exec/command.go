@@ -15,8 +15,10 @@ import (
 
 // CommandHandler runs argv for each call: the arguments JSON on stdin, the
 // output read from stdout. A non-zero exit is a failed call whose message is
-// the command's stderr; exit status 75 (EX_TEMPFAIL) marks the failure
-// retryable. The command runs in a process group of its own, which is
+// the command's stderr. Two exit statuses say more: 75 (EX_TEMPFAIL) marks
+// the failure retryable, and 65 (EX_DATAERR) marks it an expected refusal
+// of this request ([ErrRefused]: not retried, no dead letter); any other
+// failure leaves a dead letter. The command runs in a process group of its own, which is
 // killed (SIGKILL) at the call's deadline, when the command exits (so
 // nothing it left in the background outlives the call) and when the
 // executor dies, even by SIGKILL (see runInGroup). Each call costs a small
@@ -60,8 +62,11 @@ func CommandHandler(argv []string) (Handler, error) {
 			var exitErr *osexec.ExitError
 			if errors.As(err, &exitErr) {
 				err := fmt.Errorf("%s failed (%s): %s", inv.Function, exitErr.ProcessState, msg)
-				if exitErr.ExitCode() == exitTempFail {
+				switch exitErr.ExitCode() {
+				case exitTempFail:
 					return nil, Retryable(err)
+				case exitRefused:
+					return nil, Refuse(err)
 				}
 				return nil, err
 			}
@@ -71,8 +76,13 @@ func CommandHandler(argv []string) (Handler, error) {
 	}), nil
 }
 
-// exitTempFail is sysexits.h's EX_TEMPFAIL: "try again later".
-const exitTempFail = 75
+const (
+	// exitTempFail is sysexits.h's EX_TEMPFAIL: "try again later".
+	exitTempFail = 75
+	// exitRefused is sysexits.h's EX_DATAERR, "the input data was
+	// incorrect": the command declines this request, as designed.
+	exitRefused = 65
+)
 
 // capped keeps at most limit bytes and discards the rest, so a chatty
 // command cannot exhaust memory.
