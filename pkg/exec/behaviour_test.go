@@ -259,36 +259,72 @@ func TestReplicasShareTheLoad(t *testing.T) {
 }
 
 func TestGlobalConcurrencyCapHoldsAcrossReplicas(t *testing.T) {
-	const limit = 2
+	const limit, total = 2, 24
 	var running, peak atomic.Int32
-	var mu sync.Mutex
+	// Calls hold their slots until release closes, so the cap is reached
+	// and stays reached while the rest wait behind it.
+	release := make(chan struct{})
 	fn := func() exec.Function {
 		return exec.Function{Name: "capped", Concurrency: 4, MaxConcurrency: limit,
 			Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
 				n := running.Add(1)
-				mu.Lock()
-				peak.Store(max(peak.Load(), n))
-				mu.Unlock()
-				time.Sleep(30 * time.Millisecond)
-				running.Add(-1)
-				return []byte("ok"), nil
+				defer running.Add(-1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				select {
+				case <-release:
+					return []byte("ok"), nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
 			})}
 	}
 	h := start(t, "team-a", exec.Options{}, fn())
 	h.run("team-a", exec.Options{}, fn())
 	h.run("team-a", exec.Options{}, fn())
+	releaseAll := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseAll) // runs before the executors stop
 	var calls []*protocol.Call
-	for i := range 24 {
+	for i := range total {
 		calls = append(calls, h.call("team-a", "capped", fmt.Sprintf(`{"i":%d}`, i), time.Now().Add(time.Minute)))
 	}
+	// Three replicas with 12 free slots between them keep asking for calls
+	// (waiting pulls) while calls are queued: only the cap holds them back.
+	ctx := context.Background()
+	held := func() (bool, string) {
+		cons, err := h.js.Consumer(ctx, protocol.CallStream("team-a"), "capped")
+		if err != nil {
+			return false, err.Error()
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		n := running.Load()
+		return n == limit && info.NumAckPending == limit && info.NumPending == total-limit && info.NumWaiting > 0,
+			fmt.Sprintf("running %d (peak %d), delivered %d, queued %d, waiting pulls %d", n, peak.Load(),
+				info.NumAckPending, info.NumPending, info.NumWaiting)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ok, state := held()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cap of %d was not reached and held within 10s: %s", limit, state)
+		}
+	}
+	if p := peak.Load(); p != limit {
+		t.Fatalf("%d calls ran at once across three replicas with calls waiting; the cap is %d", p, limit)
+	}
+	releaseAll()
 	for _, c := range calls {
-		h.result(c, 30*time.Second)
+		if res := h.result(c, 30*time.Second); !res.OK() {
+			t.Fatalf("result = %+v", res)
+		}
 	}
-	if p := peak.Load(); p > limit {
+	if p := peak.Load(); p != limit {
 		t.Errorf("%d calls ran at once across three replicas; the cap is %d", p, limit)
-	}
-	if p := peak.Load(); p < limit {
-		t.Logf("peak concurrency %d (below the cap; the cap was not exercised)", p)
 	}
 }
 
