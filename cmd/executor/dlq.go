@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -75,7 +76,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		for _, d := range dls {
 			outcome := "ok"
 			if d.Result.Error != nil {
-				outcome = string(d.Result.Error.Code) + ": " + protocol.Truncate(d.Result.Error.Message, 80)
+				outcome = string(d.Result.Error.Code) + ": " + firstLine(d.Result.Error.Message)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", d.At.Format(time.RFC3339), d.Call.Key, d.Call.Team,
 				d.Call.Function, d.Reason, d.Attempts, d.Replay, outcome)
@@ -108,4 +109,17 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return nil
 	}
 	return usage
+}
+
+// firstLine is msg's first line, whole, for the last column of the table:
+// a newline would start a bogus row and a tab a bogus column, so what
+// follows the first line is shown as " …" (-json has all of it) and tabs
+// become spaces.
+func firstLine(msg string) string {
+	line, rest, _ := strings.Cut(msg, "\n")
+	line = strings.ReplaceAll(strings.TrimRight(line, "\r"), "\t", " ")
+	if strings.TrimSpace(rest) != "" {
+		line += " …"
+	}
+	return line
 }

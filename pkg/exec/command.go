@@ -8,7 +8,6 @@ import (
 	"io"
 	osexec "os/exec"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -16,9 +15,14 @@ import (
 
 // CommandHandler runs argv for each call: the arguments JSON on stdin, the
 // output read from stdout. A non-zero exit is a failed call whose message is
-// the command's stderr; exit status 75 (EX_TEMPFAIL) marks the failure
-// retryable. At the call's deadline the command's whole process group is
-// killed.
+// the command's stderr. Two exit statuses say more: 75 (EX_TEMPFAIL) marks
+// the failure retryable, and 65 (EX_DATAERR) marks it an expected refusal
+// of this request ([ErrRefused]: not retried, no dead letter); any other
+// failure leaves a dead letter. The command runs in a process group of its own, which is
+// killed (SIGKILL) at the call's deadline, when the command exits (so
+// nothing it left in the background outlives the call) and when the
+// executor dies, even by SIGKILL (see runInGroup). Each call costs a small
+// /bin/sh guard process besides the command.
 //
 // The command inherits the executor's environment plus
 // TOOLRELAY_FUNCTION, TOOLRELAY_CALL_ID, TOOLRELAY_CALL_KEY and
@@ -34,8 +38,6 @@ func CommandHandler(argv []string) (Handler, error) {
 	args := append([]string(nil), argv[1:]...)
 	return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
 		cmd := osexec.CommandContext(ctx, path, args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		// Children that keep stdout open must not keep the call waiting.
 		cmd.WaitDelay = time.Second
 		cmd.Stdin = bytes.NewReader(inv.Arguments)
@@ -48,7 +50,7 @@ func CommandHandler(argv []string) (Handler, error) {
 		stdout := &capped{limit: protocol.MaxOutputSize + 1}
 		stderr := &capped{limit: 4096}
 		cmd.Stdout, cmd.Stderr = stdout, stderr
-		err := cmd.Run()
+		err := runInGroup(cmd)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -60,8 +62,11 @@ func CommandHandler(argv []string) (Handler, error) {
 			var exitErr *osexec.ExitError
 			if errors.As(err, &exitErr) {
 				err := fmt.Errorf("%s failed (%s): %s", inv.Function, exitErr.ProcessState, msg)
-				if exitErr.ExitCode() == exitTempFail {
+				switch exitErr.ExitCode() {
+				case exitTempFail:
 					return nil, Retryable(err)
+				case exitRefused:
+					return nil, Refuse(err)
 				}
 				return nil, err
 			}
@@ -71,8 +76,13 @@ func CommandHandler(argv []string) (Handler, error) {
 	}), nil
 }
 
-// exitTempFail is sysexits.h's EX_TEMPFAIL: "try again later".
-const exitTempFail = 75
+const (
+	// exitTempFail is sysexits.h's EX_TEMPFAIL: "try again later".
+	exitTempFail = 75
+	// exitRefused is sysexits.h's EX_DATAERR, "the input data was
+	// incorrect": the command declines this request, as designed.
+	exitRefused = 65
+)
 
 // capped keeps at most limit bytes and discards the rest, so a chatty
 // command cannot exhaust memory.

@@ -34,6 +34,15 @@
 // failed result and a dead-letter record, which [DeadLetters] lists and
 // [Replay] runs again.
 //
+// An expected refusal is not a failure an operator must look at: a
+// handler that declines a request as designed (the order has already
+// shipped, no customer has that email) returns an error wrapped with
+// [Refuse], or wrapping [ErrRefused] with %w. The model gets exactly one
+// failed result (function_error) with the error's message; it is not
+// retried, even if it also wraps [ErrRetryable], and leaves no dead letter.
+// A [CommandHandler] refuses by exiting with status 65 (EX_DATAERR), an
+// endpoint behind [HTTPHandler] by answering 409 or 422.
+//
 // # Side effects
 //
 // A [Function] with SideEffects never runs twice for one call: an attempt

@@ -11,6 +11,15 @@ import (
 // it with [Retryable]. Errors not marked so fail the call at once.
 var ErrRetryable = errors.New("exec: retryable")
 
+// ErrRefused marks an expected refusal: the function worked as designed
+// and declined the request (the order has already shipped, the customer
+// does not exist). The model gets one failed result with the error's
+// message, the call is not retried, and no dead letter is left: dead
+// letters are for failures an operator must look at. Wrap it with
+// [Refuse], or with %w in an error of your own. A refusal is never
+// retried, even if it also wraps [ErrRetryable].
+var ErrRefused = errors.New("exec: refused")
+
 // ErrDidNotRun is returned by a Reconcile hook that established the
 // earlier attempt had no effect: the call then runs normally.
 var ErrDidNotRun = errors.New("exec: earlier attempt had no effect")
@@ -30,6 +39,21 @@ type retryableError struct{ err error }
 func (e *retryableError) Error() string        { return e.err.Error() }
 func (e *retryableError) Unwrap() error        { return e.err }
 func (e *retryableError) Is(target error) bool { return target == ErrRetryable }
+
+// Refuse marks err as an expected refusal (see [ErrRefused]): the model
+// reads err's message, and nothing is retried or dead-lettered.
+func Refuse(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &refusedError{err}
+}
+
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string        { return e.err.Error() }
+func (e *refusedError) Unwrap() error        { return e.err }
+func (e *refusedError) Is(target error) bool { return target == ErrRefused }
 
 // RetryPolicy says how retryable errors are retried. Retries go back
 // through JetStream, so another replica may take the next attempt.

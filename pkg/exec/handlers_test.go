@@ -48,11 +48,32 @@ func TestCommandHandler(t *testing.T) {
 			t.Errorf("exit 75: %v is not retryable", err)
 		}
 	})
+	t.Run("exit 65 is a refusal", func(t *testing.T) {
+		fn := command(t, `echo "order A-1 has already shipped" >&2; exit 65`)
+		_, err := fn.Handler.Handle(t.Context(), &exec.Invocation{Function: "cmd", Arguments: []byte(`{}`), Call: exectest.Call(fn, `{}`, exectest.Options{})})
+		if !errors.Is(err, exec.ErrRefused) || errors.Is(err, exec.ErrRetryable) || !strings.Contains(err.Error(), "order A-1 has already shipped") {
+			t.Errorf("exit 65: %v is not a refusal carrying stderr", err)
+		}
+	})
 	t.Run("process group killed at the deadline", func(t *testing.T) {
 		pidFile := filepath.Join(t.TempDir(), "pid")
 		fn := command(t, `sleep 30 & echo $! > `+pidFile+`; wait`)
 		res := exectest.Run(t, fn, `{}`, exectest.Options{Deadline: 300 * time.Millisecond})
 		if res.OK() || res.Error.Code != protocol.CodeTimeout {
+			t.Fatalf("result = %+v", res)
+		}
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		testutil.WaitFor(t, 5*time.Second, func() bool { return !alive(pid) })
+	})
+	t.Run("what it leaves in the background ends with the call", func(t *testing.T) {
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		fn := command(t, `sleep 30 >/dev/null 2>&1 & echo $! > `+pidFile+`; echo done`)
+		res := exectest.Run(t, fn, `{}`, exectest.Options{})
+		if !res.OK() || res.Output != "done\n" {
 			t.Fatalf("result = %+v", res)
 		}
 		b, err := os.ReadFile(pidFile)
@@ -98,6 +119,30 @@ func TestHTTPHandler(t *testing.T) {
 	}
 	if res := exectest.Run(t, fn, `{"slow":1}`, exectest.Options{Deadline: 200 * time.Millisecond}); res.OK() || res.Error.Code != protocol.CodeTimeout {
 		t.Errorf("deadline: %+v", res)
+	}
+	statuses := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, _ := strconv.Atoi(r.URL.Query().Get("status"))
+		http.Error(w, "answer "+strconv.Itoa(code), code)
+	}))
+	defer statuses.Close()
+	for _, tc := range []struct {
+		status           int
+		refused, retried bool
+	}{
+		{status: 400}, {status: 401}, {status: 404}, {status: 500},
+		{status: 409, refused: true}, {status: 422, refused: true},
+		{status: 429, retried: true}, {status: 503, retried: true},
+	} {
+		h, err := exec.HTTPHandler(statuses.URL+"?status="+strconv.Itoa(tc.status), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn := exec.Function{Name: "eta", Handler: h}
+		_, err = h.Handle(t.Context(), &exec.Invocation{Function: "eta", Arguments: []byte(`{}`), Call: exectest.Call(fn, `{}`, exectest.Options{})})
+		if err == nil || !strings.Contains(err.Error(), "answer "+strconv.Itoa(tc.status)) ||
+			errors.Is(err, exec.ErrRefused) != tc.refused || errors.Is(err, exec.ErrRetryable) != tc.retried {
+			t.Errorf("HTTP %d: %v; want refused %v, retryable %v", tc.status, err, tc.refused, tc.retried)
+		}
 	}
 	for _, bad := range []string{"", "ftp://x", "/relative", "http://"} {
 		if _, err := exec.HTTPHandler(bad, nil); err == nil {

@@ -16,7 +16,12 @@ import (
 // HTTPHandler POSTs each call's arguments JSON to endpoint; a 2xx response
 // body is the output, anything else is a failed call carrying the status and
 // the start of the body. 429, 502, 503, 504 and connection failures are
-// retryable. The request is cut at the call's deadline. It
+// retryable. 409 Conflict and 422 Unprocessable Content are expected
+// refusals ([ErrRefused]: not retried, no dead letter): a service answers
+// them to decline a request it understood ("already shipped", "no such
+// customer"). Other 4xx, 400 and 404 included, leave a dead letter, since
+// they also come from a wrong URL or a request the service no longer
+// understands, which an operator must fix. The request is cut at the call's deadline. It
 // carries Idempotency-Key (the call key, stable across redeliveries),
 // Toolrelay-Call-Id, Toolrelay-Function and Toolrelay-Deadline headers.
 // A nil client means http.DefaultClient.
@@ -56,6 +61,8 @@ func HTTPHandler(endpoint string, client *http.Client) (Handler, error) {
 			switch resp.StatusCode {
 			case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 				return nil, Retryable(err)
+			case http.StatusConflict, http.StatusUnprocessableEntity:
+				return nil, Refuse(err)
 			}
 			return nil, err
 		}

@@ -17,6 +17,8 @@ type outcome struct {
 	res *protocol.Result
 	// retry: the handler returned a retryable error.
 	retry bool
+	// refused: the handler refused the call (ErrRefused); never retried.
+	refused bool
 	// panicked: the handler panicked (res says so, without the value).
 	panicked bool
 	// cancelled: shutdown cut the run short; there is no result.
@@ -107,7 +109,8 @@ wait:
 		if msg == "" || !utf8.ValidString(msg) {
 			msg = call.Function + " failed."
 		}
-		o.retry = errors.Is(r.err, ErrRetryable)
+		o.refused = errors.Is(r.err, ErrRefused)
+		o.retry = !o.refused && errors.Is(r.err, ErrRetryable)
 		fail(protocol.CodeFunctionError, msg)
 	case !utf8.Valid(r.out):
 		fail(protocol.CodeFunctionError, fmt.Sprintf("%s returned output that is not valid UTF-8.", call.Function))

@@ -244,6 +244,8 @@ func (d decision) conclude(ctx context.Context, o outcome) {
 		reason = protocol.ReasonPanic
 	case o.retry:
 		reason = protocol.ReasonExhausted
+	case o.refused:
+		// An expected refusal: the model is told, no operator needs to be.
 	case o.res.Error != nil && o.res.Error.Code == protocol.CodeFunctionError:
 		reason = protocol.ReasonPermanent
 	}
