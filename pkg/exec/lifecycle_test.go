@@ -1,0 +1,92 @@
+package exec_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// declarations lists the live declarations of function, by executor name.
+func (h *harness) declarations(function string) []string {
+	h.t.Helper()
+	kv, err := h.js.KeyValue(context.Background(), protocol.DeclarationBucket)
+	if err != nil {
+		return nil
+	}
+	keys, err := kv.ListKeysFiltered(context.Background(), function+".*")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var names []string
+	for k := range keys.Keys() {
+		e, err := kv.Get(context.Background(), k)
+		if err != nil {
+			continue
+		}
+		d, err := protocol.DecodeDeclaration(e.Value())
+		if err != nil {
+			h.t.Fatalf("declaration %s: %v", k, err)
+		}
+		names = append(names, d.Executor)
+	}
+	return names
+}
+
+// Each running executor declares what it serves; one that stops withdraws
+// its declaration at once.
+func TestRunningExecutorsDeclareAndStoppedOnesWithdraw(t *testing.T) {
+	h := start(t, "team-a", exec.Options{Name: "first"}, echo())
+	stopSecond := h.run("team-a", exec.Options{Name: "second"}, echo())
+	testutil.WaitFor(t, 5*time.Second, func() bool { return len(h.declarations("echo")) == 2 })
+	stopSecond()
+	if got := h.declarations("echo"); len(got) != 1 || got[0] != "first" {
+		t.Fatalf("declarations after the second stopped = %v, want [first]", got)
+	}
+	h.stopFirst()
+	if got := h.declarations("echo"); len(got) != 0 {
+		t.Fatalf("declarations after both stopped = %v, want none", got)
+	}
+}
+
+// An executor whose function can no longer be consumed (its consumer was
+// deleted) does not go on serving the rest in silence: Run ends with an
+// error naming the function, and the executor withdraws its declarations.
+func TestRunEndsWhenAWorkerCannotConsume(t *testing.T) {
+	h := start(t, "team-a", exec.Options{}, echo())
+	_, js := h.srv.Connect(t)
+	e, err := exec.New(js, "team-b", exec.Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := echo()
+	other.Name = "echo_b"
+	if err := e.Register(other); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(t.Context()) }()
+	testutil.WaitFor(t, 10*time.Second, func() bool { return len(h.declarations("echo_b")) == 1 })
+	s, err := h.js.Stream(t.Context(), protocol.CallStream("team-b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteConsumer(t.Context(), "echo_b"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "echo_b") {
+			t.Fatalf("Run = %v, want an error naming echo_b", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run went on after its consumer was deleted")
+	}
+	if got := h.declarations("echo_b"); len(got) != 0 {
+		t.Fatalf("declarations after Run failed = %v, want none", got)
+	}
+}
