@@ -170,6 +170,10 @@ func (d *Dispatcher) markSubmitted(ctx context.Context, t *Turn, rev uint64, cha
 	})
 }
 
+// resultReadFor bounds how long reading a recorded result is retried while
+// JetStream is unavailable.
+const resultReadFor = 30 * time.Second
+
 // outputs lists the result of every call, in the turn's order.
 func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 	out := make([]Output, 0, len(t.Calls))
@@ -186,7 +190,15 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 			}
 		} else {
 			var err error
-			if res, err = d.gather.result(ctx, t, &c); err != nil {
+			// A read that times out while JetStream fails over is tried
+			// again: the result is recorded, and failing the turn for it
+			// would throw the whole submission away. The run's expiry
+			// bounds the wait.
+			within := min(max(time.Until(t.ExpiresAt)-2*time.Second, time.Second), resultReadFor)
+			res, err = whileUnavailable(ctx, within, func(ctx context.Context) (*protocol.Result, error) {
+				return d.gather.result(ctx, t, &c)
+			})
+			if err != nil {
 				return nil, fmt.Errorf("dispatch: result of call %s (%s): %w", c.ID, c.Name, err)
 			}
 		}
