@@ -392,9 +392,9 @@ func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output,
 const unknownFunction = "unknown"
 
 // metricFunction is the function label of a call: its name once intake
-// found the function's team, else unknownFunction.
+// found the function's owning team, else unknownFunction.
 func metricFunction(c *TurnCall) string {
-	if c.Team == "" {
+	if c.Team == "" || c.Team == protocol.SystemTeam {
 		return unknownFunction
 	}
 	return c.Name

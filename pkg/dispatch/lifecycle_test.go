@@ -1,0 +1,83 @@
+package dispatch_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Run returns a startup failure at once, without waiting for its context:
+// here the results consumer exists with a filter toolrelay cannot use.
+func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(provision.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := results.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "toolrelay_dispatcher",
+		FilterSubject: protocol.ResultSubjectPrefix + ".someone.>", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	_, js := e.srv.Connect(t)
+	d, err := dispatch.New(js, dispatch.NewPlatforms(e.client), dispatch.Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(context.Background()) }() // never cancelled
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "toolrelay_dispatcher") {
+			t.Fatalf("Run = %v, want the consumer's incompatibility", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return its startup error")
+	}
+}
+
+// Function names the model invents are counted under one label value, so
+// that a model cannot grow the metrics without bound.
+func TestInventedFunctionNamesShareOneLabel(t *testing.T) {
+	e := newEnv(t,
+		platformsim.Scenario{Name: "ghost", Prompt: "ghost", Steps: []platformsim.Step{{{Name: "get_ghost"}}}, Answer: `{{out "get_ghost"}}`},
+		platformsim.Scenario{Name: "phantom", Prompt: "phantom", Steps: []platformsim.Step{{{Name: "get_phantom"}}}, Answer: `{{out "get_phantom"}}`},
+	)
+	reader := sdkmetric.NewManualReader()
+	d, _ := e.dispatcher(dispatch.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	for _, prompt := range []string{"ghost", "phantom"} {
+		if w := finish(t, d, e.response(prompt), 10*time.Second); !strings.Contains(w.Answer, "unknown_function") {
+			t.Fatalf("%s: answer %q, want unknown_function", prompt, w.Answer)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "toolrelay.calls" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				fn, _ := dp.Attributes.Value("function")
+				labels[fn.AsString()] += dp.Value
+			}
+		}
+	}
+	if len(labels) != 1 || labels["unknown"] != 2 {
+		t.Fatalf("toolrelay.calls by function = %v, want only unknown=2", labels)
+	}
+}
