@@ -4,9 +4,12 @@
 // An [Executor] serves the functions of one team. [Executor.Register] adds a
 // [Function] (name, description, JSON Schema, limits and a [Handler]);
 // [Executor.Run] provisions the team's work-queue stream FNCALLS_<team> and
-// one durable pull consumer per function, announces the functions in the
-// registry (refusing a name another team owns) and serves calls until its
-// context ends. Handlers follow the net/http pattern: [Handler],
+// one durable pull consumer per function, claims the functions for the
+// team in the registry (refusing a name another team owns), declares them
+// as served by this process — a lease renewed every
+// [protocol.LeaseRenewal] and withdrawn when Run returns, so dispatchers
+// validate and route by what live processes serve — and serves calls until
+// its context ends. Handlers follow the net/http pattern: [Handler],
 // [HandlerFunc] and [Middleware] (the first given runs outermost).
 // [CommandHandler] and [HTTPHandler] run a program or call an endpoint.
 //
