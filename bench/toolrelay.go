@@ -30,7 +30,7 @@ func newSink() *sink { return &sink{waiting: map[protocol.TurnKey]chan struct{}{
 func (*sink) Name() protocol.Platform { return protocol.PlatformResponses }
 
 func (*sink) Poll(context.Context, dispatch.Ref) (*dispatch.Observation, error) {
-	return &dispatch.Observation{State: dispatch.Done}, nil
+	return &dispatch.Observation{State: dispatch.ObjectDone}, nil
 }
 
 func (s *sink) Submit(_ context.Context, t *dispatch.Turn, _ []dispatch.Output) (*dispatch.Submission, error) {

@@ -18,11 +18,11 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
+	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformauth"
 	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
-	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // config is the dispatcher service's settings, read from the environment.
@@ -108,7 +108,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
 	}
 	if cfg.CrashAt != "" {
-		dopts.OnStage = crashAt(dispatch.Stage(cfg.CrashAt), log)
+		if !crashpoint.Valid(cfg.CrashAt) {
+			return fmt.Errorf("settings: TOOLRELAY_TEST_CRASH_AT=%q: want intake, fanout, gather or submitted", cfg.CrashAt)
+		}
+		crashpoint.Set(crashAt(cfg.CrashAt, log))
+		defer crashpoint.Set(nil)
 	}
 	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dopts)
 	if err != nil {
@@ -162,8 +166,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // crashAt kills this process with SIGKILL, as an operator's kill -9 would,
 // the first time a turn reaches stage.
-func crashAt(stage dispatch.Stage, log *slog.Logger) func(dispatch.Stage, protocol.TurnKey) {
-	return func(s dispatch.Stage, key protocol.TurnKey) {
+func crashAt(stage string, log *slog.Logger) func(point, turn string) {
+	return func(s, key string) {
 		if s == stage {
 			log.Warn("crashing on purpose (TOOLRELAY_TEST_CRASH_AT)", "stage", s, "turn", key)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)

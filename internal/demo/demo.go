@@ -327,14 +327,14 @@ func announce(out *lockedWriter) exec.Middleware {
 func reportTurns(out *lockedWriter) func(dispatch.Event) {
 	return func(e dispatch.Event) {
 		switch e.Kind {
-		case dispatch.TurnSubmitted:
+		case dispatch.EventTurnSubmitted:
 			cut := ""
 			if e.Turn.CutOff {
 				cut = ", cut off at the deadline"
 			}
 			out.printf("  turn submitted: %d call(s) in %s%s (%s before the run expires)\n",
 				len(e.Turn.Calls), e.Latency.Round(10*time.Microsecond), cut, e.TimeLeft.Round(time.Second))
-		case dispatch.TurnFailed:
+		case dispatch.EventTurnFailed:
 			out.printf("  turn failed: %s\n", e.Turn.Error)
 		}
 	}

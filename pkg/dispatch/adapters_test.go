@@ -18,7 +18,7 @@ func awaitAction(t *testing.T, p dispatch.Platform, ref dispatch.Ref, after *dis
 	var turn *dispatch.Turn
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		obs, err := p.Poll(context.Background(), ref)
-		if err != nil || obs.State != dispatch.RequiresAction {
+		if err != nil || obs.State != dispatch.ObjectRequiresAction {
 			return false
 		}
 		turn = &dispatch.Turn{Key: obs.Turn.Key(), Ref: ref, Scope: obs.Turn.Scope, TurnID: obs.Turn.TurnID}

@@ -39,15 +39,15 @@ func (a *Agents) observe(ctx context.Context, ref Ref, s *openai.AgentSession) (
 		if turn == nil {
 			// Only actions toolrelay does not run (computer use approvals,
 			// environment connections): someone else answers them.
-			return &Observation{State: Running}, nil
+			return &Observation{State: ObjectRunning}, nil
 		}
-		return &Observation{State: RequiresAction, Turn: turn}, nil
+		return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
 	case "idle":
-		return &Observation{State: Done, Answer: a.lastAnswer(ctx, ref.SessionID)}, nil
+		return &Observation{State: ObjectDone, Answer: a.lastAnswer(ctx, ref.SessionID)}, nil
 	case "failed":
-		return &Observation{State: Failed, Reason: "session failed: " + s.Error}, nil
+		return &Observation{State: ObjectFailed, Reason: "session failed: " + s.Error}, nil
 	}
-	return &Observation{State: Running}, nil
+	return &Observation{State: ObjectRunning}, nil
 }
 
 // sessionTurn collects the function calls of the first turn that has any.

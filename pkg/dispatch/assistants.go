@@ -36,17 +36,17 @@ func (a *Assistants) Poll(ctx context.Context, ref Ref) (*Observation, error) {
 		for _, tc := range r.RequiredAction.SubmitToolOutputs.ToolCalls {
 			turn.Calls = append(turn.Calls, CallRequest{ID: tc.ID, Name: tc.Function.Name, Arguments: []byte(tc.Function.Arguments)})
 		}
-		return &Observation{State: RequiresAction, Turn: turn}, nil
+		return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
 	case "completed":
-		return &Observation{State: Done, Answer: a.lastAnswer(ctx, ref)}, nil
+		return &Observation{State: ObjectDone, Answer: a.lastAnswer(ctx, ref)}, nil
 	case "failed", "cancelled", "expired", "incomplete":
 		reason := "run " + string(r.Status)
 		if r.LastError.Message != "" {
 			reason += ": " + r.LastError.Message
 		}
-		return &Observation{State: Failed, Reason: reason}, nil
+		return &Observation{State: ObjectFailed, Reason: reason}, nil
 	}
-	return &Observation{State: Running}, nil
+	return &Observation{State: ObjectRunning}, nil
 }
 
 func (a *Assistants) lastAnswer(ctx context.Context, ref Ref) string {

@@ -134,7 +134,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 	if after := e.sim.Stats().FunctionCallOutputs; after != before {
 		t.Errorf("late result was submitted: outputs %d -> %d", before, after)
 	}
-	if turn, err := d.Turn(context.Background(), w.Turns[0]); err != nil || turn.State != dispatch.StateSubmitted || len(turn.TimedOut) != 1 {
+	if turn, err := d.Turn(context.Background(), w.Turns[0]); err != nil || turn.State != dispatch.TurnSubmitted || len(turn.TimedOut) != 1 {
 		t.Errorf("after the late result: turn = %+v, %v; want it still submitted with the call timed out", turn, err)
 	}
 	s, err := e.js.Stream(context.Background(), protocol.ResultStream)
@@ -203,7 +203,7 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 	}
 	testutil.WaitFor(t, 30*time.Second, func() bool {
 		for _, key := range turns {
-			if turn, err := ds[0].Turn(ctx, key); err != nil || turn.State != dispatch.StateSubmitted {
+			if turn, err := ds[0].Turn(ctx, key); err != nil || turn.State != dispatch.TurnSubmitted {
 				return false
 			}
 		}

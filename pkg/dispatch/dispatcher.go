@@ -63,10 +63,6 @@ type Options struct {
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
-	// OnStage, if set, is called as a turn passes each Stage, in the
-	// goroutine doing the work. It exists for observing and for fault
-	// injection in resilience tests; it must not block.
-	OnStage func(Stage, protocol.TurnKey)
 	// WebhookSecret verifies POST /webhooks/openai (OPENAI_WEBHOOK_SECRET:
 	// "whsec_..." or the raw secret). Empty: every webhook gets 401.
 	WebhookSecret string
@@ -74,28 +70,6 @@ type Options struct {
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
-}
-
-// Stage is a point in a turn's life where a dispatcher may stop.
-type Stage string
-
-// Stages, in order.
-const (
-	// StageTakenIn: the turn is recorded; no call is published yet.
-	StageTakenIn Stage = "intake"
-	// StagePublished: every call is published.
-	StagePublished Stage = "fanout"
-	// StageResult: a result was taken in; the turn may not be complete.
-	StageResult Stage = "gather"
-	// StageSubmitted: the platform accepted the outputs; the turn is not
-	// yet marked submitted.
-	StageSubmitted Stage = "submitted"
-)
-
-func (d *Dispatcher) stage(s Stage, key protocol.TurnKey) {
-	if d.opts.OnStage != nil {
-		d.opts.OnStage(s, key)
-	}
 }
 
 // Event reports a step in a turn's life.
@@ -113,9 +87,9 @@ type EventKind int
 
 // Event kinds.
 const (
-	TurnStarted EventKind = iota
-	TurnSubmitted
-	TurnFailed
+	EventTurnStarted EventKind = iota
+	EventTurnSubmitted
+	EventTurnFailed
 )
 
 // Dispatcher turns required actions into calls on JetStream, gathers their
@@ -419,7 +393,7 @@ func (d *Dispatcher) resume(ctx context.Context) {
 
 func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 	switch t.State {
-	case StateCollecting:
+	case TurnCollecting:
 		if err := d.scheduleDeadline(ctx, t); err != nil {
 			d.log.Warn("re-arming deadline failed", "turn", t.Key, "err", err)
 		}
@@ -434,7 +408,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		d.gather.track(t, rev)
 		d.publishCalls(ctx, t, recorded)
 		d.gather.recheckSoon(t.Key)
-	case StateSubmitting:
+	case TurnSubmitting:
 		// The replica that won may have died mid-submission: take the turn
 		// over once it looks stuck, and repeat the submission. The platform
 		// adapters make a repeat harmless.

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -150,7 +151,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	g.d.tel.result(ctx, st.turn, res)
-	g.d.stage(StageResult, turnKey)
+	crashpoint.Reached(crashpoint.Gather, string(turnKey))
 	if g.add(st, res) {
 		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
 	}
@@ -169,7 +170,7 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 	if err != nil {
 		return nil, err
 	}
-	if t.State != StateCollecting {
+	if t.State != TurnCollecting {
 		g.d.lateResult(ctx, t)
 		return nil, errTurnClosed
 	}

@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -244,7 +243,7 @@ func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
 func (d *Dispatcher) watchReport(ctx context.Context, id string) (int, any) {
 	watch, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*Watch, error) { return d.WatchStatus(ctx, id) })
 	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey):
+	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound, errorBody("no watch with id " + id)
 	case errors.Is(err, ErrUnavailable):
 		return http.StatusServiceUnavailable, errorBody("JetStream is unavailable (a server may be failing over); retry shortly")

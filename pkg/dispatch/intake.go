@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/firstwins"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -37,7 +38,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	now := time.Now()
 	t := &Turn{
 		Version: protocol.Version, Key: key, Ref: req.Ref, Scope: req.Scope, TurnID: req.TurnID,
-		State: StateCollecting, CreatedAt: now.UTC(), ExpiresAt: req.ExpiresAt,
+		State: TurnCollecting, CreatedAt: now.UTC(), ExpiresAt: req.ExpiresAt,
 	}
 	if t.ExpiresAt.IsZero() {
 		t.ExpiresAt = now.Add(d.opts.RunTTL)
@@ -78,14 +79,14 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	}
 	d.tel.keepTurn(key, span)
 	ctx = tctx
-	d.stage(StageTakenIn, key)
+	crashpoint.Reached(crashpoint.Intake, string(key))
 	channel := req.Channel
 	if channel == "" {
 		channel = "api"
 	}
 	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Get(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel)))
 	d.gather.track(t, rev)
-	d.emit(Event{Kind: TurnStarted, Turn: t})
+	d.emit(Event{Kind: EventTurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
 		"deadline", t.Deadline, "channel", channel)
 
@@ -94,7 +95,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		d.recordFailure(ctx, t, c, cerr)
 	}
 	d.publishCalls(ctx, t, nil)
-	d.stage(StagePublished, key)
+	crashpoint.Reached(crashpoint.Fanout, string(key))
 	return t, nil
 }
 

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,20 @@ func TestInventedFunctionNamesShareOneLabel(t *testing.T) {
 	}
 	if len(labels) != 1 || labels["unknown"] != 2 {
 		t.Fatalf("toolrelay.calls by function = %v, want only unknown=2", labels)
+	}
+}
+
+// Unknown watches and turns are ErrNotFound, not a storage error.
+func TestUnknownWatchAndTurnAreNotFound(t *testing.T) {
+	e := newEnv(t)
+	d, _ := e.dispatcher(dispatch.Options{})
+	if _, err := d.WatchStatus(t.Context(), "w_nope"); !errors.Is(err, dispatch.ErrNotFound) {
+		t.Errorf("WatchStatus of an unknown id = %v, want ErrNotFound", err)
+	}
+	if _, err := d.WatchStatus(t.Context(), "not a key!"); !errors.Is(err, dispatch.ErrNotFound) {
+		t.Errorf("WatchStatus of an invalid id = %v, want ErrNotFound", err)
+	}
+	if _, err := d.Turn(t.Context(), protocol.TurnKey("0123")); !errors.Is(err, dispatch.ErrNotFound) {
+		t.Errorf("Turn of an unknown key = %v, want ErrNotFound", err)
 	}
 }

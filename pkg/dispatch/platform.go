@@ -99,40 +99,28 @@ func (r Ref) String() string {
 	}
 }
 
-// FieldError is a validation error about one field of a request.
-type FieldError struct {
-	Field   string
-	Message string
-	// Err, when set, classifies the error (ErrObjectNotFound).
-	Err error
-}
-
-func (e *FieldError) Error() string { return "dispatch: " + e.Message }
-
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// State is what a polled platform object is doing.
-type State int
+// ObjectState is what a polled platform object is doing.
+type ObjectState int
 
 // States of a polled object.
 const (
-	// Running: the model is working; poll again later.
-	Running State = iota
-	// RequiresAction: the model waits for the calls of Observation.Turn.
-	RequiresAction
-	// Done: the object finished; Observation.Answer may hold its answer.
-	Done
-	// Failed: the object failed, was cancelled or expired; see Reason.
-	Failed
+	// ObjectRunning: the model is working; poll again later.
+	ObjectRunning ObjectState = iota
+	// ObjectRequiresAction: the model waits for the calls of Observation.Turn.
+	ObjectRequiresAction
+	// ObjectDone: the object finished; Observation.Answer may hold its answer.
+	ObjectDone
+	// ObjectFailed: the object failed, was cancelled or expired; see Reason.
+	ObjectFailed
 )
 
-func (s State) String() string {
+func (s ObjectState) String() string {
 	switch s {
-	case Running:
+	case ObjectRunning:
 		return "running"
-	case RequiresAction:
+	case ObjectRequiresAction:
 		return "requires_action"
-	case Done:
+	case ObjectDone:
 		return "done"
 	}
 	return "failed"
@@ -140,7 +128,7 @@ func (s State) String() string {
 
 // Observation is the result of polling.
 type Observation struct {
-	State  State
+	State  ObjectState
 	Turn   *TurnRequest
 	Answer string
 	Reason string
@@ -191,20 +179,3 @@ type Submission struct {
 	// (a Responses continuation); nil otherwise.
 	Next *Ref
 }
-
-// PlatformError is an error the platform returned, classified for retry.
-type PlatformError struct {
-	Op         string
-	StatusCode int
-	// Retryable: 429, 5xx or a transport error.
-	Retryable bool
-	// RetryAfter is the delay the platform asked for, if any.
-	RetryAfter time.Duration
-	Err        error
-}
-
-func (e *PlatformError) Error() string {
-	return fmt.Sprintf("dispatch: %s: %v", e.Op, e.Err)
-}
-
-func (e *PlatformError) Unwrap() error { return e.Err }

@@ -52,17 +52,17 @@ func (a *Responses) Poll(ctx context.Context, ref Ref) (*Observation, error) {
 			}
 		}
 		if len(turn.Calls) == 0 {
-			return &Observation{State: Done, Answer: r.OutputText()}, nil
+			return &Observation{State: ObjectDone, Answer: r.OutputText()}, nil
 		}
-		return &Observation{State: RequiresAction, Turn: turn}, nil
+		return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
 	case "failed", "cancelled", "incomplete":
 		reason := "response " + string(r.Status)
 		if r.Error.Message != "" {
 			reason += ": " + r.Error.Message
 		}
-		return &Observation{State: Failed, Reason: reason}, nil
+		return &Observation{State: ObjectFailed, Reason: reason}, nil
 	}
-	return &Observation{State: Running}, nil
+	return &Observation{State: ObjectRunning}, nil
 }
 
 // Submit creates the continuation: function_call_output items for every
@@ -144,9 +144,9 @@ func (a *Responses) pollConversation(ctx context.Context, ref Ref) (*Observation
 		}
 	}
 	if len(turn.Calls) == 0 {
-		return &Observation{State: Done, Answer: answer}, nil
+		return &Observation{State: ObjectDone, Answer: answer}, nil
 	}
-	return &Observation{State: RequiresAction, Turn: turn}, nil
+	return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
 }
 
 // messageText joins the text parts of a message item.

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -23,12 +24,12 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	var timedOut []protocol.CallKey
 	if cutOff {
 		t, _, err := d.turns.get(ctx, key)
-		if err != nil || t.State != StateCollecting {
+		if err != nil || t.State != TurnCollecting {
 			return
 		}
 		if early := time.Until(t.Deadline); early > 0 {
 			sleepCtx(ctx, early) // the timer fires on the whole second before
-			if t, _, err = d.turns.get(ctx, key); err != nil || t.State != StateCollecting {
+			if t, _, err = d.turns.get(ctx, key); err != nil || t.State != TurnCollecting {
 				return
 			}
 		}
@@ -41,8 +42,8 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	}
 	now := time.Now().UTC()
 	known, rev := d.gather.known(key)
-	t, rev, err := d.turns.transition(ctx, key, StateCollecting, known, rev, func(t *Turn) {
-		t.State = StateSubmitting
+	t, rev, err := d.turns.transition(ctx, key, TurnCollecting, known, rev, func(t *Turn) {
+		t.State = TurnSubmitting
 		t.Owner = d.opts.Name
 		t.SubmittingSince = now
 		t.CutOff = cutOff
@@ -69,7 +70,7 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 	const stuckAfter = 10 * time.Second
 	for {
 		t, rev, err := d.turns.get(ctx, key)
-		if err != nil || t.State != StateSubmitting {
+		if err != nil || t.State != TurnSubmitting {
 			return
 		}
 		wait := time.Until(t.SubmittingSince.Add(stuckAfter))
@@ -111,7 +112,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	var sub *Submission
 	if err == nil {
 		if sub, err = d.submitWithRetry(ctx, t, outputs); err == nil {
-			d.stage(StageSubmitted, t.Key)
+			crashpoint.Reached(crashpoint.Submitted, string(t.Key))
 		}
 	}
 	now := time.Now().UTC()
@@ -123,11 +124,11 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	final, cerr := d.markSubmitted(ctx, t, rev, func(r *Turn) {
 		r.SubmittedAt = now
 		if err != nil {
-			r.State = StateFailed
+			r.State = TurnFailed
 			r.Error = err.Error()
 			return
 		}
-		r.State = StateSubmitted
+		r.State = TurnSubmitted
 		if sub != nil {
 			r.Next = sub.Next
 		}
@@ -141,9 +142,9 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	defer d.unindex(t.Key, t.CutOff)
 	d.tel.submitted(ctx, final, outputs, final.State, now)
 	d.tel.endTurn(t.Key, final.State, final.Error)
-	ev := Event{Kind: TurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
+	ev := Event{Kind: EventTurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
 	if err != nil {
-		ev.Kind = TurnFailed
+		ev.Kind = EventTurnFailed
 		d.log.ErrorContext(ctx, "submission failed", "turn", t.Key, "platform", t.Ref.Platform, "err", err)
 	} else {
 		d.log.InfoContext(ctx, "turn submitted", "turn", t.Key, "platform", t.Ref.Platform,
@@ -159,7 +160,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 func (d *Dispatcher) markSubmitted(ctx context.Context, t *Turn, rev uint64, change func(*Turn)) (*Turn, error) {
 	known := t
 	return whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*Turn, error) {
-		final, _, err := d.turns.transition(ctx, t.Key, StateSubmitting, known, rev, change)
+		final, _, err := d.turns.transition(ctx, t.Key, TurnSubmitting, known, rev, change)
 		if known == nil && err == nil && final == nil {
 			if r, _, gerr := d.turns.get(ctx, t.Key); gerr == nil && !r.Open() {
 				return r, nil // stored by a try that timed out

@@ -89,7 +89,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 	now := time.Now()
 	age := now.Sub(t.CreatedAt)
 	switch t.State {
-	case StateCollecting:
+	case TurnCollecting:
 		switch {
 		case now.After(t.Deadline.Add(2 * time.Second)):
 			d.log.Warn("sweep: turn past its deadline; cutting it off", "turn", key)
@@ -102,7 +102,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 				d.gather.recheckSoon(key)
 			}
 		}
-	case StateSubmitting:
+	case TurnSubmitting:
 		if startup || now.Sub(t.SubmittingSince) > stuckAfter {
 			d.background(func(ctx context.Context) { d.takeOver(ctx, key) })
 		}

@@ -296,7 +296,7 @@ func (t *telemetry) turnContext(ctx context.Context, turn *Turn) context.Context
 
 // endTurn ends the turn's span if this replica opened it.
 func (t *telemetry) endTurn(key protocol.TurnKey, state TurnState, reason string) {
-	t.endTurnOutcome(key, string(state), state == StateFailed, reason)
+	t.endTurnOutcome(key, string(state), state == TurnFailed, reason)
 }
 
 func (t *telemetry) endTurnOutcome(key protocol.TurnKey, outcome string, failed bool, reason string) {
@@ -371,7 +371,7 @@ func (t *telemetry) result(ctx context.Context, turn *Turn, res *protocol.Result
 func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output, state TurnState, at time.Time) {
 	p := attrPlatform.String(string(turn.Ref.Platform))
 	t.turnDuration.Record(ctx, at.Sub(turn.CreatedAt).Seconds(), t.sets.Get(p, attrOutcome.String(string(state))))
-	if state == StateSubmitted {
+	if state == TurnSubmitted {
 		t.timeLeft.Record(ctx, max(turn.ExpiresAt.Sub(at), 0).Seconds(), t.sets.Get(p))
 	}
 	if turn.CutOff {

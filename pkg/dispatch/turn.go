@@ -18,10 +18,10 @@ type TurnState string
 
 // Turn states.
 const (
-	StateCollecting TurnState = "collecting"
-	StateSubmitting TurnState = "submitting"
-	StateSubmitted  TurnState = "submitted"
-	StateFailed     TurnState = "failed"
+	TurnCollecting TurnState = "collecting"
+	TurnSubmitting TurnState = "submitting"
+	TurnSubmitted  TurnState = "submitted"
+	TurnFailed     TurnState = "failed"
 )
 
 // Turn is the dispatcher's record of one turn, kept in the turn bucket so
@@ -72,7 +72,7 @@ type TurnCall struct {
 func (c *TurnCall) resultSubject() string { return protocol.ResultSubject(c.Team, c.Key) }
 
 // Open reports whether the turn still waits for results.
-func (t *Turn) Open() bool { return t.State == StateCollecting || t.State == StateSubmitting }
+func (t *Turn) Open() bool { return t.State == TurnCollecting || t.State == TurnSubmitting }
 
 func (t *Turn) call(key protocol.CallKey) *TurnCall {
 	for i := range t.Calls {

@@ -11,11 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ErrUnavailable is wrapped by errors from operations that could not reach
-// JetStream for unavailableRetryFor, for example while a server
-// is lost and its streams elect new leaders. Retrying later may succeed.
-var ErrUnavailable = errors.New("dispatch: JetStream is unavailable")
-
 // unavailableRetryFor bounds how long an operation is retried while
 // JetStream is unavailable: long enough for a stream to elect a new leader.
 const unavailableRetryFor = 10 * time.Second

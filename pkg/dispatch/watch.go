@@ -53,14 +53,6 @@ type Watch struct {
 	Trace map[string]string `json:"trace,omitempty"`
 }
 
-// ErrNotRunning is returned by Watch when the dispatcher is not running.
-var ErrNotRunning = errors.New("dispatch: dispatcher is not running")
-
-// ErrObjectNotFound is wrapped by the error Watch returns when the platform
-// answers that the object to watch does not exist (HTTP 404). That error is
-// a *FieldError naming the field of the request that names the object.
-var ErrObjectNotFound = errors.New("dispatch: the platform has no such object")
-
 // existsCheckTimeout bounds how long Watch waits for the platform to say
 // whether the object exists; without an answer in time the watch starts.
 const existsCheckTimeout = 5 * time.Second
@@ -189,11 +181,12 @@ func (d *Dispatcher) recordWatch(ctx context.Context, w *Watch) (*Watch, error) 
 	}
 }
 
-// WatchStatus returns the record of a watch, or jetstream.ErrKeyNotFound.
+// WatchStatus returns the record of a watch; an error wrapping ErrNotFound
+// if there is none.
 func (d *Dispatcher) WatchStatus(ctx context.Context, id string) (*Watch, error) {
 	e, err := d.watches.Get(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, notFound("watch", id, err)
 	}
 	var w Watch
 	if err := json.Unmarshal(e.Value(), &w); err != nil {
@@ -202,10 +195,14 @@ func (d *Dispatcher) WatchStatus(ctx context.Context, id string) (*Watch, error)
 	return &w, nil
 }
 
-// Turn returns the record of a turn, or jetstream.ErrKeyNotFound.
+// Turn returns the record of a turn; an error wrapping ErrNotFound if
+// there is none.
 func (d *Dispatcher) Turn(ctx context.Context, key protocol.TurnKey) (*Turn, error) {
 	t, _, err := d.turns.get(ctx, key)
-	return t, err
+	if err != nil {
+		return nil, notFound("turn", string(key), err)
+	}
+	return t, nil
 }
 
 func (d *Dispatcher) saveWatch(ctx context.Context, w *Watch) {
@@ -267,16 +264,16 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			continue
 		}
 		switch obs.State {
-		case Running:
+		case ObjectRunning:
 			wait()
-		case Done:
+		case ObjectDone:
 			finish(WatchCompleted, obs.Answer, "")
 			return
-		case Failed:
+		case ObjectFailed:
 			d.cancelTurns(ctx, w, obs.Reason)
 			finish(WatchFailed, "", obs.Reason)
 			return
-		case RequiresAction:
+		case ObjectRequiresAction:
 			if len(w.Turns) >= d.opts.MaxSteps {
 				finish(WatchFailed, "", fmt.Sprintf("stopped after %d turns (the max-steps limit)", d.opts.MaxSteps))
 				return
@@ -299,7 +296,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 				finish(WatchFailed, "", ended.Reason)
 				return
 			}
-			if t.State == StateFailed {
+			if t.State == TurnFailed {
 				finish(WatchFailed, "", "submission failed: "+t.Error)
 				return
 			}
@@ -390,7 +387,7 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 		defer func() { _ = kw.Stop() }()
 		updates = kw.Updates()
 	}
-	closed := func(t *Turn) bool { return t.State == StateSubmitted || t.State == StateFailed }
+	closed := func(t *Turn) bool { return t.State == TurnSubmitted || t.State == TurnFailed }
 	every := 2 * time.Second
 	poll := time.NewTimer(every)
 	defer poll.Stop()
@@ -415,15 +412,15 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 			}
 		case <-poll.C:
 			obs, err := p.Poll(ctx, ref)
-			if err == nil && obs.State == Failed {
+			if err == nil && obs.State == ObjectFailed {
 				return nil, obs, nil
 			}
-			if err == nil && obs.State == Done {
+			if err == nil && obs.State == ObjectDone {
 				// Make sure it is not our own submission that finished it.
 				if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
 					return t, nil, nil
 				}
-				return nil, &Observation{State: Failed, Reason: "the platform finished the run without the calls' results"}, nil
+				return nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
 			}
 			every = min(every*2, 10*time.Second)
 			poll.Reset(every)
@@ -438,14 +435,14 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 // calls are told, so running handlers are cancelled and queued calls skip.
 func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 	for _, key := range w.Turns {
-		t, _, err := d.turns.transition(ctx, key, StateCollecting, nil, 0, func(t *Turn) {
-			t.State = StateFailed
+		t, _, err := d.turns.transition(ctx, key, TurnCollecting, nil, 0, func(t *Turn) {
+			t.State = TurnFailed
 			t.Error = "not submitted: " + reason
 		})
 		if err != nil || t == nil {
 			continue
 		}
-		d.tel.endTurn(key, StateFailed, t.Error)
+		d.tel.endTurn(key, TurnFailed, t.Error)
 		d.gather.forget(key)
 		d.unindex(key, true)
 		teams := map[string]bool{}
@@ -459,7 +456,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 			}
 		}
 		d.log.Warn("turn cancelled: the platform ended the run", "turn", key, "reason", reason)
-		d.emit(Event{Kind: TurnFailed, Turn: t})
+		d.emit(Event{Kind: EventTurnFailed, Turn: t})
 	}
 }
 

@@ -117,7 +117,7 @@ func (d *Dispatcher) takeInEvent(ctx context.Context, typ, id string) (string, e
 	if err != nil {
 		return "", err
 	}
-	if obs.State != RequiresAction {
+	if obs.State != ObjectRequiresAction {
 		return "ignored", nil // already answered, or not waiting any more
 	}
 	obs.Turn.Channel = "webhook"
