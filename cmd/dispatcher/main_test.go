@@ -2,8 +2,13 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 )
 
 // "dispatcher -h" lists every command, and the service's settings.
@@ -17,6 +22,32 @@ func TestHelpListsEveryCommand(t *testing.T) {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("%v does not mention %s:\n%s", args, want, out.String())
 			}
+		}
+	}
+}
+
+// The service's settings default to the library's defaults: one value,
+// declared in pkg/dispatch.
+func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
+	var cfg config
+	if err := envconfig.Process("", &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"TOOLRELAY_SUBMIT_MARGIN", cfg.SubmitMargin, dispatch.DefaultSubmitMargin},
+		{"TOOLRELAY_RUN_TTL", cfg.RunTTL, dispatch.DefaultRunTTL},
+		{"TOOLRELAY_MAX_STEPS", cfg.MaxSteps, dispatch.DefaultMaxSteps},
+		{"TOOLRELAY_SERVE_GRACE", cfg.ServeGrace, dispatch.DefaultServeGrace},
+		{"TOOLRELAY_SWEEP_INTERVAL", cfg.SweepInterval, dispatch.DefaultSweepInterval},
+		{"TOOLRELAY_MAX_INFLIGHT", cfg.MaxInFlight, dispatch.DefaultMaxInFlightPublishes},
+		{"TOOLRELAY_MAX_INFLIGHT_PER_TEAM", cfg.MaxPerTeam, dispatch.DefaultMaxInFlightPerTeam},
+		{"TOOLRELAY_SHUTDOWN_TIMEOUT", cfg.Shutdown, dispatch.DefaultShutdownTimeout},
+	} {
+		if fmt.Sprint(tc.got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s defaults to %v; the library's default is %v", tc.name, tc.got, tc.want)
 		}
 	}
 }

@@ -15,8 +15,23 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Defaults of Options, used where a field is zero. The dispatcher command's
+// settings default to the same values (a test checks).
+const (
+	DefaultSubmitMargin         = 30 * time.Second
+	DefaultRunTTL               = 10 * time.Minute
+	DefaultMaxSteps             = 16
+	DefaultPollInterval         = 200 * time.Millisecond
+	DefaultShutdownTimeout      = 10 * time.Second
+	DefaultServeGrace           = 3 * time.Second
+	DefaultMaxInFlightPublishes = 4096
+	DefaultMaxInFlightPerTeam   = 1024
+	DefaultSweepInterval        = 10 * time.Second
 )
 
 // Options configures a Dispatcher. The zero value is valid.
@@ -144,31 +159,31 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 		opts.Name = host + "-" + uuid.NewString()[:8]
 	}
 	if opts.SubmitMargin <= 0 {
-		opts.SubmitMargin = 30 * time.Second
+		opts.SubmitMargin = DefaultSubmitMargin
 	}
 	if opts.RunTTL <= 0 {
-		opts.RunTTL = 10 * time.Minute
+		opts.RunTTL = DefaultRunTTL
 	}
 	if opts.MaxSteps <= 0 {
-		opts.MaxSteps = 16
+		opts.MaxSteps = DefaultMaxSteps
 	}
 	if opts.PollInterval <= 0 {
-		opts.PollInterval = 200 * time.Millisecond
+		opts.PollInterval = DefaultPollInterval
 	}
 	if opts.ShutdownTimeout <= 0 {
-		opts.ShutdownTimeout = 10 * time.Second
+		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if opts.ServeGrace <= 0 {
-		opts.ServeGrace = 3 * time.Second
+		opts.ServeGrace = DefaultServeGrace
 	}
 	if opts.MaxInFlightPublishes <= 0 {
-		opts.MaxInFlightPublishes = 4096
+		opts.MaxInFlightPublishes = DefaultMaxInFlightPublishes
 	}
 	if opts.MaxInFlightPerTeam <= 0 {
-		opts.MaxInFlightPerTeam = 1024
+		opts.MaxInFlightPerTeam = DefaultMaxInFlightPerTeam
 	}
 	if opts.SweepInterval <= 0 {
-		opts.SweepInterval = 10 * time.Second
+		opts.SweepInterval = DefaultSweepInterval
 	}
 	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{},
 		unavailableFor: unavailableRetryFor}
@@ -383,7 +398,7 @@ func (d *Dispatcher) resume(ctx context.Context) {
 		ctx, stop := d.withRunContext(bctx)
 		defer stop()
 		for ctx.Err() == nil {
-			sleepCtx(ctx, jitter(d.opts.SweepInterval))
+			backoff.Sleep(ctx, backoff.Jitter(d.opts.SweepInterval))
 			if ctx.Err() == nil {
 				d.sweep(ctx, false)
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/schema"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -96,7 +97,7 @@ func watchBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstrea
 		w, err := kv.WatchAll(ctx)
 		if err != nil {
 			log.Warn("registry watch failed; retrying", "bucket", kv.Bucket(), "err", err)
-			sleepCtx(ctx, time.Second)
+			backoff.Sleep(ctx, time.Second)
 			continue
 		}
 		for e := range w.Updates() {
@@ -327,13 +328,4 @@ func schemaDigest(raw json.RawMessage) string {
 	}
 	sum := sha256.Sum256(bytes.TrimSpace(canonical))
 	return hex.EncodeToString(sum[:8])
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

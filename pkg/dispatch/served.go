@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -54,7 +55,7 @@ func (s *servedCache) served(ctx context.Context, team, function string, grace t
 		if !time.Now().Before(deadline) {
 			return false, nil
 		}
-		sleepCtx(ctx, min(200*time.Millisecond, time.Until(deadline)))
+		backoff.Sleep(ctx, min(200*time.Millisecond, time.Until(deadline)))
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}

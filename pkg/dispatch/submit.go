@@ -8,9 +8,9 @@ import (
 
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -28,7 +28,7 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 			return
 		}
 		if early := time.Until(t.Deadline); early > 0 {
-			sleepCtx(ctx, early) // the timer fires on the whole second before
+			backoff.Sleep(ctx, early) // the timer fires on the whole second before
 			if t, _, err = d.turns.get(ctx, key); err != nil || t.State != TurnCollecting {
 				return
 			}
@@ -64,10 +64,9 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	d.submit(ctx, t, rev)
 }
 
-// takeOver claims a turn stuck in submitting (its owner died) and submits
-// it again.
+// takeOver claims a turn stuck in submitting (its owner died: it has been
+// submitting for stuckAfter) and submits it again.
 func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
-	const stuckAfter = 10 * time.Second
 	for {
 		t, rev, err := d.turns.get(ctx, key)
 		if err != nil || t.State != TurnSubmitting {
@@ -76,7 +75,7 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 		wait := time.Until(t.SubmittingSince.Add(stuckAfter))
 		if wait > 0 {
 			wctx, stop := d.withRunContext(ctx)
-			sleepCtx(wctx, wait)
+			backoff.Sleep(wctx, wait)
 			stopping := wctx.Err() != nil
 			stop()
 			if stopping {
@@ -226,7 +225,7 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 	}
 	ctx, cancel := context.WithDeadline(ctx, t.ExpiresAt)
 	defer cancel()
-	backoff := 250 * time.Millisecond
+	retry := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 8 * time.Second}
 	for attempt := 1; ; attempt++ {
 		actx, acancel := context.WithTimeout(ctx, 30*time.Second)
 		sub, err := p.Submit(actx, t, outputs)
@@ -238,22 +237,15 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 		if !errors.As(err, &pe) || !pe.Retryable {
 			return nil, err
 		}
-		wait := max(pe.RetryAfter, jitter(backoff))
-		backoff = min(backoff*2, 8*time.Second)
+		wait := max(pe.RetryAfter, retry.Next())
 		if time.Now().Add(wait).After(t.ExpiresAt) {
 			return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)
 		}
 		d.log.Warn("submission failed; retrying", "turn", t.Key, "attempt", attempt, "wait", wait.String(), "err", err)
-		sleepCtx(ctx, wait)
-		if ctx.Err() != nil {
+		if !backoff.Sleep(ctx, wait) {
 			return nil, fmt.Errorf("%w (gave up: %v)", err, context.Cause(ctx))
 		}
 	}
-}
-
-// jitter returns d less up to 25%.
-func jitter(d time.Duration) time.Duration {
-	return d - time.Duration(rand.Int64N(int64(d)/4+1))
 }
 
 // lateResult notes a result that arrived after its turn was closed: it is

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/backoff"
 )
 
 // unavailableRetryFor bounds how long an operation is retried while
@@ -62,16 +64,18 @@ func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*j
 // effect.
 func whileUnavailable[T any](ctx context.Context, within time.Duration, op func(context.Context) (T, error)) (T, error) {
 	giveUp := time.Now().Add(within)
-	for wait := 100 * time.Millisecond; ; wait = min(wait*2, time.Second) {
+	retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
+	for {
 		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		v, err := op(actx)
 		cancel()
 		if err == nil || !mayPass(err) || errors.Is(ctx.Err(), context.Canceled) {
 			return v, err
 		}
+		wait := retry.Next()
 		if ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
 			return v, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		sleepCtx(ctx, jitter(wait))
+		backoff.Sleep(ctx, wait)
 	}
 }

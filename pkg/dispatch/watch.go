@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -213,6 +214,10 @@ func (d *Dispatcher) saveWatch(ctx context.Context, w *Watch) {
 	}
 }
 
+// maxPollInterval is the longest a driver waits between polls of an
+// object that does not change.
+const maxPollInterval = 5 * time.Second
+
 // drive polls w's object and takes in each required action until the
 // object is done, failed, or MaxSteps turns were driven.
 func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
@@ -222,18 +227,18 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 	defer stop()
 	log := d.log.With("watch", w.ID, "ref", w.Ref.String())
 	p := d.platforms[w.Ref.Platform]
-	backoff := d.opts.PollInterval
-	const maxBackoff = 5 * time.Second
+	// Polls slow down while the object is unchanged, and start again at
+	// PollInterval when it changes.
+	polls := backoff.Backoff{Initial: d.opts.PollInterval, Max: maxPollInterval, Factor: 1.5}
 	wake := make(chan struct{}, 1)
 	wait := func() {
-		t := time.NewTimer(jitter(backoff))
+		t := time.NewTimer(polls.Next())
 		defer t.Stop()
 		select {
 		case <-t.C:
 		case <-wake:
 		case <-ctx.Done():
 		}
-		backoff = min(backoff*3/2, maxBackoff)
 	}
 	if f, ok := p.(Follower); ok {
 		fctx, stopFollowing := context.WithCancel(ctx)
@@ -307,7 +312,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			d.saveWatch(ctx, w)
 			lastSave = time.Now()
 			if fresh {
-				backoff = d.opts.PollInterval
+				polls.Reset()
 			} else {
 				wait() // the platform has not caught up with our submission
 			}
@@ -321,7 +326,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 // the same required action is one turn whichever channel saw it first.
 func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan<- struct{}, log *slog.Logger) {
 	tctx := d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace))
-	backoff := 250 * time.Millisecond
+	reconnect := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second}
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := f.Follow(ctx, w.Ref, func(req *TurnRequest) {
@@ -338,11 +343,11 @@ func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan
 			return
 		}
 		if time.Since(started) > time.Minute {
-			backoff = 250 * time.Millisecond // it was healthy for a while
+			reconnect.Reset() // it was healthy for a while
 		}
-		log.DebugContext(ctx, "event stream ended; reconnecting", "err", err, "in", backoff)
-		sleepCtx(ctx, jitter(backoff))
-		backoff = min(backoff*2, 30*time.Second)
+		wait := reconnect.Next()
+		log.DebugContext(ctx, "event stream ended; reconnecting", "err", err, "in", wait.String())
+		backoff.Sleep(ctx, wait)
 	}
 }
 
