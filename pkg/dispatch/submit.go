@@ -138,9 +138,8 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		d.log.Error("recording the submission failed", "turn", t.Key, "err", cerr)
 		return
 	}
-	defer d.unindex(t.Key, t.CutOff)
 	d.tel.submitted(ctx, final, outputs, final.State, now)
-	d.tel.endTurn(t.Key, final.State, final.Error)
+	defer d.finished(final, t.CutOff)
 	ev := Event{Kind: EventTurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
 	if err != nil {
 		ev.Kind = EventTurnFailed
@@ -150,6 +149,17 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 			"latency_ms", ev.Latency.Milliseconds(), "time_left_s", int64(ev.TimeLeft.Seconds()), "cut_off", t.CutOff)
 	}
 	d.emit(ev)
+}
+
+// finished does what follows the close of turn t, wherever it was closed
+// (submitted, failed, cancelled, or found closed by the sweep): its span
+// ends, this replica stops gathering for it, and its timer leaves the index
+// of open turns (the fired one too, when fired: the deadline closed it or
+// it is not known to be unfired).
+func (d *Dispatcher) finished(t *Turn, fired bool) {
+	d.tel.endTurn(t.Key, t.State, t.Error)
+	d.gather.forget(t.Key)
+	d.unindex(t.Key, fired)
 }
 
 // markSubmitted records how a submission of t (read at rev) ended. While

@@ -82,8 +82,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		return
 	}
 	if !t.Open() {
-		d.tel.endTurn(key, t.State, t.Error)
-		d.unindex(key, true)
+		d.finished(t, true)
 		return
 	}
 	now := time.Now()

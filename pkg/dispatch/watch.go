@@ -447,9 +447,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 		if err != nil || t == nil {
 			continue
 		}
-		d.tel.endTurn(key, TurnFailed, t.Error)
-		d.gather.forget(key)
-		d.unindex(key, true)
+		d.finished(t, true)
 		teams := map[string]bool{}
 		for _, c := range t.Calls {
 			if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
