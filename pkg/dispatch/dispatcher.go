@@ -430,3 +430,9 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		d.background(func(ctx context.Context) { d.takeOver(ctx, t.Key) })
 	}
 }
+
+func (d *Dispatcher) emit(e Event) {
+	if d.opts.OnEvent != nil {
+		d.opts.OnEvent(e)
+	}
+}

@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
-	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -52,19 +51,6 @@ func newGatherer(d *Dispatcher) *gatherer {
 // start consumes results until the returned stop is called. Results of one
 // turn go to one worker, in order; turns proceed in parallel.
 func (g *gatherer) start(ctx context.Context) (stop func(), err error) {
-	cons, err := provision.Consumer(ctx, g.d.results, jetstream.ConsumerConfig{
-		Durable:       resultsConsumer,
-		Description:   "toolrelay dispatchers gathering results",
-		FilterSubject: protocol.ResultSubjectPrefix + ".>",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckWait:       30 * time.Second,
-		MaxDeliver:    -1,
-		MaxAckPending: 20000,
-	})
-	if err != nil {
-		return nil, err
-	}
 	queues := make([]chan jetstream.Msg, gatherWorkers)
 	var wg sync.WaitGroup
 	for i := range queues {
@@ -75,19 +61,21 @@ func (g *gatherer) start(ctx context.Context) (stop func(), err error) {
 			}
 		})
 	}
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		queues[shard(msg.Subject())] <- msg
-	}, jetstream.PullMaxMessages(1024), jetstream.PullExpiry(5*time.Second), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			g.d.log.Warn("consuming results", "err", err)
-		}
-	}))
+	stopConsuming, err := g.d.consume(ctx, g.d.results, jetstream.ConsumerConfig{
+		Durable:       resultsConsumer,
+		Description:   "toolrelay dispatchers gathering results",
+		FilterSubject: protocol.ResultSubjectPrefix + ".>",
+		MaxAckPending: 20000,
+	}, 1024, func(msg jetstream.Msg) { queues[shard(msg.Subject())] <- msg })
 	if err != nil {
+		for _, q := range queues {
+			close(q)
+		}
+		wg.Wait()
 		return nil, err
 	}
 	return func() {
-		cc.Stop()
-		<-cc.Closed()
+		stopConsuming()
 		for _, q := range queues {
 			close(q)
 		}

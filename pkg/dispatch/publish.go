@@ -2,52 +2,127 @@ package dispatch
 
 import (
 	"context"
-	"sync"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// limiter bounds the calls being published: at most max in flight overall
-// and at most perTeam for any one team, so one team's burst takes its share
-// of the pipe and never all of it. Waiters are served in arrival order.
-type limiter struct {
-	global  chan struct{}
-	perTeam int
-
-	mu    sync.Mutex
-	teams map[string]chan struct{}
+// publishCalls publishes every call of t not rejected at intake and not in
+// skip. Message IDs make a repeat (resume after a crash) a no-op on the
+// server.
+func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protocol.CallKey]bool) {
+	type pending struct {
+		call    *TurnCall
+		msg     *nats.Msg
+		ack     jetstream.PubAckFuture
+		sent    time.Time
+		release func()
+		span    trace.Span
+	}
+	ctx = d.tel.turnContext(ctx, t)
+	// Acks are awaited beside the publishing loop, so slots come back as
+	// acks arrive even while the loop waits for one.
+	acks := make(chan pending, len(t.Calls))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for p := range acks {
+			if _, err := awaitAck(ctx, p.ack, p.sent); err != nil && ctx.Err() == nil {
+				if err = d.republish(ctx, t, p.call, p.msg, err); err != nil {
+					p.span.RecordError(err)
+					p.span.SetStatus(codes.Error, "publish failed")
+					d.publishFailed(ctx, t, p.call, err)
+				}
+			}
+			p.span.End()
+			p.release()
+		}
+	}()
+	defer func() { close(acks); <-done }()
+	for i := range t.Calls {
+		c := &t.Calls[i]
+		if c.Rejected || skip[c.Key] {
+			continue
+		}
+		msg, err := d.callMsg(t, c)
+		if err != nil {
+			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
+			continue
+		}
+		release, err := d.limiter.acquire(ctx, c.Team)
+		if err != nil {
+			return // shutting down; the sweep re-publishes
+		}
+		span := d.tel.send(ctx, c, msg.Header, len(msg.Data))
+		sent := time.Now()
+		f, err := d.js.PublishMsgAsync(msg, callPubOpts(t, c)...)
+		if err == nil {
+			acks <- pending{c, msg, f, sent, release, span}
+			continue
+		}
+		if err = d.republish(ctx, t, c, msg, err); err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "publish failed")
+			d.publishFailed(ctx, t, c, err)
+		}
+		span.End()
+		release()
+	}
 }
 
-func newLimiter(max, perTeam int) *limiter {
-	return &limiter{global: make(chan struct{}, max), perTeam: min(perTeam, max), teams: map[string]chan struct{}{}}
+func callPubOpts(t *Turn, c *TurnCall) []jetstream.PublishOpt {
+	ttl := time.Until(t.Deadline) + time.Minute
+	return []jetstream.PublishOpt{jetstream.WithMsgID(string(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second))}
 }
 
-func (l *limiter) team(name string) chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ch := l.teams[name]
-	if ch == nil {
-		ch = make(chan struct{}, l.perTeam)
-		l.teams[name] = ch
+// republish retries a call whose publication failed, while the failure may
+// pass (a stream leader being elected after a server went away, a timeout)
+// and until the turn's deadline at the latest. The message ID makes a
+// retry of a publish that did land a no-op. It returns nil once the call
+// is stored.
+func (d *Dispatcher) republish(ctx context.Context, t *Turn, c *TurnCall, msg *nats.Msg, first error) error {
+	if !mayPass(first) {
+		return first // a full queue, a call too large: retrying cannot help
 	}
-	return ch
+	ctx, cancel := context.WithDeadline(ctx, t.Deadline)
+	defer cancel()
+	_, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*jetstream.PubAck, error) {
+		return d.js.PublishMsg(ctx, msg, callPubOpts(t, c)...)
+	})
+	return err
 }
 
-// acquire waits for a slot of team's and then a global one; release gives
-// both back.
-func (l *limiter) acquire(ctx context.Context, team string) (release func(), err error) {
-	t := l.team(team)
-	select {
-	case t <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+func (d *Dispatcher) callMsg(t *Turn, c *TurnCall) (*nats.Msg, error) {
+	call := &protocol.Call{
+		Version: protocol.Version, Key: c.Key, Platform: t.Ref.Platform, Scope: t.Scope, CallID: c.ID,
+		Team: c.Team, Function: c.Name, Arguments: c.Arguments, Deadline: t.Deadline, CreatedAt: t.CreatedAt,
 	}
-	select {
-	case l.global <- struct{}{}:
-	case <-ctx.Done():
-		<-t
-		return nil, ctx.Err()
+	data, err := protocol.EncodeCall(call)
+	if err != nil {
+		return nil, fmt.Errorf("The arguments for %s could not be sent (%v). Call it again with smaller arguments.", c.Name, err)
 	}
-	var once sync.Once
-	return func() {
-		once.Do(func() { <-l.global; <-t })
-	}, nil
+	m := nats.NewMsg(call.Subject())
+	m.Data = data
+	m.Header.Set(protocol.HeaderCallKey, string(c.Key))
+	m.Header.Set(protocol.HeaderDeadline, t.Deadline.Format(time.RFC3339Nano))
+	m.Header.Set(protocol.HeaderFunction, c.Name)
+	return m, nil
+}
+
+// publishFailed fails a call whose publication JetStream refused (no
+// stream for the team, a full queue): the model learns at once.
+func (d *Dispatcher) publishFailed(ctx context.Context, t *Turn, c *TurnCall, err error) {
+	d.log.Error("publishing call failed", "turn", t.Key, "call_key", c.Key, "fn", c.Name, "err", err)
+	msg := fmt.Sprintf("%s is unavailable right now (its queue did not accept the call). Try again later or continue without it.", c.Name)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		msg = fmt.Sprintf("%s is unavailable: no executor serves it. Continue without it.", c.Name)
+	}
+	d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeUnavailable, Message: msg})
 }

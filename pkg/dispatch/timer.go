@@ -2,12 +2,11 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -40,20 +39,12 @@ func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (jetstream.PubAckFuture, err
 }
 
 func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
-	cons, err := provision.Consumer(ctx, d.timers, jetstream.ConsumerConfig{
+	return d.consume(ctx, d.timers, jetstream.ConsumerConfig{
 		Durable:       timersConsumer,
 		Description:   "toolrelay dispatchers firing turn deadlines",
 		FilterSubject: protocol.TimerSubjectPrefix + ".fire.>",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckWait:       30 * time.Second,
-		MaxDeliver:    -1,
 		MaxAckPending: 10000,
-	})
-	if err != nil {
-		return nil, err
-	}
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
+	}, 256, func(msg jetstream.Msg) {
 		key, err := protocol.ParseTimerFireSubject(msg.Subject())
 		if err != nil {
 			d.log.Error("ignoring malformed timer", "subject", msg.Subject(), "err", err)
@@ -65,13 +56,33 @@ func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
 		if !d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) }) {
 			_ = msg.Nak()
 		}
-	}, jetstream.PullMaxMessages(256), jetstream.PullExpiry(5*time.Second), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			d.log.Warn("consuming timers", "err", err)
-		}
-	}))
-	if err != nil {
-		return nil, err
+	})
+}
+
+// unindex removes a closed turn's timer: it will not fire, and the turn
+// leaves the index of open turns. Each timer subject gets a roll-up marker
+// (which replaces the message on its subject, and so cancels a schedule)
+// that itself expires a second later; the publishes are not awaited, and
+// whatever they miss the sweep removes.
+func (d *Dispatcher) unindex(key protocol.TurnKey, fired bool) {
+	subjects := []string{protocol.TimerScheduleSubject(key)}
+	if fired {
+		subjects = append(subjects, protocol.TimerFireSubject(key))
 	}
-	return func() { cc.Stop(); <-cc.Closed() }, nil
+	for _, subj := range subjects {
+		m := nats.NewMsg(subj)
+		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+		if _, err := d.js.PublishMsgAsync(m, jetstream.WithMsgTTL(time.Second)); err != nil {
+			d.log.Debug("removing a closed turn's timer failed; the sweep will", "turn", key, "err", err)
+		}
+	}
+}
+
+// kvSubject is where a KV bucket stores key (ADR-8): writing there is a KV
+// put that can go out asynchronously, beside other writes.
+func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// margin is how long before expiry to submit, given the time left.
+func (d *Dispatcher) margin(left time.Duration) time.Duration {
+	return min(d.opts.SubmitMargin, max(left/4, 0))
 }

@@ -1,0 +1,53 @@
+package dispatch
+
+import (
+	"context"
+	"sync"
+)
+
+// limiter bounds the calls being published: at most max in flight overall
+// and at most perTeam for any one team, so one team's burst takes its share
+// of the pipe and never all of it. Waiters are served in arrival order.
+type limiter struct {
+	global  chan struct{}
+	perTeam int
+
+	mu    sync.Mutex
+	teams map[string]chan struct{}
+}
+
+func newLimiter(max, perTeam int) *limiter {
+	return &limiter{global: make(chan struct{}, max), perTeam: min(perTeam, max), teams: map[string]chan struct{}{}}
+}
+
+func (l *limiter) team(name string) chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ch := l.teams[name]
+	if ch == nil {
+		ch = make(chan struct{}, l.perTeam)
+		l.teams[name] = ch
+	}
+	return ch
+}
+
+// acquire waits for a slot of team's and then a global one; release gives
+// both back.
+func (l *limiter) acquire(ctx context.Context, team string) (release func(), err error) {
+	t := l.team(team)
+	select {
+	case t <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case l.global <- struct{}{}:
+	case <-ctx.Done():
+		<-t
+		return nil, ctx.Err()
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() { <-l.global; <-t })
+	}, nil
+}
