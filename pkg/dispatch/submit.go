@@ -226,6 +226,9 @@ func timedOut(t *Turn, key protocol.CallKey) bool {
 	return false
 }
 
+// submitAttemptTimeout bounds one request submitting a turn's outputs.
+const submitAttemptTimeout = 30 * time.Second
+
 // submitWithRetry retries 429, 5xx and transport errors with exponential
 // backoff and jitter, honouring Retry-After, until the run expires.
 func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Output) (*Submission, error) {
@@ -237,7 +240,7 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 	defer cancel()
 	retry := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 8 * time.Second}
 	for attempt := 1; ; attempt++ {
-		actx, acancel := context.WithTimeout(ctx, 30*time.Second)
+		actx, acancel := context.WithTimeout(ctx, submitAttemptTimeout)
 		sub, err := p.Submit(actx, t, outputs)
 		acancel()
 		if err == nil {

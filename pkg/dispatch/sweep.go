@@ -33,8 +33,15 @@ const (
 	// it: a healthy turn is closed by its own replica long before.
 	stuckAfter = 15 * time.Second
 	// watchStaleAfter is how long a driver may stay silent (drivers save
-	// every 20s) before another replica drives its watch.
+	// every watchSaveEvery) before another replica drives its watch.
 	watchStaleAfter = time.Minute
+	// watchSaveEvery is how often a driver saves its watch to show it is
+	// alive.
+	watchSaveEvery = 20 * time.Second
+	// timerGrace is how long past its deadline a collecting turn may stay
+	// before the sweep cuts it off itself: its timer fires on the whole
+	// second before the deadline and closes it at once.
+	timerGrace = 2 * time.Second
 )
 
 func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
@@ -90,7 +97,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 	switch t.State {
 	case TurnCollecting:
 		switch {
-		case now.After(t.Deadline.Add(2 * time.Second)):
+		case now.After(t.Deadline.Add(timerGrace)):
 			d.log.Warn("sweep: turn past its deadline; cutting it off", "turn", key)
 			d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
 		case startup || age > stuckAfter:

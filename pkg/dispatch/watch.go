@@ -253,7 +253,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 	}
 	lastSave := time.Now()
 	for ctx.Err() == nil {
-		if time.Since(lastSave) > 20*time.Second {
+		if time.Since(lastSave) > watchSaveEvery {
 			d.saveWatch(ctx, w) // keep UpdatedAt fresh: this watch is alive
 			lastSave = time.Now()
 		}
