@@ -23,6 +23,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformauth"
 	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 )
 
 // config is the dispatcher service's settings, read from the environment.
@@ -104,8 +105,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	client := openai.NewClient(opts...)
 	dopts := dispatch.Options{
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
-		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval, WebhookSecret: string(cfg.WebhookSecret),
+		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
+	}
+	if cfg.WebhookSecret != "" {
+		dopts.Webhooks = openaiplatform.Webhooks(string(cfg.WebhookSecret))
 	}
 	if cfg.CrashAt != "" {
 		if !crashpoint.Valid(cfg.CrashAt) {
@@ -114,7 +118,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		crashpoint.Set(crashAt(cfg.CrashAt, log))
 		defer crashpoint.Set(nil)
 	}
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dopts)
+	d, err := dispatch.New(js, openaiplatform.New(client), dopts)
 	if err != nil {
 		return err
 	}

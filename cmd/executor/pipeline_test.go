@@ -23,6 +23,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -73,7 +74,7 @@ func newPipeline(t *testing.T, config string, scenarios ...platformsim.Scenario)
 	hs := httptest.NewServer(sim)
 	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
 	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("k"))
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{Logger: testutil.Logger(t)})
+	d, err := dispatch.New(js, openaiplatform.New(client), dispatch.Options{Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -108,7 +109,7 @@ func TestTeamPermissions(t *testing.T) {
 	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
 	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("k"))
 	_, djs, _ := connectAs(t, s, "dispatcher", "dispatcher-secret")
-	d, err := dispatch.New(djs, dispatch.NewPlatforms(client), dispatch.Options{Logger: quiet})
+	d, err := dispatch.New(djs, openaiplatform.New(client), dispatch.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

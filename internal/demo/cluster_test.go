@@ -15,6 +15,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -48,7 +49,7 @@ func TestClusterSurvivesANodeLoss(t *testing.T) {
 	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
 	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("k"))
 	_, js := c.Connect(t)
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{Logger: quiet, Replicas: 3})
+	d, err := dispatch.New(js, openaiplatform.New(client), dispatch.Options{Logger: quiet, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -140,7 +141,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	defer nc.Close()
 	client := openai.NewClient(option.WithBaseURL(baseURL), option.WithAPIKey("sk-demo"))
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{
+	d, err := dispatch.New(js, openaiplatform.New(client), dispatch.Options{
 		Logger: opts.Logger, OnEvent: reportTurns(out), TracerProvider: tp,
 	})
 	if err != nil {

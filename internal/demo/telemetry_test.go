@@ -21,6 +21,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -75,7 +76,7 @@ func newStack(t *testing.T) *stack {
 	t.Cleanup(func() { hs.CloseClientConnections(); sim.Close(); hs.Close() })
 	client := openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("k"))
 	_, js := srv.Connect(t)
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), dispatch.Options{Logger: quiet, TracerProvider: tp, MeterProvider: mp})
+	d, err := dispatch.New(js, openaiplatform.New(client), dispatch.Options{Logger: quiet, TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		t.Fatal(err)
 	}

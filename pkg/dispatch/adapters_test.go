@@ -8,6 +8,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -51,8 +52,8 @@ func TestRepeatedSubmissionAfterThePlatformMovedOnCountsAsDone(t *testing.T) {
 		p    dispatch.Platform
 		ref  func() dispatch.Ref
 	}{
-		{"assistants", dispatch.NewAssistants(e.client), func() dispatch.Ref { return e.assistantsRun("my favorite city", nil) }},
-		{"agents", dispatch.NewAgents(e.client), func() dispatch.Ref { return e.session("my favorite city") }},
+		{"assistants", openaiplatform.NewAssistants(e.client), func() dispatch.Ref { return e.assistantsRun("my favorite city", nil) }},
+		{"agents", openaiplatform.NewAgents(e.client), func() dispatch.Ref { return e.session("my favorite city") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()

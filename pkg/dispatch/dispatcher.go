@@ -78,9 +78,10 @@ type Options struct {
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
-	// WebhookSecret verifies POST /webhooks/openai (OPENAI_WEBHOOK_SECRET:
-	// "whsec_..." or the raw secret). Empty: every webhook gets 401.
-	WebhookSecret string
+	// Webhooks verifies POST /webhooks/openai (for OpenAI's signed
+	// webhooks: openaiplatform.Webhooks(secret)). Nil: every webhook gets
+	// 401.
+	Webhooks WebhookVerifier
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider

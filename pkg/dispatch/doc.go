@@ -24,10 +24,12 @@
 //
 // # Platforms
 //
-// [Platform] is the small interface a platform adapter implements;
-// [NewPlatforms] returns the adapters of OpenAI Agents sessions, OpenAI and
-// Azure Assistants runs and the Responses API (and Microsoft Foundry
-// agents) over one openai-go client. A [Watch] drives a platform object the
+// [Platform] is the small interface a platform adapter implements, and
+// [WebhookVerifier] the one that authenticates a platform's webhooks. The
+// engine knows no platform's SDK: package openaiplatform (New, Webhooks)
+// holds the adapters of OpenAI Agents sessions, OpenAI and Azure Assistants
+// runs and the Responses API (and Microsoft Foundry agents) over one
+// openai-go client. A [Watch] drives a platform object the
 // dispatcher cannot learn of by webhook: it polls it (and follows its event
 // stream where there is one), takes in each required action and, for
 // Responses, follows each continuation.

@@ -24,6 +24,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -99,10 +100,10 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 		opts.Logger = testutil.Logger(e.t)
 	}
 	_, js := e.srv.Connect(e.t)
-	if opts.WebhookSecret == "" {
-		opts.WebhookSecret = testWebhookSecret
+	if opts.Webhooks == nil {
+		opts.Webhooks = openaiplatform.Webhooks(testWebhookSecret)
 	}
-	d, err := dispatch.New(js, dispatch.NewPlatforms(client), opts)
+	d, err := dispatch.New(js, openaiplatform.New(client), opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -32,7 +33,7 @@ func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, js := e.srv.Connect(t)
-	d, err := dispatch.New(js, dispatch.NewPlatforms(e.client), dispatch.Options{Logger: testutil.Logger(t)})
+	d, err := dispatch.New(js, openaiplatform.New(e.client), dispatch.Options{Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

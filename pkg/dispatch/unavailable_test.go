@@ -13,11 +13,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 func TestMayPassTellsFailoverFromRefusal(t *testing.T) {
@@ -75,13 +74,24 @@ func TestWhileUnavailableRetriesUntilTheStoreIsBack(t *testing.T) {
 	}
 }
 
+// idlePlatform is a Responses platform whose responses are always still
+// running.
+type idlePlatform struct{}
+
+func (idlePlatform) Name() protocol.Platform { return protocol.PlatformResponses }
+func (idlePlatform) Poll(context.Context, Ref) (*Observation, error) {
+	return &Observation{State: ObjectRunning}, nil
+}
+func (idlePlatform) Submit(context.Context, *Turn, []Output) (*Submission, error) {
+	return &Submission{}, nil
+}
+
 // With JetStream gone, POST /v1/watch answers 503 with Retry-After once the
 // wait for a failover is over, not 500: the caller's retry will succeed.
 func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
-	d, err := New(js, NewPlatforms(openai.NewClient(option.WithBaseURL("http://127.0.0.1:1/v1"), option.WithAPIKey("k"))),
-		Options{Logger: testutil.Logger(t)})
+	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

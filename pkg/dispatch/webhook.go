@@ -7,11 +7,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/openai/openai-go/v3/option"
-	"github.com/openai/openai-go/v3/webhooks"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 
@@ -31,8 +28,23 @@ import (
 //   - 2xx only once the intake is durable; 503 (the platform retries) if it
 //     cannot be.
 
-// webhookTolerance is how far a webhook's timestamp may be from now.
-const webhookTolerance = 5 * time.Minute
+// WebhookEvent is what a verified webhook says happened.
+type WebhookEvent struct {
+	// ID is the webhook's own id: a repeat of it is taken in once.
+	ID string
+	// Type is the event type; the dispatcher acts on
+	// "agent.session.action_required" and "response.completed".
+	Type string
+	// ObjectID names the object the event is about (a session, a response).
+	ObjectID string
+}
+
+// WebhookVerifier authenticates a platform's webhook and decodes its event.
+// An error means the webhook is not authentic, or too old or too far in
+// the future to trust, and it is answered 401.
+type WebhookVerifier interface {
+	Verify(body []byte, header http.Header) (*WebhookEvent, error)
+}
 
 func (d *Dispatcher) postWebhook(w http.ResponseWriter, r *http.Request) {
 	ctx := d.tel.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
@@ -44,30 +56,29 @@ func (d *Dispatcher) postWebhook(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "could not read the body")
 		return
 	}
-	if d.opts.WebhookSecret == "" {
+	if d.opts.Webhooks == nil {
 		count("", "rejected")
-		d.log.WarnContext(ctx, "webhook refused: OPENAI_WEBHOOK_SECRET is not set")
+		d.log.WarnContext(ctx, "webhook refused: no webhook verifier (OPENAI_WEBHOOK_SECRET) is set")
 		writeError(w, http.StatusUnauthorized, "webhooks are not configured on this dispatcher")
 		return
 	}
-	svc := webhooks.NewWebhookService(option.WithWebhookSecret(d.opts.WebhookSecret))
-	ev, err := svc.UnwrapWithTolerance(body, r.Header, webhookTolerance)
+	ev, err := d.opts.Webhooks.Verify(body, r.Header)
 	if err != nil {
 		count("", "rejected")
 		d.log.WarnContext(ctx, "webhook refused", "webhook_id", r.Header.Get("webhook-id"), "size", len(body), "err", err)
 		writeError(w, http.StatusUnauthorized, "signature verification failed")
 		return
 	}
-	seenKey := webhookKey(r.Header.Get("webhook-id"))
+	seenKey := webhookKey(ev.ID)
 	if _, err := d.webhooksSeen.Get(ctx, seenKey); err == nil {
 		count(ev.Type, "duplicate")
 		writeJSON(w, http.StatusOK, map[string]string{"status": "duplicate"})
 		return
 	}
-	outcome, err := d.takeInEvent(ctx, ev.Type, ev.Data.ID)
+	outcome, err := d.takeInEvent(ctx, ev.Type, ev.ObjectID)
 	if err != nil {
 		count(ev.Type, "error")
-		d.log.ErrorContext(ctx, "webhook intake failed; the platform will retry", "type", ev.Type, "id", ev.Data.ID, "err", err)
+		d.log.ErrorContext(ctx, "webhook intake failed; the platform will retry", "type", ev.Type, "id", ev.ObjectID, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "intake failed; retry")
 		return
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -160,7 +161,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 	// /openai/v1 base URL and a bearer token the simulator checks.
 	foundry := openai.NewClient(option.WithBaseURL(e.simURL+"/api/projects/p1/openai/v1"), option.WithAPIKey("entra-token"))
 	_, js := e.srv.Connect(t)
-	d, err := dispatch.New(js, dispatch.NewPlatforms(foundry), dispatch.Options{Logger: testutil.Logger(t)})
+	d, err := dispatch.New(js, openaiplatform.New(foundry), dispatch.Options{Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

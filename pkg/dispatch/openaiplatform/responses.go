@@ -1,4 +1,4 @@
-package dispatch
+package openaiplatform
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -22,12 +23,12 @@ type Responses struct{ client openai.Client }
 // NewResponses returns the Responses adapter.
 func NewResponses(client openai.Client) *Responses { return &Responses{client: client} }
 
-// Name implements Platform.
+// Name implements dispatch.Platform.
 func (*Responses) Name() protocol.Platform { return protocol.PlatformResponses }
 
-// Poll implements Platform. A ref naming only a conversation is polled by
+// Poll implements dispatch.Platform. A ref naming only a conversation is polled by
 // its items: the function calls without an output are pending.
-func (a *Responses) Poll(ctx context.Context, ref Ref) (*Observation, error) {
+func (a *Responses) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Observation, error) {
 	if ref.ResponseID == "" {
 		return a.pollConversation(ctx, ref)
 	}
@@ -37,7 +38,7 @@ func (a *Responses) Poll(ctx context.Context, ref Ref) (*Observation, error) {
 	}
 	switch r.Status {
 	case "completed":
-		turn := &TurnRequest{Ref: ref, Scope: r.ID}
+		turn := &dispatch.TurnRequest{Ref: ref, Scope: r.ID}
 		if turn.Ref.Model == "" && ref.Agent == nil {
 			turn.Ref.Model = r.Model
 		}
@@ -48,28 +49,28 @@ func (a *Responses) Poll(ctx context.Context, ref Ref) (*Observation, error) {
 		for _, it := range r.Output {
 			if it.Type == "function_call" {
 				fc := it.AsFunctionCall()
-				turn.Calls = append(turn.Calls, CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: []byte(fc.Arguments)})
+				turn.Calls = append(turn.Calls, dispatch.CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: []byte(fc.Arguments)})
 			}
 		}
 		if len(turn.Calls) == 0 {
-			return &Observation{State: ObjectDone, Answer: r.OutputText()}, nil
+			return &dispatch.Observation{State: dispatch.ObjectDone, Answer: r.OutputText()}, nil
 		}
-		return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
+		return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn}, nil
 	case "failed", "cancelled", "incomplete":
 		reason := "response " + string(r.Status)
 		if r.Error.Message != "" {
 			reason += ": " + r.Error.Message
 		}
-		return &Observation{State: ObjectFailed, Reason: reason}, nil
+		return &dispatch.Observation{State: dispatch.ObjectFailed, Reason: reason}, nil
 	}
-	return &Observation{State: ObjectRunning}, nil
+	return &dispatch.Observation{State: dispatch.ObjectRunning}, nil
 }
 
 // Submit creates the continuation: function_call_output items for every
 // call, chained by previous_response_id (or the conversation), with the
 // Foundry agent reference when there is one. The Idempotency-Key is stable
 // per turn.
-func (a *Responses) Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error) {
+func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []dispatch.Output) (*dispatch.Submission, error) {
 	ref := turn.Ref
 	params := responses.ResponseNewParams{}
 	if ref.Model != "" {
@@ -105,13 +106,13 @@ func (a *Responses) Submit(ctx context.Context, turn *Turn, outputs []Output) (*
 	}
 	next := ref
 	next.ResponseID = r.ID
-	return &Submission{Next: &next}, nil
+	return &dispatch.Submission{Next: &next}, nil
 }
 
 // pollConversation finds the function calls of a conversation that have no
 // output yet, paging through its items oldest first.
-func (a *Responses) pollConversation(ctx context.Context, ref Ref) (*Observation, error) {
-	pending := map[string]CallRequest{}
+func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*dispatch.Observation, error) {
+	pending := map[string]dispatch.CallRequest{}
 	var order []string
 	answer := ""
 	iter := a.client.Conversations.Items.ListAutoPaging(ctx, ref.Conversation, conversations.ItemListParams{Order: "asc", Limit: openai.Int(100)})
@@ -124,7 +125,7 @@ func (a *Responses) pollConversation(ctx context.Context, ref Ref) (*Observation
 			if json.Unmarshal([]byte(raw), &args) != nil {
 				args = raw
 			}
-			pending[it.CallID] = CallRequest{ID: it.CallID, Name: it.Name, Arguments: []byte(args)}
+			pending[it.CallID] = dispatch.CallRequest{ID: it.CallID, Name: it.Name, Arguments: []byte(args)}
 			order = append(order, it.CallID)
 		case "function_call_output":
 			delete(pending, it.CallID)
@@ -137,16 +138,16 @@ func (a *Responses) pollConversation(ctx context.Context, ref Ref) (*Observation
 	if err := iter.Err(); err != nil {
 		return nil, classify("list conversation items "+ref.Conversation, err)
 	}
-	turn := &TurnRequest{Ref: ref, Scope: ref.Conversation}
+	turn := &dispatch.TurnRequest{Ref: ref, Scope: ref.Conversation}
 	for _, id := range order {
 		if c, ok := pending[id]; ok {
 			turn.Calls = append(turn.Calls, c)
 		}
 	}
 	if len(turn.Calls) == 0 {
-		return &Observation{State: ObjectDone, Answer: answer}, nil
+		return &dispatch.Observation{State: dispatch.ObjectDone, Answer: answer}, nil
 	}
-	return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
+	return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn}, nil
 }
 
 // messageText joins the text parts of a message item.

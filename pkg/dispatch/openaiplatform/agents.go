@@ -1,4 +1,4 @@
-package dispatch
+package openaiplatform
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -20,11 +21,11 @@ type Agents struct{ client openai.Client }
 // NewAgents returns the Agents sessions adapter.
 func NewAgents(client openai.Client) *Agents { return &Agents{client: client} }
 
-// Name implements Platform.
+// Name implements dispatch.Platform.
 func (*Agents) Name() protocol.Platform { return protocol.PlatformAgents }
 
-// Poll implements Platform.
-func (a *Agents) Poll(ctx context.Context, ref Ref) (*Observation, error) {
+// Poll implements dispatch.Platform.
+func (a *Agents) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Observation, error) {
 	s, err := a.client.Beta.Agents.Sessions.Get(ctx, ref.SessionID)
 	if err != nil {
 		return nil, classify("get agents session "+ref.SessionID, err)
@@ -32,39 +33,39 @@ func (a *Agents) Poll(ctx context.Context, ref Ref) (*Observation, error) {
 	return a.observe(ctx, ref, s)
 }
 
-func (a *Agents) observe(ctx context.Context, ref Ref, s *openai.AgentSession) (*Observation, error) {
+func (a *Agents) observe(ctx context.Context, ref dispatch.Ref, s *openai.AgentSession) (*dispatch.Observation, error) {
 	switch s.Status {
 	case "requires_action":
 		turn := sessionTurn(ref, s)
 		if turn == nil {
 			// Only actions toolrelay does not run (computer use approvals,
 			// environment connections): someone else answers them.
-			return &Observation{State: ObjectRunning}, nil
+			return &dispatch.Observation{State: dispatch.ObjectRunning}, nil
 		}
-		return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
+		return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn}, nil
 	case "idle":
-		return &Observation{State: ObjectDone, Answer: a.lastAnswer(ctx, ref.SessionID)}, nil
+		return &dispatch.Observation{State: dispatch.ObjectDone, Answer: a.lastAnswer(ctx, ref.SessionID)}, nil
 	case "failed":
-		return &Observation{State: ObjectFailed, Reason: "session failed: " + s.Error}, nil
+		return &dispatch.Observation{State: dispatch.ObjectFailed, Reason: "session failed: " + s.Error}, nil
 	}
-	return &Observation{State: ObjectRunning}, nil
+	return &dispatch.Observation{State: dispatch.ObjectRunning}, nil
 }
 
 // sessionTurn collects the function calls of the first turn that has any.
-func sessionTurn(ref Ref, s *openai.AgentSession) *TurnRequest {
-	var turn *TurnRequest
+func sessionTurn(ref dispatch.Ref, s *openai.AgentSession) *dispatch.TurnRequest {
+	var turn *dispatch.TurnRequest
 	for _, ra := range s.RequiredActions {
 		if ra.Type != "function_call" {
 			continue
 		}
 		fc := ra.AsFunctionCall()
 		if turn == nil {
-			turn = &TurnRequest{Ref: ref, Scope: s.ID + "/" + fc.TurnID, TurnID: fc.TurnID}
+			turn = &dispatch.TurnRequest{Ref: ref, Scope: s.ID + "/" + fc.TurnID, TurnID: fc.TurnID}
 		}
 		if fc.TurnID != turn.TurnID {
 			continue
 		}
-		turn.Calls = append(turn.Calls, CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: agentArguments(fc)})
+		turn.Calls = append(turn.Calls, dispatch.CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: agentArguments(fc)})
 	}
 	return turn
 }
@@ -107,16 +108,16 @@ func (a *Agents) lastAnswer(ctx context.Context, sessionID string) string {
 // Submit posts one tool_result event per call, each with a deterministic
 // Idempotency-Key, so a repeated submission is recognised by the platform.
 // A call the platform no longer waits for counts as already answered.
-func (a *Agents) Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error) {
+func (a *Agents) Submit(ctx context.Context, turn *dispatch.Turn, outputs []dispatch.Output) (*dispatch.Submission, error) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for _, o := range outputs {
 		g.Go(func() error { return a.submitOne(gctx, turn, o) })
 	}
-	return &Submission{}, g.Wait()
+	return &dispatch.Submission{}, g.Wait()
 }
 
-func (a *Agents) submitOne(ctx context.Context, turn *Turn, o Output) error {
+func (a *Agents) submitOne(ctx context.Context, turn *dispatch.Turn, o dispatch.Output) error {
 	ev := openai.AgentSessionInputParamOfParamAgentSessionInputToolResult(o.Call.ID, o.Result.OK(), turn.TurnID)
 	if o.Result.OK() {
 		ev.OfParamAgentSessionInputToolResult.Output = openai.AgentFunctionCallOutputParamUnion{
@@ -144,7 +145,7 @@ func idempotencyKey(key protocol.CallKey) string {
 // Follow reads the session's live event stream and reports each required
 // action as it appears, until ctx ends or the stream closes (then the error
 // says why; nil on a clean end).
-func (a *Agents) Follow(ctx context.Context, ref Ref, found func(*TurnRequest)) error {
+func (a *Agents) Follow(ctx context.Context, ref dispatch.Ref, found func(*dispatch.TurnRequest)) error {
 	stream := a.client.Beta.Agents.Sessions.Events.StreamStreaming(ctx, ref.SessionID)
 	defer stream.Close()
 	for stream.Next() {

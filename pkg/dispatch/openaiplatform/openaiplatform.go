@@ -1,4 +1,4 @@
-package dispatch
+package openaiplatform
 
 import (
 	"errors"
@@ -8,27 +8,29 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/webhooks"
 
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// NewPlatforms returns the adapters of the three platforms over one client.
-// Point the client at OpenAI, at an Azure OpenAI endpoint or at a Microsoft
+// New returns the adapters of the three platforms over one client. Point
+// the client at OpenAI, at an Azure OpenAI endpoint or at a Microsoft
 // Foundry project endpoint ({project}/openai/v1).
-func NewPlatforms(client openai.Client) []Platform {
-	return []Platform{NewAgents(client), NewAssistants(client), NewResponses(client)}
+func New(client openai.Client) []dispatch.Platform {
+	return []dispatch.Platform{NewAgents(client), NewAssistants(client), NewResponses(client)}
 }
 
 // submitOpts leave retries to the dispatcher, which honours Retry-After and
 // bounds them by the run's expiry.
 var submitOpts = []option.RequestOption{option.WithMaxRetries(0)}
 
-// classify turns an SDK error into a PlatformError.
+// classify turns an SDK error into a dispatch.PlatformError.
 func classify(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	pe := &PlatformError{Op: op, Err: err}
+	pe := &dispatch.PlatformError{Op: op, Err: err}
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) {
 		pe.Retryable = true // transport error: no answer came
@@ -73,7 +75,7 @@ func apiMessage(err error) (status int, message string) {
 	return 0, ""
 }
 
-// Output size limits the platforms accept for one tool output.
+// dispatch.Output size limits the platforms accept for one tool output.
 const (
 	maxAgentsOutput     = 256 << 10
 	maxAssistantsOutput = 512 << 10
@@ -84,4 +86,25 @@ const (
 // the platform's limit with a marker.
 func modelOutput(r *protocol.Result, limit int) string {
 	return protocol.Truncate(r.ModelOutput(), limit)
+}
+
+// webhookTolerance is how far a webhook's timestamp may be from now.
+const webhookTolerance = 5 * time.Minute
+
+// Webhooks verifies OpenAI's signed webhooks (Standard Webhooks) with
+// secret ("whsec_..." or the raw secret), refusing a timestamp more than 5
+// minutes from now.
+func Webhooks(secret string) dispatch.WebhookVerifier {
+	svc := webhooks.NewWebhookService(option.WithWebhookSecret(secret))
+	return webhookVerifier{svc: &svc}
+}
+
+type webhookVerifier struct{ svc *webhooks.WebhookService }
+
+func (v webhookVerifier) Verify(body []byte, header http.Header) (*dispatch.WebhookEvent, error) {
+	ev, err := v.svc.UnwrapWithTolerance(body, header, webhookTolerance)
+	if err != nil {
+		return nil, err
+	}
+	return &dispatch.WebhookEvent{ID: header.Get("webhook-id"), Type: ev.Type, ObjectID: ev.Data.ID}, nil
 }

@@ -1,4 +1,4 @@
-package dispatch
+package openaiplatform
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -18,38 +19,38 @@ type Assistants struct{ client openai.Client }
 // NewAssistants returns the Assistants runs adapter.
 func NewAssistants(client openai.Client) *Assistants { return &Assistants{client: client} }
 
-// Name implements Platform.
+// Name implements dispatch.Platform.
 func (*Assistants) Name() protocol.Platform { return protocol.PlatformAssistants }
 
-// Poll implements Platform.
-func (a *Assistants) Poll(ctx context.Context, ref Ref) (*Observation, error) {
+// Poll implements dispatch.Platform.
+func (a *Assistants) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Observation, error) {
 	r, err := a.client.Beta.Threads.Runs.Get(ctx, ref.ThreadID, ref.RunID)
 	if err != nil {
 		return nil, classify("get run "+ref.ThreadID+"/"+ref.RunID, err)
 	}
 	switch r.Status {
 	case "requires_action":
-		turn := &TurnRequest{Ref: ref, Scope: ref.ThreadID + "/" + ref.RunID}
+		turn := &dispatch.TurnRequest{Ref: ref, Scope: ref.ThreadID + "/" + ref.RunID}
 		if r.ExpiresAt > 0 {
 			turn.ExpiresAt = time.Unix(r.ExpiresAt, 0)
 		}
 		for _, tc := range r.RequiredAction.SubmitToolOutputs.ToolCalls {
-			turn.Calls = append(turn.Calls, CallRequest{ID: tc.ID, Name: tc.Function.Name, Arguments: []byte(tc.Function.Arguments)})
+			turn.Calls = append(turn.Calls, dispatch.CallRequest{ID: tc.ID, Name: tc.Function.Name, Arguments: []byte(tc.Function.Arguments)})
 		}
-		return &Observation{State: ObjectRequiresAction, Turn: turn}, nil
+		return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn}, nil
 	case "completed":
-		return &Observation{State: ObjectDone, Answer: a.lastAnswer(ctx, ref)}, nil
+		return &dispatch.Observation{State: dispatch.ObjectDone, Answer: a.lastAnswer(ctx, ref)}, nil
 	case "failed", "cancelled", "expired", "incomplete":
 		reason := "run " + string(r.Status)
 		if r.LastError.Message != "" {
 			reason += ": " + r.LastError.Message
 		}
-		return &Observation{State: ObjectFailed, Reason: reason}, nil
+		return &dispatch.Observation{State: dispatch.ObjectFailed, Reason: reason}, nil
 	}
-	return &Observation{State: ObjectRunning}, nil
+	return &dispatch.Observation{State: dispatch.ObjectRunning}, nil
 }
 
-func (a *Assistants) lastAnswer(ctx context.Context, ref Ref) string {
+func (a *Assistants) lastAnswer(ctx context.Context, ref dispatch.Ref) string {
 	page, err := a.client.Beta.Threads.Messages.List(ctx, ref.ThreadID, openai.BetaThreadMessageListParams{
 		RunID: openai.String(ref.RunID), Limit: openai.Int(5),
 	})
@@ -73,7 +74,7 @@ func (a *Assistants) lastAnswer(ctx context.Context, ref Ref) string {
 // on, or waits for other calls: "do not accept tool outputs", "Expected tool
 // outputs for call_ids ..."), the repeat counts as success; if it expired or
 // was cancelled, or still waits for these calls, that is the error.
-func (a *Assistants) Submit(ctx context.Context, turn *Turn, outputs []Output) (*Submission, error) {
+func (a *Assistants) Submit(ctx context.Context, turn *dispatch.Turn, outputs []dispatch.Output) (*dispatch.Submission, error) {
 	params := openai.BetaThreadRunSubmitToolOutputsParams{}
 	for _, o := range outputs {
 		params.ToolOutputs = append(params.ToolOutputs, openai.BetaThreadRunSubmitToolOutputsParamsToolOutput{
@@ -85,15 +86,15 @@ func (a *Assistants) Submit(ctx context.Context, turn *Turn, outputs []Output) (
 	if status, _ := apiMessage(err); status == 400 {
 		r, gerr := a.client.Beta.Threads.Runs.Get(ctx, turn.Ref.ThreadID, turn.Ref.RunID)
 		if gerr == nil && a.alreadySubmitted(r, turn) {
-			return &Submission{}, nil
+			return &dispatch.Submission{}, nil
 		}
 	}
-	return &Submission{}, classify("submit tool outputs to run "+turn.Ref.ThreadID+"/"+turn.Ref.RunID, err)
+	return &dispatch.Submission{}, classify("submit tool outputs to run "+turn.Ref.ThreadID+"/"+turn.Ref.RunID, err)
 }
 
 // alreadySubmitted reports whether the run moved past this turn's
 // required action on its own terms (not expired, cancelled or failed).
-func (a *Assistants) alreadySubmitted(r *openai.Run, turn *Turn) bool {
+func (a *Assistants) alreadySubmitted(r *openai.Run, turn *dispatch.Turn) bool {
 	switch r.Status {
 	case "queued", "in_progress", "completed", "incomplete":
 		return true
