@@ -70,6 +70,10 @@ type Options struct {
 	// WebhookSecret verifies POST /webhooks/openai (OPENAI_WEBHOOK_SECRET:
 	// "whsec_..." or the raw secret). Empty: every webhook gets 401.
 	WebhookSecret string
+	// Authenticator, if set, checks the bearer tokens that /v1 (and /mcp
+	// and /ui) need, and says which teams each caller sees. Nil: those
+	// routes serve loopback clients only, who see everything.
+	Authenticator Authenticator
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
