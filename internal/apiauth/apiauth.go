@@ -8,8 +8,8 @@
 // and lines starting with # are ignored:
 //
 //		# name      scope                 hash of the token
-//		ops         admin                 sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae
-//		orders-ci   teams:orders,billing  sha256:fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9
+//		ops         admin                 sha256:0794951f7d8fa97197b736a2ed06259ea9f70f8a9cfa58701c95a48355d5fa5e
+//		orders-ci   teams:orders,billing  sha256:374a6eef8f08a00a6f7ae2bfdf95a53ec207d9891328a82cd8e85a8094e11eb3
 //
 //	  - name identifies the token in logs (letters, digits, and . _ - @;
 //	    at most 64), unique in the file;
