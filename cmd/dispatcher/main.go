@@ -6,6 +6,7 @@
 //	dispatcher demo      offline demo: embedded JetStream, platform simulator, seed executors
 //	dispatcher simulator serve the platform simulator alone (for trying the service locally)
 //	dispatcher tools     print the registry as a platform's tool definitions
+//	dispatcher token     make a bearer token for the HTTP API (TOOLRELAY_API_TOKENS_FILE)
 package main
 
 import (
@@ -55,6 +56,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return simulatorCmd(ctx, args, stdout, stderr)
 	case "tools":
 		return toolsCmd(ctx, args, stdout, stderr)
+	case "token":
+		return tokenCmd(ctx, args, stdout, stderr)
 	case "help":
 		usage(stdout)
 		fmt.Fprintln(stdout, "\nSettings of serve (environment variables):")
@@ -66,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
@@ -74,6 +77,7 @@ func usage(w io.Writer) {
               in-process seed executors; exits 0 when every answer arrived
   simulator   serve the platform simulator alone, to try the service without OpenAI
   tools       print the functions executors serve as a platform's tool definitions
+  token       make a bearer token for the HTTP API and the line for TOOLRELAY_API_TOKENS_FILE
 
 "dispatcher <command> -h" lists a command's flags and settings.
 `)

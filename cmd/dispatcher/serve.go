@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 
+	"github.com/toolrelay/toolrelay/internal/apiauth"
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
@@ -32,6 +34,7 @@ type config struct {
 	NATSListen    string        `envconfig:"TOOLRELAY_NATS_LISTEN" default:"127.0.0.1:4222" desc:"client address of the embedded server"`
 	DataDir       string        `envconfig:"TOOLRELAY_DATA_DIR" default:"./toolrelay-data" desc:"where the embedded server stores"`
 	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1/watch, /healthz, /readyz, /metrics)"`
+	APITokens     string        `envconfig:"TOOLRELAY_API_TOKENS_FILE" desc:"bearer tokens /v1 needs (hashes, each scoped to admin or teams; see dispatcher token), re-read when it changes; empty: /v1 serves loopback clients only"`
 	SubmitMargin  time.Duration `envconfig:"TOOLRELAY_SUBMIT_MARGIN" default:"30s" desc:"submit this long before a run expires"`
 	RunTTL        time.Duration `envconfig:"TOOLRELAY_RUN_TTL" default:"10m" desc:"expiry assumed where the platform gives none"`
 	MaxSteps      int           `envconfig:"TOOLRELAY_MAX_STEPS" default:"16" desc:"most turns one watch drives"`
@@ -69,6 +72,22 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("settings: %w", err)
 	}
 	log := cliutil.Logger(stderr, cfg.LogLevel)
+	var wg sync.WaitGroup
+	defer wg.Wait() // the tokens file's follower, once the stopTokens deferred below has run
+	var auth dispatch.Authenticator
+	if cfg.APITokens != "" {
+		tokens, err := apiauth.Open(cfg.APITokens, apiauth.Options{Logger: log.With("component", "api-tokens")})
+		if err != nil {
+			return err
+		}
+		tctx, stopTokens := context.WithCancel(ctx)
+		defer stopTokens()
+		wg.Go(func() { tokens.Run(tctx) })
+		auth = tokens
+		log.Info("HTTP API: /v1 needs a bearer token", "file", tokens.Path(), "tokens", tokens.Len())
+	} else {
+		log.Warn("HTTP API: /v1 serves loopback clients only; set TOOLRELAY_API_TOKENS_FILE to serve others")
+	}
 	tel, err := telemetry.Setup(ctx, telemetry.Options{Service: "toolrelay-dispatcher"})
 	if err != nil {
 		return err
@@ -107,6 +126,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
 		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
+		Authenticator: auth,
 	}
 	if cfg.WebhookSecret != "" {
 		dopts.Webhooks = openaiplatform.Webhooks(string(cfg.WebhookSecret))

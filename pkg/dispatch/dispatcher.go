@@ -82,6 +82,10 @@ type Options struct {
 	// webhooks: openaiplatform.Webhooks(secret)). Nil: every webhook gets
 	// 401.
 	Webhooks WebhookVerifier
+	// Authenticator, if set, checks the bearer tokens that /v1 (and /mcp
+	// and /ui) need, and says which teams each caller sees. Nil: those
+	// routes serve loopback clients only, who see everything.
+	Authenticator Authenticator
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider

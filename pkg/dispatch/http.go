@@ -26,6 +26,13 @@ import (
 //	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
+//
+// Everything under /v1 (and /mcp and /ui) needs a caller: with
+// [Options.Authenticator] set, a known bearer token (else 401 with
+// WWW-Authenticate: Bearer); without it, a loopback client (else 401).
+// A caller scoped to some teams sees other teams' calls in a watch without
+// their results, and gets 403 for a watch that calls none of its teams'
+// functions (see watchReport.seenBy).
 func (d *Dispatcher) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/watch", d.postWatch)
@@ -41,7 +48,7 @@ func (d *Dispatcher) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	return mux
+	return d.guard(mux)
 }
 
 // watchRequest is the body of POST /v1/watch. "agent" is a Foundry agent
@@ -149,7 +156,10 @@ func decodeFieldError(err error) *FieldError {
 // watchReport is GET /v1/watch/{id}: the watch and each of its turns.
 type watchReport struct {
 	*Watch
-	TurnDetails []turnReport `json:"turn_details"`
+	// AnswerRedacted says the answer is left out: it draws on the results
+	// of calls the caller may not see.
+	AnswerRedacted bool         `json:"answer_redacted,omitempty"`
+	TurnDetails    []turnReport `json:"turn_details"`
 }
 
 type turnReport struct {
@@ -190,6 +200,9 @@ type callReport struct {
 	FinishedAt string `json:"finished_at,omitempty"`
 	// Duration is how long the attempt that produced the result ran.
 	Duration string `json:"duration,omitempty"`
+	// Redacted says the call belongs to a team the caller may not see:
+	// only its id, function, team and result (ok, error, ...) are shown.
+	Redacted bool `json:"redacted,omitempty"`
 }
 
 // outputPreviewSize bounds the output a watch report carries per call: an
@@ -236,7 +249,52 @@ func runeStart(s string, i int) int {
 
 func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
 	status, reply := d.watchReport(r.Context(), r.PathValue("id"))
+	if rep, ok := reply.(watchReport); ok {
+		caller, _ := callerFrom(r.Context()) // none: sees no team
+		status, reply = rep.seenBy(caller)
+	}
 	writeJSON(w, status, reply)
+}
+
+// seenBy is rep as caller may see it, and its HTTP status. An admin sees
+// it all. A caller scoped to teams sees the watch and its turns; of calls
+// to other teams' functions, only the id, function, team and result
+// (ok, error, pending, timed_out): not their output, error, executor or
+// timing. The answer, which draws on every result, is shown only when
+// every call is the caller's. A watch that has calls and none of them the
+// caller's is refused with 403: nothing in it is the caller's to see.
+func (rep watchReport) seenBy(caller Caller) (int, any) {
+	if caller.Admin {
+		return http.StatusOK, rep
+	}
+	var mine, others int
+	turns := make([]turnReport, len(rep.TurnDetails))
+	for i, tr := range rep.TurnDetails {
+		calls := make([]callReport, len(tr.Calls))
+		for j, c := range tr.Calls {
+			if caller.Sees(c.Team) {
+				mine++
+				calls[j] = c
+				continue
+			}
+			others++
+			calls[j] = callReport{ID: c.ID, Function: c.Function, Team: c.Team, Result: c.Result, Redacted: true}
+		}
+		tr.Calls = calls
+		turns[i] = tr
+	}
+	if others > 0 && mine == 0 {
+		return http.StatusForbidden, errorBody(fmt.Sprintf("watch %s calls no function of your teams (%s); only an admin token sees it",
+			rep.ID, strings.Join(caller.Teams, ", ")))
+	}
+	rep.TurnDetails = turns
+	if others > 0 {
+		w := *rep.Watch
+		rep.AnswerRedacted = w.Answer != ""
+		w.Answer = ""
+		rep.Watch = &w
+	}
+	return http.StatusOK, rep
 }
 
 // watchReport is the body of GET /v1/watch/{id} and its HTTP status.
