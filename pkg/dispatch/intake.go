@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/firstwins"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -113,7 +114,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	rec, err := d.js.PublishAsync(kvSubject(protocol.TurnBucket, string(t.Key)), b, jetstream.WithExpectLastSequencePerSubject(0))
+	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b, jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil {
 		return 0, err
 	}
@@ -141,9 +142,9 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 // that itself expires a second later; the publishes are not awaited, and
 // whatever they miss the sweep removes.
 func (d *Dispatcher) unindex(key protocol.TurnKey, fired bool) {
-	subjects := []string{protocol.TimerScheduleSubject(key)}
+	subjects := []string{timerScheduleSubject(key)}
 	if fired {
-		subjects = append(subjects, protocol.TimerFireSubject(key))
+		subjects = append(subjects, timerFireSubject(key))
 	}
 	for _, subj := range subjects {
 		m := nats.NewMsg(subj)

@@ -130,11 +130,6 @@ func TestSubjects(t *testing.T) {
 	if f := TurnResultsFilter(key.Turn()); f != "fnresult.*."+string(key.Turn())+".*" {
 		t.Errorf("TurnResultsFilter = %s", f)
 	}
-
-	turn, err := ParseTimerFireSubject(TimerFireSubject(key.Turn()))
-	if err != nil || turn != key.Turn() {
-		t.Errorf("ParseTimerFireSubject round trip: %s %v", turn, err)
-	}
 }
 
 func sampleCall() *Call {
