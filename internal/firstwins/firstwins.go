@@ -32,7 +32,7 @@ func Record(ctx context.Context, js jetstream.Publisher, res *protocol.Result, h
 	}
 	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
 	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
-	_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
+	_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.ResultMsgID(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
 	if Lost(err) {
 		return nil
 	}

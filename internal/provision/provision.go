@@ -36,123 +36,200 @@ func (e *IncompatibleError) Error() string {
 		e.Kind, e.Name, strings.Join(e.Diffs, "; "))
 }
 
-// Durations shared by the streams: a turn lives at most RUN_TTL (10 minutes
-// by default), and the dedupe window must outlive it so that re-publishing
-// after a restart is deduplicated.
+// Resources only the dispatcher uses. No executor reads or writes them, so
+// they are not part of the wire contract (package protocol).
 const (
-	dedupeWindow = 15 * time.Minute
-	callMaxAge   = time.Hour
-	resultMaxAge = 2 * time.Hour
-	turnTTL      = 2 * time.Hour
+	// TimerStream holds the deadline timers of open turns, scheduled on
+	// TimerSubjectPrefix.sched.<turn> and firing on .fire.<turn>.
+	TimerStream        = "FNTIMERS"
+	TimerSubjectPrefix = "fntimer"
+	// TurnBucket maps turn keys to the dispatcher's turn records.
+	TurnBucket = "toolrelay_turns"
+	// WatchBucket maps watch IDs to what the dispatcher drives for them.
+	WatchBucket = "toolrelay_watches"
+	// WebhookBucket remembers the webhook-ids already taken in, so a
+	// replayed delivery does nothing new on any replica.
+	WebhookBucket = "toolrelay_webhooks"
+	// ResponseBucket maps the responses the dispatcher drives to their
+	// watch, so a response.completed webhook finds its watch.
+	ResponseBucket = "toolrelay_responses"
+
+	// turnTTL outlives any turn (at most an hour).
+	turnTTL = 2 * time.Hour
 )
 
-// CallStreamConfig is a team's work-queue stream of calls.
-func CallStreamConfig(team string, o Options) jetstream.StreamConfig {
+// StreamConfig translates a stream of the wire contract into the
+// configuration toolrelay creates, adding what the contract leaves to
+// the deployment (storage, replicas).
+func StreamConfig(spec protocol.StreamSpec, o Options) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:        protocol.CallStream(team),
-		Description: "toolrelay calls of team " + team,
-		Subjects:    protocol.CallStreamSubjects(team),
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-		MaxAge:      callMaxAge,
-		Duplicates:  dedupeWindow,
-		AllowMsgTTL: true,
-		// DiscardNew: a full queue refuses new calls (the dispatcher turns
-		// that into a failed result) instead of dropping queued ones.
-		Discard:     jetstream.DiscardNew,
-		MaxMsgSize:  protocol.MaxEnvelopeSize,
-		AllowDirect: true,
-		Metadata:    map[string]string{"toolrelay.team": team},
-	}
-}
-
-// ResultStreamConfig holds every result; one per call, the first wins.
-func ResultStreamConfig(o Options) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:                 protocol.ResultStream,
-		Description:          "toolrelay results, first result per call wins",
-		Subjects:             []string{protocol.ResultSubjectPrefix + ".>"},
-		Retention:            jetstream.LimitsPolicy,
+		Name:                 spec.Name,
+		Description:          spec.Description,
+		Subjects:             slices.Clone(spec.Subjects),
+		Retention:            retention(spec.Retention),
+		Discard:              discard(spec.Discard),
+		MaxMsgsPerSubject:    spec.MaxMsgsPerSubject,
+		DiscardNewPerSubject: spec.DiscardNewPerSubject,
+		MaxAge:               spec.MaxAge,
+		Duplicates:           spec.Duplicates,
+		MaxMsgSize:           spec.MaxMsgSize,
+		AllowMsgTTL:          spec.AllowMsgTTL,
+		AllowDirect:          spec.AllowDirect,
+		AllowMsgSchedules:    spec.AllowMsgSchedules,
+		AllowRollup:          spec.AllowRollup,
 		Storage:              jetstream.FileStorage,
 		Replicas:             o.replicas(),
-		MaxAge:               resultMaxAge,
-		Duplicates:           dedupeWindow,
-		MaxMsgsPerSubject:    1,
-		Discard:              jetstream.DiscardNew,
-		DiscardNewPerSubject: true,
-		MaxMsgSize:           protocol.MaxEnvelopeSize,
-		AllowDirect:          true,
 	}
 }
 
-// TimerStreamConfig holds the deadline timers of turns as scheduled messages.
-func TimerStreamConfig(o Options) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:              protocol.TimerStream,
-		Description:       "toolrelay turn deadline timers",
-		Subjects:          []string{protocol.TimerSubjectPrefix + ".>"},
-		Retention:         jetstream.LimitsPolicy,
-		Storage:           jetstream.FileStorage,
-		Replicas:          o.replicas(),
-		MaxAge:            resultMaxAge,
-		AllowMsgSchedules: true,
-		AllowMsgTTL:       true,
-		// A closed turn's timer is removed by a roll-up marker (a normal,
-		// asynchronous publish) rather than a purge request.
-		AllowRollup: true,
-	}
-}
-
-// TurnBucketConfig holds turn records, changed only by compare-and-set.
-func TurnBucketConfig(o Options) jetstream.KeyValueConfig {
+// KeyValueConfig translates a bucket of the wire contract.
+func KeyValueConfig(spec protocol.BucketSpec, o Options) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
-		Bucket:      protocol.TurnBucket,
-		Description: "toolrelay turn state",
-		History:     1,
-		TTL:         turnTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-	}
-}
-
-// RegistryBucketConfig holds the functions executors announce.
-func RegistryBucketConfig(o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      protocol.RegistryBucket,
-		Description: "toolrelay function registry",
-		History:     5,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-	}
-}
-
-// DeclarationBucketConfig holds the declarations of live executor
-// processes. Its age limit is the lease: a declaration not renewed within
-// protocol.LeaseTTL is removed by the server, which leaves a marker so
-// that watchers see it go.
-func DeclarationBucketConfig(o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:         protocol.DeclarationBucket,
-		Description:    "toolrelay executors serving functions now, each a lease its process renews",
-		History:        1,
-		TTL:            protocol.LeaseTTL,
-		LimitMarkerTTL: protocol.LeaseTTL,
+		Bucket:         spec.Name,
+		Description:    spec.Description,
+		History:        uint8(spec.History),
+		TTL:            spec.TTL,
+		LimitMarkerTTL: spec.LimitMarkerTTL,
 		Storage:        jetstream.FileStorage,
 		Replicas:       o.replicas(),
 	}
 }
 
+// ConsumerConfig translates a consumer of the wire contract.
+func ConsumerConfig(spec protocol.ConsumerSpec) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       spec.Durable,
+		Description:   spec.Description,
+		FilterSubject: spec.FilterSubject,
+		AckPolicy:     ackPolicy(spec.AckPolicy),
+		DeliverPolicy: deliverPolicy(spec.DeliverPolicy),
+		AckWait:       spec.AckWait,
+		MaxDeliver:    spec.MaxDeliver,
+		MaxAckPending: spec.MaxAckPending,
+	}
+}
+
+// The translations below panic on a value protocol does not define: specs
+// are constants of the program, so that is a programming error, caught by
+// the tests that translate every spec.
+
+func retention(r protocol.Retention) jetstream.RetentionPolicy {
+	switch r {
+	case protocol.RetentionLimits:
+		return jetstream.LimitsPolicy
+	case protocol.RetentionWorkQueue:
+		return jetstream.WorkQueuePolicy
+	}
+	panic(fmt.Sprintf("provision: unknown retention %q", r))
+}
+
+func discard(d protocol.Discard) jetstream.DiscardPolicy {
+	switch d {
+	case protocol.DiscardOld:
+		return jetstream.DiscardOld
+	case protocol.DiscardNew:
+		return jetstream.DiscardNew
+	}
+	panic(fmt.Sprintf("provision: unknown discard policy %q", d))
+}
+
+func ackPolicy(a protocol.AckPolicy) jetstream.AckPolicy {
+	if a == protocol.AckExplicit {
+		return jetstream.AckExplicitPolicy
+	}
+	panic(fmt.Sprintf("provision: unknown ack policy %q", a))
+}
+
+func deliverPolicy(d protocol.DeliverPolicy) jetstream.DeliverPolicy {
+	if d == protocol.DeliverAll {
+		return jetstream.DeliverAllPolicy
+	}
+	panic(fmt.Sprintf("provision: unknown deliver policy %q", d))
+}
+
+// CallStreamConfig is a team's work-queue stream of calls.
+func CallStreamConfig(team string, o Options) jetstream.StreamConfig {
+	c := StreamConfig(protocol.CallStreamSpec(team), o)
+	c.Metadata = map[string]string{"toolrelay.team": team}
+	return c
+}
+
+// ResultStreamConfig holds every result; one per call, the first wins.
+func ResultStreamConfig(o Options) jetstream.StreamConfig {
+	return StreamConfig(protocol.ResultStreamSpec(), o)
+}
+
+// DeadLetterStreamConfig keeps dead letters for two weeks, one per call.
+func DeadLetterStreamConfig(o Options) jetstream.StreamConfig {
+	return StreamConfig(protocol.DeadLetterStreamSpec(), o)
+}
+
+// CancelStreamConfig keeps turn cancellations long enough for an executor
+// starting late to learn of them.
+func CancelStreamConfig(o Options) jetstream.StreamConfig {
+	return StreamConfig(protocol.CancelStreamSpec(), o)
+}
+
+// RegistryBucketConfig holds the functions executors announce.
+func RegistryBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.RegistryBucketSpec(), o)
+}
+
+// DeclarationBucketConfig holds the declarations of live executor
+// processes, each a lease (see protocol.DeclarationBucketSpec).
+func DeclarationBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.DeclarationBucketSpec(), o)
+}
+
+// AttemptBucketConfig records started attempts of side-effect functions.
+func AttemptBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.AttemptBucketSpec(), o)
+}
+
+// FunctionConsumerConfig is the durable consumer every executor of a
+// function shares (see protocol.FunctionConsumerSpec).
+func FunctionConsumerConfig(team, function string, maxAckPending int, ackWait time.Duration) jetstream.ConsumerConfig {
+	c := ConsumerConfig(protocol.FunctionConsumerSpec(team, function, maxAckPending, ackWait))
+	c.Metadata = map[string]string{"toolrelay.team": team, "toolrelay.function": function}
+	return c
+}
+
+// TimerStreamConfig holds the deadline timers of turns as scheduled messages.
+func TimerStreamConfig(o Options) jetstream.StreamConfig {
+	return StreamConfig(protocol.StreamSpec{
+		Name:              TimerStream,
+		Description:       "toolrelay turn deadline timers",
+		Subjects:          []string{TimerSubjectPrefix + ".>"},
+		Retention:         protocol.RetentionLimits,
+		Discard:           protocol.DiscardOld,
+		MaxAge:            turnTTL,
+		AllowMsgSchedules: true,
+		AllowMsgTTL:       true,
+		// A closed turn's timer is removed by a roll-up marker (a normal,
+		// asynchronous publish) rather than a purge request.
+		AllowRollup: true,
+	}, o)
+}
+
+// TurnBucketConfig holds turn records, changed only by compare-and-set.
+func TurnBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: TurnBucket, Description: "toolrelay turn state", History: 1, TTL: turnTTL}, o)
+}
+
 // WatchBucketConfig holds what the dispatcher watches on request.
 func WatchBucketConfig(o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      protocol.WatchBucket,
-		Description: "toolrelay watches",
-		History:     1,
-		TTL:         turnTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-	}
+	return KeyValueConfig(protocol.BucketSpec{Name: WatchBucket, Description: "toolrelay watches", History: 1, TTL: turnTTL}, o)
+}
+
+// WebhookBucketConfig remembers webhook-ids longer than the 5-minute
+// timestamp tolerance, after which a replay is refused anyway.
+func WebhookBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: WebhookBucket, Description: "toolrelay webhook-ids taken in", History: 1, TTL: 15 * time.Minute}, o)
+}
+
+// ResponseBucketConfig maps driven responses to their watches.
+func ResponseBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: ResponseBucket, Description: "toolrelay responses driven by a watch", History: 1, TTL: turnTTL}, o)
 }
 
 // Stream checks that the stream exists and is compatible, or creates it.
@@ -300,66 +377,4 @@ func Consumer(ctx context.Context, s jetstream.Stream, want jetstream.ConsumerCo
 		}
 	}
 	return c, nil
-}
-
-// DeadLetterStreamConfig keeps dead letters for two weeks, one per call.
-func DeadLetterStreamConfig(o Options) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:        protocol.DeadLetterStream,
-		Description: "toolrelay dead letters: calls that failed for good, and replays",
-		Subjects:    []string{protocol.DeadLetterSubjectPrefix + ".>"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-		MaxAge:      14 * 24 * time.Hour,
-		Duplicates:  dedupeWindow,
-		AllowDirect: true,
-	}
-}
-
-// AttemptBucketConfig records started attempts of side-effect functions.
-func AttemptBucketConfig(o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      protocol.AttemptBucket,
-		Description: "toolrelay attempts of side-effect functions",
-		History:     1,
-		TTL:         turnTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-	}
-}
-
-// CancelStreamConfig keeps turn cancellations long enough for an executor
-// starting late to learn of them (longer than any turn lives).
-func CancelStreamConfig(o Options) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:        protocol.CancelStream,
-		Description: "toolrelay turn cancellations",
-		Subjects:    []string{protocol.CancelSubjectPrefix + ".>"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    o.replicas(),
-		MaxAge:      CancelMemory,
-		Duplicates:  time.Minute,
-	}
-}
-
-// CancelMemory is how long a cancellation is remembered.
-const CancelMemory = 30 * time.Minute
-
-// WebhookBucketConfig remembers webhook-ids longer than the 5-minute
-// timestamp tolerance, after which a replay is refused anyway.
-func WebhookBucketConfig(o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket: protocol.WebhookBucket, Description: "toolrelay webhook-ids taken in",
-		History: 1, TTL: 15 * time.Minute, Storage: jetstream.FileStorage, Replicas: o.replicas(),
-	}
-}
-
-// ResponseBucketConfig maps driven responses to their watches.
-func ResponseBucketConfig(o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket: protocol.ResponseBucket, Description: "toolrelay responses driven by a watch",
-		History: 1, TTL: turnTTL, Storage: jetstream.FileStorage, Replicas: o.replicas(),
-	}
 }

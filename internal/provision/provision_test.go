@@ -4,7 +4,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
@@ -54,7 +56,7 @@ func TestIncompatibleStreamIsReportedNotReplaced(t *testing.T) {
 
 func TestIncompatibleBucketIsReported(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
-	if _, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: protocol.TurnBucket, History: 10}); err != nil {
+	if _, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: TurnBucket, History: 10}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := KeyValue(t.Context(), js, TurnBucketConfig(Options{}))
@@ -87,4 +89,121 @@ func TestConsumerChecksFilterAndUpdatesLimits(t *testing.T) {
 	if _, err := Consumer(t.Context(), s, cfg); !errors.As(err, &inc) {
 		t.Errorf("err = %v, want IncompatibleError", err)
 	}
+}
+
+// The contract's specs (package protocol) are what the server gets: every
+// stream, bucket and consumer an executor uses is created through the
+// named configurations here, read back from a real server and compared
+// with its spec.
+func TestConfigsMatchProtocolSpecs(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	o := Options{}
+
+	streams := []struct {
+		spec protocol.StreamSpec
+		cfg  jetstream.StreamConfig
+	}{
+		{protocol.CallStreamSpec("geo"), CallStreamConfig("geo", o)},
+		{protocol.ResultStreamSpec(), ResultStreamConfig(o)},
+		{protocol.DeadLetterStreamSpec(), DeadLetterStreamConfig(o)},
+		{protocol.CancelStreamSpec(), CancelStreamConfig(o)},
+	}
+	if len(streams) != len(protocol.ExecutorStreams("geo")) {
+		t.Fatalf("test covers %d streams, protocol.ExecutorStreams lists %d", len(streams), len(protocol.ExecutorStreams("geo")))
+	}
+	for _, tc := range streams {
+		t.Run("stream "+tc.spec.Name, func(t *testing.T) {
+			s, err := Stream(ctx, js, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.spec, streamSpecOf(info.Config)); diff != "" {
+				t.Errorf("server's stream differs from the protocol spec (-spec +server):\n%s", diff)
+			}
+		})
+	}
+
+	buckets := []struct {
+		spec protocol.BucketSpec
+		cfg  jetstream.KeyValueConfig
+	}{
+		{protocol.RegistryBucketSpec(), RegistryBucketConfig(o)},
+		{protocol.DeclarationBucketSpec(), DeclarationBucketConfig(o)},
+		{protocol.AttemptBucketSpec(), AttemptBucketConfig(o)},
+	}
+	if len(buckets) != len(protocol.ExecutorBuckets()) {
+		t.Fatalf("test covers %d buckets, protocol.ExecutorBuckets lists %d", len(buckets), len(protocol.ExecutorBuckets()))
+	}
+	for _, tc := range buckets {
+		t.Run("bucket "+tc.spec.Name, func(t *testing.T) {
+			kv, err := KeyValue(ctx, js, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := kv.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+			got := protocol.BucketSpec{
+				Name: st.Bucket(), Description: info.Config.Description, History: int(st.History()),
+				TTL: st.TTL(), LimitMarkerTTL: st.LimitMarkerTTL(),
+			}
+			if diff := cmp.Diff(tc.spec, got); diff != "" {
+				t.Errorf("server's bucket differs from the protocol spec (-spec +server):\n%s", diff)
+			}
+		})
+	}
+
+	t.Run("function consumer", func(t *testing.T) {
+		s, err := js.Stream(ctx, protocol.CallStream("geo"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec := protocol.FunctionConsumerSpec("geo", "get_weather", 7, 3*time.Second)
+		c, err := Consumer(ctx, s, FunctionConsumerConfig("geo", "get_weather", 7, 3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := info.Config
+		got := protocol.ConsumerSpec{
+			Durable: h.Durable, Description: h.Description, Stream: info.Stream, FilterSubject: h.FilterSubject,
+			AckPolicy: protocol.AckPolicy(jsonName(h.AckPolicy)), DeliverPolicy: protocol.DeliverPolicy(jsonName(h.DeliverPolicy)),
+			AckWait: h.AckWait, MaxDeliver: h.MaxDeliver, MaxAckPending: h.MaxAckPending,
+		}
+		if diff := cmp.Diff(spec, got); diff != "" {
+			t.Errorf("server's consumer differs from the protocol spec (-spec +server):\n%s", diff)
+		}
+	})
+}
+
+// streamSpecOf reads a stream's configuration back as a spec. Policies go
+// through their JSON names (what protocol's values are), and "no limit",
+// which the server stores as -1, reads as a spec's 0.
+func streamSpecOf(c jetstream.StreamConfig) protocol.StreamSpec {
+	return protocol.StreamSpec{
+		Name: c.Name, Description: c.Description, Subjects: c.Subjects,
+		Retention: protocol.Retention(jsonName(c.Retention)), Discard: protocol.Discard(jsonName(c.Discard)),
+		MaxMsgsPerSubject: max(c.MaxMsgsPerSubject, 0), DiscardNewPerSubject: c.DiscardNewPerSubject,
+		MaxAge: c.MaxAge, Duplicates: c.Duplicates, MaxMsgSize: max(c.MaxMsgSize, 0),
+		AllowMsgTTL: c.AllowMsgTTL, AllowDirect: c.AllowDirect, AllowMsgSchedules: c.AllowMsgSchedules, AllowRollup: c.AllowRollup,
+	}
+}
+
+// jsonName is how JetStream's API spells a policy.
+func jsonName(v interface{ MarshalJSON() ([]byte, error) }) string {
+	b, err := v.MarshalJSON()
+	if err != nil {
+		panic(err)
+	}
+	return strings.Trim(string(b), `"`)
 }

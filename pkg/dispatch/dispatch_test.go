@@ -12,6 +12,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -197,7 +198,7 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 	// thinks stuck). Wait until no replica can: every turn is recorded
 	// submitted and has left the index of open turns the sweeps read.
 	ctx := context.Background()
-	timers, err := e.js.Stream(ctx, protocol.TimerStream)
+	timers, err := e.js.Stream(ctx, provision.TimerStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 				return false
 			}
 		}
-		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(protocol.TimerSubjectPrefix+".>"))
+		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(provision.TimerSubjectPrefix+".>"))
 		return err == nil && len(info.State.Subjects) == 0
 	})
 	if got := e.sim.Stats().SubmitToolOutputs; got != 2*runs {

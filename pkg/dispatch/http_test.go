@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -212,7 +213,7 @@ func TestWatchOfAnUnknownObjectIs404(t *testing.T) {
 			check("NATS", int(natsStatus), reply)
 		})
 	}
-	kv, err := e.js.KeyValue(context.Background(), protocol.WatchBucket)
+	kv, err := e.js.KeyValue(context.Background(), provision.WatchBucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/firstwins"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -112,7 +113,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	rec, err := d.js.PublishAsync(kvSubject(protocol.TurnBucket, string(t.Key)), b, jetstream.WithExpectLastSequencePerSubject(0))
+	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b, jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil {
 		return 0, err
 	}

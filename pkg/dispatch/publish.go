@@ -79,7 +79,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 
 func callPubOpts(t *Turn, c *TurnCall) []jetstream.PublishOpt {
 	ttl := time.Until(t.Deadline) + time.Minute
-	return []jetstream.PublishOpt{jetstream.WithMsgID(string(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second))}
+	return []jetstream.PublishOpt{jetstream.WithMsgID(protocol.CallMsgID(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second))}
 }
 
 // republish retries a call whose publication failed, while the failure may

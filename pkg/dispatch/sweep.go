@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -60,14 +61,14 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 
 // openTurns lists the turns whose timer subjects exist: the open turns.
 func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, error) {
-	info, err := d.timers.Info(ctx, jetstream.WithSubjectFilter(protocol.TimerSubjectPrefix+".>"))
+	info, err := d.timers.Info(ctx, jetstream.WithSubjectFilter(provision.TimerSubjectPrefix+".>"))
 	if err != nil {
 		return nil, err
 	}
 	seen := map[protocol.TurnKey]bool{}
 	var keys []protocol.TurnKey
 	for subj := range info.State.Subjects {
-		if key, err := protocol.ParseTimerSubject(subj); err == nil && !seen[key] {
+		if key, err := parseTimerSubject(subj); err == nil && !seen[key] {
 			seen[key] = true
 			keys = append(keys, key)
 		}
@@ -80,7 +81,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A timer without a record: intake died in between (or is under
 		// way right now, so only old timers are dropped).
-		if m, gerr := d.timers.GetLastMsgForSubject(ctx, protocol.TimerScheduleSubject(key)); gerr != nil || time.Since(m.Time) > stuckAfter {
+		if m, gerr := d.timers.GetLastMsgForSubject(ctx, timerScheduleSubject(key)); gerr != nil || time.Since(m.Time) > stuckAfter {
 			d.unindex(key, true)
 		}
 		return

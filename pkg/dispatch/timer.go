@@ -2,11 +2,14 @@ package dispatch
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -32,20 +35,20 @@ func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (jetstream.PubAckFuture, err
 	// and wait out the rest in-process (closeTurn): rounding up would eat
 	// up to a second of the margin.
 	at := t.Deadline.Truncate(time.Second)
-	return d.js.PublishAsync(protocol.TimerScheduleSubject(t.Key), []byte(t.Key),
+	return d.js.PublishAsync(timerScheduleSubject(t.Key), []byte(t.Key),
 		jetstream.WithMsgID("timer."+string(t.Key)),
 		jetstream.WithScheduleAt(at),
-		jetstream.WithScheduleTarget(protocol.TimerFireSubject(t.Key)))
+		jetstream.WithScheduleTarget(timerFireSubject(t.Key)))
 }
 
 func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
 	return d.consume(ctx, d.timers, jetstream.ConsumerConfig{
 		Durable:       timersConsumer,
 		Description:   "toolrelay dispatchers firing turn deadlines",
-		FilterSubject: protocol.TimerSubjectPrefix + ".fire.>",
+		FilterSubject: provision.TimerSubjectPrefix + ".fire.>",
 		MaxAckPending: 10000,
 	}, 256, func(msg jetstream.Msg) {
-		key, err := protocol.ParseTimerFireSubject(msg.Subject())
+		key, err := parseTimerFireSubject(msg.Subject())
 		if err != nil {
 			d.log.Error("ignoring malformed timer", "subject", msg.Subject(), "err", err)
 			_ = msg.Term()
@@ -65,9 +68,9 @@ func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
 // that itself expires a second later; the publishes are not awaited, and
 // whatever they miss the sweep removes.
 func (d *Dispatcher) unindex(key protocol.TurnKey, fired bool) {
-	subjects := []string{protocol.TimerScheduleSubject(key)}
+	subjects := []string{timerScheduleSubject(key)}
 	if fired {
-		subjects = append(subjects, protocol.TimerFireSubject(key))
+		subjects = append(subjects, timerFireSubject(key))
 	}
 	for _, subj := range subjects {
 		m := nats.NewMsg(subj)
@@ -85,4 +88,36 @@ func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 // margin is how long before expiry to submit, given the time left.
 func (d *Dispatcher) margin(left time.Duration) time.Duration {
 	return min(d.opts.SubmitMargin, max(left/4, 0))
+}
+
+// A turn's timer is scheduled on fntimer.sched.<turn> and fires on
+// fntimer.fire.<turn>, both in provision.TimerStream. Together the timer
+// subjects index the open turns: a turn's are removed when it closes.
+
+// timerScheduleSubject is where a turn's deadline timer is scheduled.
+func timerScheduleSubject(turn protocol.TurnKey) string {
+	return provision.TimerSubjectPrefix + ".sched." + string(turn)
+}
+
+// timerFireSubject is the subject a turn's deadline timer fires on.
+func timerFireSubject(turn protocol.TurnKey) string {
+	return provision.TimerSubjectPrefix + ".fire." + string(turn)
+}
+
+// parseTimerSubject returns the turn of a scheduled or fired timer.
+func parseTimerSubject(subject string) (protocol.TurnKey, error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 3 || parts[0] != provision.TimerSubjectPrefix || (parts[1] != "sched" && parts[1] != "fire") {
+		return "", fmt.Errorf("dispatch: malformed timer subject %q", subject)
+	}
+	return protocol.ParseTurnKey(parts[2])
+}
+
+// parseTimerFireSubject returns the turn of a fired deadline timer.
+func parseTimerFireSubject(subject string) (protocol.TurnKey, error) {
+	rest, ok := strings.CutPrefix(subject, provision.TimerSubjectPrefix+".fire.")
+	if !ok {
+		return "", fmt.Errorf("dispatch: malformed timer subject %q", subject)
+	}
+	return protocol.ParseTurnKey(rest)
 }

@@ -453,7 +453,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 			if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
 				teams[c.Team] = true
 				if _, err := d.js.Publish(ctx, protocol.CancelSubject(c.Team, key), []byte(reason),
-					jetstream.WithMsgID("cancel."+string(key)+"."+c.Team)); err != nil {
+					jetstream.WithMsgID(protocol.CancelMsgID(key, c.Team))); err != nil {
 					d.log.Warn("telling executors of a cancelled turn failed", "turn", key, "team", c.Team, "err", err)
 				}
 			}

@@ -41,7 +41,7 @@ func (c *cancels) cancel(turn protocol.TurnKey) {
 	now := time.Now()
 	c.turns[turn] = now
 	for t, at := range c.turns {
-		if now.Sub(at) > provision.CancelMemory {
+		if now.Sub(at) > protocol.CancelMemory {
 			delete(c.turns, t)
 		}
 	}
@@ -82,7 +82,7 @@ func (c *cancels) follow(ctx context.Context, js jetstream.JetStream, team strin
 	if err != nil {
 		return nil, err
 	}
-	since := time.Now().Add(-provision.CancelMemory)
+	since := time.Now().Add(-protocol.CancelMemory)
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{protocol.TeamCancelFilter(team)},
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,

@@ -269,20 +269,7 @@ func (e *Executor) Run(ctx context.Context) error {
 const withdrawTimeout = 2 * time.Second
 
 func (e *Executor) consumerConfig(f *Function) jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:       f.Name,
-		Description:   "toolrelay executor pool of " + f.Name,
-		FilterSubject: protocol.CallSubject(e.team, f.Name),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckWait:       e.opts.AckWait,
-		// Attempts are bounded by the executor (MaxAttempts, plus a few
-		// deliveries for executors that died mid-run) and by the call's
-		// TTL, so that every call ends in a result, never stuck.
-		MaxDeliver:    -1,
-		MaxAckPending: f.MaxConcurrency,
-		Metadata:      map[string]string{"toolrelay.team": e.team, "toolrelay.function": f.Name},
-	}
+	return provision.FunctionConsumerConfig(e.team, f.Name, f.MaxConcurrency, e.opts.AckWait)
 }
 
 // announce records the function in the registry, refusing a name another

@@ -101,3 +101,16 @@ func isLowerHex(s string) bool {
 	}
 	return true
 }
+
+// Message IDs (Nats-Msg-Id) make re-publishing safe: within a stream's
+// Duplicates window the server stores a message ID once.
+
+// CallMsgID is the message ID of a call: its key.
+func CallMsgID(key CallKey) string { return string(key) }
+
+// ResultMsgID is the message ID of a call's result: the call key too (the
+// results stream is another stream, so the IDs do not collide).
+func ResultMsgID(key CallKey) string { return string(key) }
+
+// CancelMsgID is the message ID of the cancellation of turn sent to team.
+func CancelMsgID(turn TurnKey, team string) string { return "cancel." + string(turn) + "." + team }

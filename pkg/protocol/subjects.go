@@ -5,17 +5,15 @@ import (
 	"strings"
 )
 
-// Subject prefixes, stream names and KV buckets. Changing any of them is a
-// breaking change of the wire contract.
+// Subject prefixes, stream names and KV buckets of the contract. Changing
+// any of them is a breaking change.
 const (
 	CallSubjectPrefix   = "fncall"
 	ResultSubjectPrefix = "fnresult"
-	TimerSubjectPrefix  = "fntimer"
 
-	// ResultStream holds every result; the first result of a call wins.
+	// ResultStream holds every result; the first result of a call wins
+	// (see ResultStreamSpec).
 	ResultStream = "FNRESULTS"
-	// TimerStream holds the deadline timers of open turns.
-	TimerStream = "FNTIMERS"
 	// callStreamPrefix + team is a team's work-queue stream of calls.
 	callStreamPrefix = "FNCALLS_"
 
@@ -26,10 +24,6 @@ const (
 	// DeclarationBucket holds one Declaration per function and executor
 	// process, under DeclarationKey, each a lease that process renews.
 	DeclarationBucket = "toolrelay_declarations"
-	// TurnBucket maps turn keys to the dispatcher's turn records.
-	TurnBucket = "toolrelay_turns"
-	// WatchBucket maps watch IDs to what the dispatcher drives for them.
-	WatchBucket = "toolrelay_watches"
 )
 
 // CallStream returns the name of team's work-queue stream of calls.
@@ -87,42 +81,6 @@ func ParseResultSubject(subject string) (team string, key CallKey, err error) {
 	return parts[1], key, nil
 }
 
-// TimerScheduleSubject is where a turn's deadline timer is scheduled, and
-// TimerFireSubject where it fires.
-func TimerScheduleSubject(turn TurnKey) string {
-	return TimerSubjectPrefix + ".sched." + string(turn)
-}
-
-// TimerFireSubject is the subject a turn's deadline timer fires on.
-func TimerFireSubject(turn TurnKey) string {
-	return TimerSubjectPrefix + ".fire." + string(turn)
-}
-
-// TurnTimersFilter matches both subjects of a turn's timer: scheduled, and
-// fired. Together the timer subjects index the open turns: a turn's are
-// purged when it is submitted or failed.
-func TurnTimersFilter(turn TurnKey) string {
-	return TimerSubjectPrefix + ".*." + string(turn)
-}
-
-// ParseTimerSubject returns the turn of a scheduled or fired timer.
-func ParseTimerSubject(subject string) (TurnKey, error) {
-	parts := strings.Split(subject, ".")
-	if len(parts) != 3 || parts[0] != TimerSubjectPrefix || (parts[1] != "sched" && parts[1] != "fire") {
-		return "", fmt.Errorf("protocol: malformed timer subject %q", subject)
-	}
-	return ParseTurnKey(parts[2])
-}
-
-// ParseTimerFireSubject returns the turn of a fired deadline timer.
-func ParseTimerFireSubject(subject string) (TurnKey, error) {
-	rest, ok := strings.CutPrefix(subject, TimerSubjectPrefix+".fire.")
-	if !ok {
-		return "", fmt.Errorf("protocol: malformed timer subject %q", subject)
-	}
-	return ParseTurnKey(rest)
-}
-
 // Cancellations: when a platform cancels or expires a run, the dispatcher
 // tells the owning teams' executors to stop the turn's calls.
 const (
@@ -153,14 +111,8 @@ func ParseCancelSubject(subject string) (team string, turn TurnKey, err error) {
 	return parts[1], turn, err
 }
 
-// Buckets and subjects of the dispatcher's intake channels.
+// The dispatcher answers watch requests over NATS as well as HTTP.
 const (
-	// WebhookBucket remembers the webhook-ids already taken in, so a
-	// replayed delivery does nothing new on any replica.
-	WebhookBucket = "toolrelay_webhooks"
-	// ResponseBucket maps the responses the dispatcher drives to their
-	// watch, so a response.completed webhook finds its watch.
-	ResponseBucket = "toolrelay_responses"
 	// WatchSubject takes the body of POST /v1/watch as a NATS request and
 	// answers with its JSON reply; WatchStatusSubject takes {"id":...}
 	// and answers like GET /v1/watch/{id}.

@@ -1,0 +1,279 @@
+package protocol
+
+import "time"
+
+// The streams, consumers and KV buckets executors use, as plain values:
+// package protocol imports no NATS client, so the settings are spelled the
+// way JetStream's JSON API spells them ("workqueue", "new", "explicit"),
+// which is also what a client in another language sends. toolrelay's own
+// provisioning (internal/provision) translates these and nothing else, so
+// what is written here is what the server gets.
+//
+// Settings marked "semantic" below are what the contract rests on: an
+// existing stream or bucket that differs in one is refused, never
+// changed. The others (ages, windows) may be tuned by operators within
+// the bounds given.
+
+// Retention is a stream's retention policy, as JetStream's API names it.
+type Retention string
+
+// Retention policies toolrelay uses.
+const (
+	// RetentionLimits keeps messages until a limit (age, count) removes them.
+	RetentionLimits Retention = "limits"
+	// RetentionWorkQueue removes a message once it is acknowledged, and
+	// lets only one consumer read any subject.
+	RetentionWorkQueue Retention = "workqueue"
+)
+
+// Discard is what a full stream does with a new message, as JetStream's API
+// names it.
+type Discard string
+
+// Discard policies toolrelay uses.
+const (
+	// DiscardOld drops the oldest message to make room.
+	DiscardOld Discard = "old"
+	// DiscardNew refuses the new message.
+	DiscardNew Discard = "new"
+)
+
+// StreamSpec is what toolrelay needs of a stream.
+type StreamSpec struct {
+	Name        string
+	Description string
+	// Subjects the stream stores (semantic).
+	Subjects []string
+	// Retention (semantic).
+	Retention Retention
+	// Discard (semantic): what happens when a limit is reached.
+	Discard Discard
+	// MaxMsgsPerSubject caps the messages kept per subject; 0 means no
+	// cap (semantic).
+	MaxMsgsPerSubject int64
+	// DiscardNewPerSubject applies Discard: new to the per-subject cap,
+	// so that a second message on a full subject is refused (semantic).
+	DiscardNewPerSubject bool
+	// MaxAge is how long a message is kept at most (tunable).
+	MaxAge time.Duration
+	// Duplicates is the window in which a repeated Nats-Msg-Id is
+	// dropped (tunable, never shorter).
+	Duplicates time.Duration
+	// MaxMsgSize bounds one message; 0 means the server's max_payload.
+	MaxMsgSize int32
+	// AllowMsgTTL lets publishers set Nats-TTL per message (semantic).
+	AllowMsgTTL bool
+	// AllowDirect enables direct gets, which executors use to look a
+	// result up by subject (semantic).
+	AllowDirect bool
+	// AllowMsgSchedules and AllowRollup enable scheduled messages and
+	// roll-ups (semantic; only the dispatcher's timer stream uses them).
+	AllowMsgSchedules bool
+	AllowRollup       bool
+}
+
+// BucketSpec is what toolrelay needs of a KV bucket. Its stream is
+// "KV_" + Name and its keys' subjects "$KV.<Name>.<key>".
+type BucketSpec struct {
+	Name        string
+	Description string
+	// History is how many values are kept per key (semantic).
+	History int
+	// TTL is the age limit of a value; 0 means none. For the declaration
+	// bucket it is the lease (semantic); elsewhere tunable, never shorter.
+	TTL time.Duration
+	// LimitMarkerTTL, when set, makes the server leave a delete marker,
+	// seen by watchers, when TTL removes a value (semantic).
+	LimitMarkerTTL time.Duration
+}
+
+// AckPolicy is a consumer's acknowledgement policy, as JetStream's API
+// names it.
+type AckPolicy string
+
+// AckExplicit: every message is acknowledged on its own.
+const AckExplicit AckPolicy = "explicit"
+
+// DeliverPolicy is where a consumer starts, as JetStream's API names it.
+type DeliverPolicy string
+
+// DeliverAll: from the first message stored.
+const DeliverAll DeliverPolicy = "all"
+
+// ConsumerSpec is what toolrelay needs of a durable pull consumer.
+type ConsumerSpec struct {
+	Durable       string
+	Description   string
+	Stream        string
+	FilterSubject string
+	AckPolicy     AckPolicy
+	DeliverPolicy DeliverPolicy
+	// AckWait is how long the server waits for an ack, a nak or a
+	// progress report before redelivering.
+	AckWait time.Duration
+	// MaxDeliver bounds deliveries; -1 means no bound.
+	MaxDeliver int
+	// MaxAckPending is how many messages may be delivered and not yet
+	// acknowledged, across every client of the consumer.
+	MaxAckPending int
+}
+
+// Limits of the streams and buckets. A turn lives at most the run TTL (10
+// minutes by default) and never more than an hour.
+const (
+	// DuplicateWindow outlives any turn, so a call or result re-published
+	// after a crash is dropped as a duplicate by its message ID.
+	DuplicateWindow = 15 * time.Minute
+	// CallMaxAge bounds how long a call can sit in a work queue; calls also
+	// carry a Nats-TTL that removes them a minute after their deadline.
+	CallMaxAge = time.Hour
+	// ResultMaxAge keeps results well past their turn, so a restarted
+	// dispatcher and late redeliveries still find them.
+	ResultMaxAge = 2 * time.Hour
+	// DeadLetterMaxAge is how long dead letters are kept for operators.
+	DeadLetterMaxAge = 14 * 24 * time.Hour
+	// CancelMemory is how long a cancellation is kept, and how far back an
+	// executor starting up reads them: longer than any turn lives.
+	CancelMemory = 30 * time.Minute
+	// CancelDuplicateWindow drops a cancellation sent twice.
+	CancelDuplicateWindow = time.Minute
+	// AttemptTTL is how long an attempt mark is kept: longer than a turn.
+	AttemptTTL = 2 * time.Hour
+	// DefaultAckWait is the function consumers' AckWait unless an
+	// executor chooses another; running calls report progress every
+	// AckWait/3.
+	DefaultAckWait = 30 * time.Second
+)
+
+// CallStreamSpec is team's work queue of calls. Work-queue retention
+// removes a call once acked and lets only one consumer read each function's
+// subject, so a call is handed to one executor at a time; Discard: new makes
+// a full queue refuse new calls (the dispatcher fails them at once) rather
+// than drop queued ones; AllowMsgTTL lets each call expire a minute after its
+// deadline.
+func CallStreamSpec(team string) StreamSpec {
+	return StreamSpec{
+		Name:        CallStream(team),
+		Description: "toolrelay calls of team " + team,
+		Subjects:    CallStreamSubjects(team),
+		Retention:   RetentionWorkQueue,
+		Discard:     DiscardNew,
+		MaxAge:      CallMaxAge,
+		Duplicates:  DuplicateWindow,
+		MaxMsgSize:  MaxEnvelopeSize,
+		AllowMsgTTL: true,
+		AllowDirect: true,
+	}
+}
+
+// ResultStreamSpec holds every result. MaxMsgsPerSubject 1 with
+// DiscardNewPerSubject makes the server refuse a second result on a call's
+// subject: the first result recorded wins, whoever writes it (an executor,
+// or the dispatcher failing a call). Writers also publish with
+// Nats-Expected-Last-Subject-Sequence: 0, and a repeat of the same
+// publication is dropped by its Nats-Msg-Id within Duplicates.
+func ResultStreamSpec() StreamSpec {
+	return StreamSpec{
+		Name:                 ResultStream,
+		Description:          "toolrelay results, first result per call wins",
+		Subjects:             []string{ResultSubjectPrefix + ".>"},
+		Retention:            RetentionLimits,
+		Discard:              DiscardNew,
+		MaxMsgsPerSubject:    1,
+		DiscardNewPerSubject: true,
+		MaxAge:               ResultMaxAge,
+		Duplicates:           DuplicateWindow,
+		MaxMsgSize:           MaxEnvelopeSize,
+		AllowDirect:          true,
+	}
+}
+
+// DeadLetterStreamSpec keeps dead letters, one per call (by message ID) and
+// one per replay of it.
+func DeadLetterStreamSpec() StreamSpec {
+	return StreamSpec{
+		Name:        DeadLetterStream,
+		Description: "toolrelay dead letters: calls that failed for good, and replays",
+		Subjects:    []string{DeadLetterSubjectPrefix + ".>"},
+		Retention:   RetentionLimits,
+		Discard:     DiscardOld,
+		MaxAge:      DeadLetterMaxAge,
+		Duplicates:  DuplicateWindow,
+		AllowDirect: true,
+	}
+}
+
+// CancelStreamSpec keeps turn cancellations for CancelMemory, so an
+// executor starting late still learns of every turn cancelled while it
+// could have calls of it.
+func CancelStreamSpec() StreamSpec {
+	return StreamSpec{
+		Name:        CancelStream,
+		Description: "toolrelay turn cancellations",
+		Subjects:    []string{CancelSubjectPrefix + ".>"},
+		Retention:   RetentionLimits,
+		Discard:     DiscardOld,
+		MaxAge:      CancelMemory,
+		Duplicates:  CancelDuplicateWindow,
+	}
+}
+
+// RegistryBucketSpec holds each function's claim: the FunctionSpec of its
+// owning team, under the function's name. Claims are written by
+// compare-and-set (create, or update at the revision read), so two teams
+// racing for a name cannot both win.
+func RegistryBucketSpec() BucketSpec {
+	return BucketSpec{Name: RegistryBucket, Description: "toolrelay function registry", History: 5}
+}
+
+// DeclarationBucketSpec holds executors' live declarations, each a lease:
+// its TTL is LeaseTTL, so a declaration its process stopped renewing is
+// removed by the server, which leaves a marker (LimitMarkerTTL) so that
+// dispatchers watching the bucket see it go.
+func DeclarationBucketSpec() BucketSpec {
+	return BucketSpec{
+		Name:           DeclarationBucket,
+		Description:    "toolrelay executors serving functions now, each a lease its process renews",
+		History:        1,
+		TTL:            LeaseTTL,
+		LimitMarkerTTL: LeaseTTL,
+	}
+}
+
+// AttemptBucketSpec holds the attempt marks of side-effect functions, under
+// AttemptKey.
+func AttemptBucketSpec() BucketSpec {
+	return BucketSpec{Name: AttemptBucket, Description: "toolrelay attempts of side-effect functions", History: 1, TTL: AttemptTTL}
+}
+
+// FunctionConsumerSpec is the one durable consumer all executors of a
+// function share, on its team's call stream. Because they share it,
+// maxAckPending is a global cap on the function's calls in flight, however
+// many processes serve it. MaxDeliver is unbounded: executors bound
+// attempts themselves and every call has a TTL, so each call ends in a
+// result rather than silently stopping.
+func FunctionConsumerSpec(team, function string, maxAckPending int, ackWait time.Duration) ConsumerSpec {
+	return ConsumerSpec{
+		Durable:       function,
+		Description:   "toolrelay executor pool of " + function,
+		Stream:        CallStream(team),
+		FilterSubject: CallSubject(team, function),
+		AckPolicy:     AckExplicit,
+		DeliverPolicy: DeliverAll,
+		AckWait:       ackWait,
+		MaxDeliver:    -1,
+		MaxAckPending: maxAckPending,
+	}
+}
+
+// ExecutorStreams and ExecutorBuckets list what an executor of team uses,
+// for operators provisioning ahead of executors (deploy/nats) and for
+// executors in other languages.
+func ExecutorStreams(team string) []StreamSpec {
+	return []StreamSpec{CallStreamSpec(team), ResultStreamSpec(), DeadLetterStreamSpec(), CancelStreamSpec()}
+}
+
+// ExecutorBuckets lists the KV buckets an executor uses.
+func ExecutorBuckets() []BucketSpec {
+	return []BucketSpec{RegistryBucketSpec(), DeclarationBucketSpec(), AttemptBucketSpec()}
+}
