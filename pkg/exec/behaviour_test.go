@@ -61,7 +61,7 @@ func TestRetryableErrorIsRetried(t *testing.T) {
 		if n := runs.Add(1); n < 3 {
 			return nil, exec.Retryable(fmt.Errorf("backend busy (%d)", n))
 		}
-		a, _ := exec.Attempt(ctx)
+		a := inv.Attempt
 		return fmt.Appendf(nil, "ok on attempt %d", a), nil
 	})}
 	h := start(t, "team-a", exec.Options{}, fn)

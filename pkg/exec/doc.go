@@ -24,8 +24,9 @@
 // while it runs, so long calls are not redelivered mid-run. Its result is
 // recorded before the call is acknowledged, and the first result recorded
 // for a call wins: a redelivered call whose result exists is acknowledged
-// without running. Per-call metadata is read from the context: [CallID],
-// [TurnKey], [Platform], [Attempt], [Deadline].
+// without running. A handler reads the call from its [Invocation]: the
+// envelope (name, arguments, keys, platform, deadline) and the attempt;
+// code that has only the context gets it with [InvocationFromContext].
 //
 // # Errors and retries
 //

@@ -23,7 +23,7 @@ func ExampleFunction() {
 			var args struct {
 				OrderID string `json:"order_id"`
 			}
-			if err := json.Unmarshal(inv.Arguments, &args); err != nil {
+			if err := json.Unmarshal(inv.Call.Arguments, &args); err != nil {
 				return nil, err
 			}
 			switch args.OrderID {

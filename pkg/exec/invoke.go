@@ -41,7 +41,7 @@ func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, ti
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	inv := &Invocation{Function: call.Function, Arguments: call.Arguments, Call: call, Attempt: attempt}
+	inv := &Invocation{Call: call, Attempt: attempt}
 	rctx = context.WithValue(rctx, invocationKey, inv)
 
 	type ret struct {

@@ -18,13 +18,13 @@ func TestRunAppliesTheExecutorsRules(t *testing.T) {
 		Name:       "greet",
 		Parameters: []byte(`{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`),
 		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-			if id, _ := exec.CallID(ctx); id != "call_test" {
+			if got, ok := exec.InvocationFromContext(ctx); !ok || got != inv || inv.Call.CallID != "call_test" {
 				return nil, errors.New("no call ID in context")
 			}
-			if strings.Contains(string(inv.Arguments), "boom") {
+			if strings.Contains(string(inv.Call.Arguments), "boom") {
 				panic("boom")
 			}
-			if strings.Contains(string(inv.Arguments), "slow") {
+			if strings.Contains(string(inv.Call.Arguments), "slow") {
 				<-ctx.Done()
 				return nil, ctx.Err()
 			}
