@@ -62,6 +62,8 @@
 //
 // # Testing
 //
-// Package exectest runs a handler exactly as an executor would, without
-// NATS.
+// Package exectest is the test double: it delivers one call to a function
+// exactly as an executor would, without NATS, and says what the executor
+// would do next (record, retry, refuse, dead-letter). It can set the
+// attempt number and run a side-effect function's Reconcile path.
 package exec

@@ -110,8 +110,7 @@ func TestHTTPHandler(t *testing.T) {
 	}
 	fn := exec.Function{Name: "eta", Handler: h}
 	call := exectest.Call(fn, `{"ok":1}`, exectest.Options{})
-	res, _ := exec.Invoke(t.Context(), fn, call)
-	if !res.OK() || res.Output != string(call.Key)+` eta {"ok":1}` {
+	if res := exectest.Run(t, fn, `{"ok":1}`, exectest.Options{}); !res.OK() || res.Output != string(call.Key)+` eta {"ok":1}` {
 		t.Errorf("2xx: %+v", res)
 	}
 	if res := exectest.Run(t, fn, `{"fail":1}`, exectest.Options{}); res.OK() || !strings.Contains(res.Error.Message, "HTTP 503") || !strings.Contains(res.Error.Message, "eta service unavailable") {
