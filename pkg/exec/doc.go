@@ -11,7 +11,10 @@
 // validate and route by what live processes serve — and serves calls until
 // its context ends. Handlers follow the net/http pattern: [Handler],
 // [HandlerFunc] and [Middleware] (the first given runs outermost).
-// [CommandHandler] and [HTTPHandler] run a program or call an endpoint.
+// [TypedHandler] decodes the arguments into a Go type and encodes what the
+// function returns as JSON; the function's JSON Schema is then derived
+// from that type ([SchemaFor]). [CommandHandler] and [HTTPHandler] run a
+// program or call an endpoint. A [HandlerFunc] takes and returns raw bytes.
 //
 // # Delivery
 //

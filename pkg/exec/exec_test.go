@@ -277,3 +277,13 @@ func TestMiddlewareOrderAndInvocationContext(t *testing.T) {
 		t.Errorf("middleware order = %v", order)
 	}
 }
+
+// registry is the function registry bucket.
+func (h *harness) registry(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	kv, err := h.js.KeyValue(t.Context(), protocol.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}

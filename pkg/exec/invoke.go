@@ -104,6 +104,8 @@ wait:
 	case r.err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded):
 		fail(protocol.CodeTimeout, fmt.Sprintf("%s timed out after %s. Try a narrower request, or continue without this result.",
 			call.Function, time.Since(started).Round(time.Millisecond)))
+	case r.err != nil && errors.Is(r.err, ErrInvalidArguments) && !errors.Is(r.err, ErrRefused):
+		fail(protocol.CodeInvalidArguments, r.err.Error())
 	case r.err != nil:
 		msg := r.err.Error()
 		if msg == "" || !utf8.ValidString(msg) {
