@@ -38,8 +38,10 @@
 // exponential backoff and jitter ([RetryPolicy]) while attempts remain and
 // the deadline leaves room. A permanent error, a recovered panic (its stack
 // logged, never shown to the model) or exhausted attempts end in exactly one
-// failed result and a dead-letter record, which [DeadLetters] lists and
-// [Replay] runs again.
+// failed result and a dead-letter record, kept per call. [NewDeadLetters]
+// returns the inspector: [DeadLetters.List] lists a team's,
+// [DeadLetters.Get] finds one call's by its key and [DeadLetters.Replay]
+// runs it again.
 //
 // An expected refusal is not a failure an operator must look at: a
 // handler that declines a request as designed (the order has already
