@@ -1,6 +1,16 @@
 // Package exec is the library teams use to serve their functions to AI
 // agents through toolrelay.
 //
+// It owns the executor's side of the wire contract: registering functions
+// (name, schema, owner, limits), consuming their calls, running handlers
+// under the call's deadline with heartbeats, retries and panic recovery,
+// recording results and dead letters, side-effect bookkeeping, draining at
+// shutdown, and connecting to NATS for a long-running process ([Connect]).
+// It imports pkg/protocol (the wire contract), nats.go, OpenTelemetry, the
+// JSON Schema libraries and the internal packages that provision streams,
+// record first results and keep leases; never pkg/dispatch, which in turn
+// never imports it: the two meet only in pkg/protocol.
+//
 // An [Executor] serves the functions of one team. [Executor.Register] adds a
 // [Function] (name, description, JSON Schema, limits and a [Handler]);
 // [Executor.Run] provisions the team's work-queue stream FNCALLS_<team> and

@@ -33,6 +33,11 @@ const abandonGrace = 2 * time.Second
 // invoke runs h for call under the call's deadline (and timeout), calling
 // heartbeat periodically, and turns whatever it returns, or a panic, into a
 // result. It is the one place where a handler runs.
+//
+// It is longer than most functions here on purpose: the run, its
+// heartbeat, the abandon timer and the mapping of what came back to a
+// result are one sequence whose order matters (the shutdown check must
+// come before any result is built), and reads best in one piece.
 func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, timeout time.Duration,
 	every time.Duration, heartbeat func(), executor string, log *slog.Logger) outcome {
 	deadline := call.Deadline

@@ -96,6 +96,11 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 // executors that died mid-run (those attempts end in no result at all).
 const crashAllowance = 2
 
+// handle carries one delivery from decoding to its ack, nak or term. Its
+// checks run in an order that matters (a recorded result, a cancelled
+// run, the deadline, the schema, side-effect marks, then the handler), so
+// they stay in one function; what each step decides lives in precheck,
+// guardSideEffects, retryIn and the decision type.
 func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	attempt := 1
 	if meta, err := msg.Metadata(); err == nil {
