@@ -58,7 +58,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		defer closeNC()
-		dls, err := exec.DeadLetters(ctx, js, *team)
+		dls, err := exec.NewDeadLetters(js).List(ctx, *team)
 		if err != nil {
 			return err
 		}
@@ -85,7 +85,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	case "replay":
 		fs := flag.NewFlagSet("executor dlq replay", flag.ContinueOnError)
 		fs.SetOutput(stderr)
-		timeout := fs.Duration("timeout", 5*time.Minute, "deadline of the replayed call, from now")
+		timeout := fs.Duration("timeout", exec.DefaultReplayTimeout, "deadline of the replayed call, from now")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
@@ -101,7 +101,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		defer closeNC()
-		n, err := exec.Replay(ctx, js, key, *timeout)
+		n, err := exec.NewDeadLetters(js).Replay(ctx, key, *timeout)
 		if err != nil {
 			return err
 		}

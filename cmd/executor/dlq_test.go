@@ -33,7 +33,7 @@ exit 3
 	c.waitServing("billing", "charge_card")
 	c.call("billing", "charge_card")
 	testutil.WaitFor(t, 20*time.Second, func() bool {
-		dls, err := exec.DeadLetters(context.Background(), c.js, "billing")
+		dls, err := exec.NewDeadLetters(c.js).List(context.Background(), "billing")
 		return err == nil && len(dls) == 1
 	})
 

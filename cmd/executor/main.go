@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/demo"
@@ -98,15 +97,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	nc, err := cliutil.ConnectNATS(ctx, cfg.NATSURL, "toolrelay-executor", log)
+	nc, js, err := exec.Connect(ctx, cfg.NATSURL, exec.ConnectOptions{Name: "toolrelay-executor", Logger: log})
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	// One executor per team: a file may declare functions of several.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

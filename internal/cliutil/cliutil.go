@@ -4,16 +4,15 @@ package cliutil
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"text/tabwriter"
-	"time"
 
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolrelay/toolrelay/internal/telemetry"
+	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
 const settingsFormat = `VARIABLE	DEFAULT	MEANING
@@ -40,26 +39,9 @@ func Logger(w io.Writer, level string) *slog.Logger {
 // ConnectNATS connects to url for a long-running service: if the servers
 // are not up yet (started at the same time, or restarting), it keeps
 // trying with backoff until ctx ends, and once connected it reconnects
-// forever.
+// forever. It is [exec.Connect], the one implementation, which library
+// users' executors call too.
 func ConnectNATS(ctx context.Context, url, name string, log *slog.Logger) (*nats.Conn, error) {
-	backoff := 100 * time.Millisecond
-	for {
-		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil {
-					log.Warn("disconnected from NATS; reconnecting", "err", err)
-				}
-			}),
-			nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "url", c.ConnectedUrlRedacted()) }))
-		if err == nil {
-			return nc, nil
-		}
-		log.Warn("NATS not reachable yet; retrying", "url", url, "err", err, "in", backoff.String())
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to NATS at %s: %w (gave up: %v)", url, err, context.Cause(ctx))
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+	nc, _, err := exec.Connect(ctx, url, exec.ConnectOptions{Name: name, Logger: log})
+	return nc, err
 }

@@ -318,7 +318,7 @@ func start(ctx context.Context, client openai.Client, sc scenario) (dispatch.Ref
 func announce(out *lockedWriter) exec.Middleware {
 	return func(next exec.Handler) exec.Handler {
 		return exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-			out.printf("  Calling %s...\n", inv.Function)
+			out.printf("  Calling %s...\n", inv.Call.Function)
 			return next.Handle(ctx, inv)
 		})
 	}

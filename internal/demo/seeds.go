@@ -104,8 +104,8 @@ func schema(properties string, required ...string) json.RawMessage {
 func typed[A any](f func(context.Context, A) (any, error)) exec.Handler {
 	return exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
 		var args A
-		if err := json.Unmarshal(inv.Arguments, &args); err != nil {
-			return nil, fmt.Errorf("the arguments do not fit %s: %v", inv.Function, err)
+		if err := json.Unmarshal(inv.Call.Arguments, &args); err != nil {
+			return nil, fmt.Errorf("the arguments do not fit %s: %v", inv.Call.Function, err)
 		}
 		out, err := f(ctx, args)
 		if err != nil {

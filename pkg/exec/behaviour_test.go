@@ -61,7 +61,7 @@ func TestRetryableErrorIsRetried(t *testing.T) {
 		if n := runs.Add(1); n < 3 {
 			return nil, exec.Retryable(fmt.Errorf("backend busy (%d)", n))
 		}
-		a, _ := exec.Attempt(ctx)
+		a := inv.Attempt
 		return fmt.Appendf(nil, "ok on attempt %d", a), nil
 	})}
 	h := start(t, "team-a", exec.Options{}, fn)
@@ -364,29 +364,29 @@ func TestDeadLettersCanBeListedAndReplayed(t *testing.T) {
 	var dl []*protocol.DeadLetter
 	testutil.WaitFor(t, 5*time.Second, func() bool {
 		var err error
-		dl, err = exec.DeadLetters(context.Background(), h.js, "team-a")
+		dl, err = exec.NewDeadLetters(h.js).List(context.Background(), "team-a")
 		return err == nil && len(dl) == 1
 	})
 	if dl[0].Reason != protocol.ReasonPermanent || dl[0].Result.Error.Message != "card processor rejected the request" {
 		t.Fatalf("dead letter = %+v", dl[0])
 	}
-	if other, _ := exec.DeadLetters(context.Background(), h.js, "team-b"); len(other) != 0 {
+	if other, _ := exec.NewDeadLetters(h.js).List(context.Background(), "team-b"); len(other) != 0 {
 		t.Errorf("team-b sees %d of team-a's dead letters", len(other))
 	}
 
 	fixed.Store(true) // the operator fixed the card processor
-	n, err := exec.Replay(context.Background(), h.js, c.Key, time.Minute)
+	n, err := exec.NewDeadLetters(h.js).Replay(context.Background(), c.Key, time.Minute)
 	if err != nil || n != 1 {
 		t.Fatalf("Replay = %d, %v", n, err)
 	}
 	testutil.WaitFor(t, 10*time.Second, func() bool {
-		dl, _ = exec.DeadLetters(context.Background(), h.js, "team-a")
+		dl, _ = exec.NewDeadLetters(h.js).List(context.Background(), "team-a")
 		return len(dl) == 2
 	})
 	if r := dl[1]; r.Replay != 1 || r.Reason != protocol.ReasonReplayed || !r.Result.OK() || r.Result.Output != "charged" {
 		t.Errorf("replay record = %+v", r)
 	}
-	if _, err := exec.Replay(context.Background(), h.js, protocol.NewTurnKey("agents", "x", nil).Call("y"), time.Minute); !errors.Is(err, exec.ErrNoDeadLetter) {
+	if _, err := exec.NewDeadLetters(h.js).Replay(context.Background(), protocol.NewTurnKey("agents", "x", nil).Call("y"), time.Minute); !errors.Is(err, exec.ErrNoDeadLetter) {
 		t.Errorf("replaying an unknown key: %v", err)
 	}
 }

@@ -40,9 +40,9 @@ func CommandHandler(argv []string) (Handler, error) {
 		cmd := osexec.CommandContext(ctx, path, args...)
 		// Children that keep stdout open must not keep the call waiting.
 		cmd.WaitDelay = time.Second
-		cmd.Stdin = bytes.NewReader(inv.Arguments)
+		cmd.Stdin = bytes.NewReader(inv.Call.Arguments)
 		cmd.Env = append(cmd.Environ(),
-			"TOOLRELAY_FUNCTION="+inv.Function,
+			"TOOLRELAY_FUNCTION="+inv.Call.Function,
 			"TOOLRELAY_CALL_ID="+inv.Call.CallID,
 			"TOOLRELAY_CALL_KEY="+string(inv.Call.Key),
 			"TOOLRELAY_DEADLINE="+inv.Call.Deadline.Format(time.RFC3339Nano),
@@ -61,7 +61,7 @@ func CommandHandler(argv []string) (Handler, error) {
 			}
 			var exitErr *osexec.ExitError
 			if errors.As(err, &exitErr) {
-				err := fmt.Errorf("%s failed (%s): %s", inv.Function, exitErr.ProcessState, msg)
+				err := fmt.Errorf("%s failed (%s): %s", inv.Call.Function, exitErr.ProcessState, msg)
 				switch exitErr.ExitCode() {
 				case exitTempFail:
 					return nil, Retryable(err)
@@ -70,7 +70,7 @@ func CommandHandler(argv []string) (Handler, error) {
 				}
 				return nil, err
 			}
-			return nil, fmt.Errorf("%s could not run: %v", inv.Function, err)
+			return nil, fmt.Errorf("%s could not run: %v", inv.Call.Function, err)
 		}
 		return stdout.Bytes(), nil
 	}), nil

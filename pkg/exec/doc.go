@@ -1,6 +1,16 @@
 // Package exec is the library teams use to serve their functions to AI
 // agents through toolrelay.
 //
+// It owns the executor's side of the wire contract: registering functions
+// (name, schema, owner, limits), consuming their calls, running handlers
+// under the call's deadline with heartbeats, retries and panic recovery,
+// recording results and dead letters, side-effect bookkeeping, draining at
+// shutdown, and connecting to NATS for a long-running process ([Connect]).
+// It imports pkg/protocol (the wire contract), nats.go, OpenTelemetry, the
+// JSON Schema libraries and the internal packages that provision streams,
+// record first results and keep leases; never pkg/dispatch, which in turn
+// never imports it: the two meet only in pkg/protocol.
+//
 // An [Executor] serves the functions of one team. [Executor.Register] adds a
 // [Function] (name, description, JSON Schema, limits and a [Handler]);
 // [Executor.Run] provisions the team's work-queue stream FNCALLS_<team> and
@@ -11,7 +21,10 @@
 // validate and route by what live processes serve — and serves calls until
 // its context ends. Handlers follow the net/http pattern: [Handler],
 // [HandlerFunc] and [Middleware] (the first given runs outermost).
-// [CommandHandler] and [HTTPHandler] run a program or call an endpoint.
+// [TypedHandler] decodes the arguments into a Go type and encodes what the
+// function returns as JSON; the function's JSON Schema is then derived
+// from that type ([SchemaFor]). [CommandHandler] and [HTTPHandler] run a
+// program or call an endpoint. A [HandlerFunc] takes and returns raw bytes.
 //
 // # Delivery
 //
@@ -24,8 +37,9 @@
 // while it runs, so long calls are not redelivered mid-run. Its result is
 // recorded before the call is acknowledged, and the first result recorded
 // for a call wins: a redelivered call whose result exists is acknowledged
-// without running. Per-call metadata is read from the context: [CallID],
-// [TurnKey], [Platform], [Attempt], [Deadline].
+// without running. A handler reads the call from its [Invocation]: the
+// envelope (name, arguments, keys, platform, deadline) and the attempt;
+// code that has only the context gets it with [InvocationFromContext].
 //
 // # Errors and retries
 //
@@ -34,8 +48,10 @@
 // exponential backoff and jitter ([RetryPolicy]) while attempts remain and
 // the deadline leaves room. A permanent error, a recovered panic (its stack
 // logged, never shown to the model) or exhausted attempts end in exactly one
-// failed result and a dead-letter record, which [DeadLetters] lists and
-// [Replay] runs again.
+// failed result and a dead-letter record, kept per call. [NewDeadLetters]
+// returns the inspector: [DeadLetters.List] lists a team's,
+// [DeadLetters.Get] finds one call's by its key and [DeadLetters.Replay]
+// runs it again.
 //
 // An expected refusal is not a failure an operator must look at: a
 // handler that declines a request as designed (the order has already
@@ -61,6 +77,8 @@
 //
 // # Testing
 //
-// Package exectest runs a handler exactly as an executor would, without
-// NATS.
+// Package exectest is the test double: it delivers one call to a function
+// exactly as an executor would, without NATS, and says what the executor
+// would do next (record, retry, refuse, dead-letter). It can set the
+// attempt number and run a side-effect function's Reconcile path.
 package exec

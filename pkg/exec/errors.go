@@ -20,6 +20,13 @@ var ErrRetryable = errors.New("exec: retryable")
 // retried, even if it also wraps [ErrRetryable].
 var ErrRefused = errors.New("exec: refused")
 
+// ErrInvalidArguments marks arguments a handler cannot use although they
+// passed the function's schema (or do not decode into a [TypedHandler]'s
+// type). The model gets one invalid_arguments failure with the error's
+// message; it is not retried and leaves no dead letter. Wrap it with
+// [InvalidArguments], or with %w in an error of your own.
+var ErrInvalidArguments = errors.New("exec: invalid arguments")
+
 // ErrDidNotRun is returned by a Reconcile hook that established the
 // earlier attempt had no effect: the call then runs normally.
 var ErrDidNotRun = errors.New("exec: earlier attempt had no effect")
@@ -54,6 +61,21 @@ type refusedError struct{ err error }
 func (e *refusedError) Error() string        { return e.err.Error() }
 func (e *refusedError) Unwrap() error        { return e.err }
 func (e *refusedError) Is(target error) bool { return target == ErrRefused }
+
+// InvalidArguments marks err as a complaint about the arguments (see
+// [ErrInvalidArguments]): the model reads err's message.
+func InvalidArguments(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &invalidArgumentsError{err}
+}
+
+type invalidArgumentsError struct{ err error }
+
+func (e *invalidArgumentsError) Error() string        { return e.err.Error() }
+func (e *invalidArgumentsError) Unwrap() error        { return e.err }
+func (e *invalidArgumentsError) Is(target error) bool { return target == ErrInvalidArguments }
 
 // RetryPolicy says how retryable errors are retried. Retries go back
 // through JetStream, so another replica may take the next attempt.

@@ -23,7 +23,7 @@ func ExampleFunction() {
 			var args struct {
 				OrderID string `json:"order_id"`
 			}
-			if err := json.Unmarshal(inv.Arguments, &args); err != nil {
+			if err := json.Unmarshal(inv.Call.Arguments, &args); err != nil {
 				return nil, err
 			}
 			switch args.OrderID {
@@ -35,17 +35,17 @@ func ExampleFunction() {
 			return nil, fmt.Errorf("no order %q; ask the user to check the order number", args.OrderID)
 		}),
 	}
-	// Run it as an executor would, without NATS (package exectest).
-	for _, args := range []string{`{"order_id":"A-1001"}`, `{"order_id":"B-7"}`, `{}`} {
-		res, _ := exec.Invoke(context.Background(), getOrder, exectest.Call(getOrder, args, exectest.Options{}))
-		if res.OK() {
-			fmt.Println("ok:", res.Output)
+	// Call the handler directly; package exectest runs it as an executor
+	// would (schema, deadline, retries) in a test.
+	for _, args := range []string{`{"order_id":"A-1001"}`, `{"order_id":"B-7"}`} {
+		inv := &exec.Invocation{Call: exectest.Call(getOrder, args, exectest.Options{}), Attempt: 1}
+		if out, err := getOrder.Handler.Handle(context.Background(), inv); err != nil {
+			fmt.Println("error:", err)
 		} else {
-			fmt.Println(res.Error.Code)
+			fmt.Println("ok:", string(out))
 		}
 	}
 	// Output:
 	// ok: {"status":"shipped"}
-	// function_error
-	// invalid_arguments
+	// error: no order "B-7"; ask the user to check the order number
 }

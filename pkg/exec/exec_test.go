@@ -134,7 +134,7 @@ func echo() exec.Function {
 	return exec.Function{
 		Name: "echo",
 		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-			return inv.Arguments, nil
+			return inv.Call.Arguments, nil
 		}),
 	}
 }
@@ -259,7 +259,7 @@ func TestMiddlewareOrderAndInvocationContext(t *testing.T) {
 		}
 	}
 	fn := exec.Function{Name: "ctx", Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-		got, ok := exec.InvocationFrom(ctx)
+		got, ok := exec.InvocationFromContext(ctx)
 		if !ok || got != inv {
 			return nil, errors.New("no invocation in context")
 		}
@@ -276,4 +276,14 @@ func TestMiddlewareOrderAndInvocationContext(t *testing.T) {
 	if strings.Join(order, ",") != "outer,inner" {
 		t.Errorf("middleware order = %v", order)
 	}
+}
+
+// registry is the function registry bucket.
+func (h *harness) registry(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	kv, err := h.js.KeyValue(t.Context(), protocol.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }

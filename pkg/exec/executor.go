@@ -123,6 +123,9 @@ func (e *Executor) Register(fn Function) error {
 // way and returns that error, so a process never serves only some of its
 // functions without saying so.
 func (e *Executor) Run(ctx context.Context) error {
+	// Run is over 80 lines because it is the executor's whole lifecycle in
+	// the order shutdown depends on: set up, serve, declare, wait,
+	// withdraw, drain, cancel. Splitting it would scatter that order.
 	e.mu.Lock()
 	if e.ran {
 		e.mu.Unlock()
@@ -138,66 +141,11 @@ func (e *Executor) Run(ctx context.Context) error {
 		return errors.New("exec: no functions registered")
 	}
 
-	popts := provision.Options{Replicas: e.opts.Replicas}
-	stream, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(e.team, popts))
-	if err != nil {
-		return err
-	}
-	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(popts))
-	if err != nil {
-		return err
-	}
-	registry, err := provision.KeyValue(ctx, e.js, provision.RegistryBucketConfig(popts))
-	if err != nil {
-		return err
-	}
-	declarations, err := provision.KeyValue(ctx, e.js, provision.DeclarationBucketConfig(popts))
-	if err != nil {
-		return err
-	}
-	if _, err := provision.Stream(ctx, e.js, provision.DeadLetterStreamConfig(popts)); err != nil {
-		return err
-	}
-	var marks attempts
-	for _, f := range funcs {
-		if f.SideEffects && marks.kv == nil {
-			if marks.kv, err = provision.KeyValue(ctx, e.js, provision.AttemptBucketConfig(popts)); err != nil {
-				return err
-			}
-		}
-	}
-	tel := newTelemetry(e.opts.TracerProvider, e.opts.MeterProvider)
-	cancelled := newCancels()
-	stopCancels, err := cancelled.follow(ctx, e.js, e.team, popts)
+	workers, declarations, stopCancels, err := e.setUp(ctx, funcs)
 	if err != nil {
 		return err
 	}
 	defer stopCancels()
-	workers := make([]*worker, 0, len(funcs))
-	for _, f := range funcs {
-		if err := e.announce(ctx, registry, f); err != nil {
-			return err
-		}
-		cons, err := provision.Consumer(ctx, stream, e.consumerConfig(f))
-		if err != nil {
-			return err
-		}
-		retry := e.opts.Retry
-		if f.Retry != nil {
-			retry = *f.Retry
-		}
-		mws := e.opts.Middleware
-		if !e.opts.NoTelemetry {
-			mws = append([]Middleware{Tracing(e.opts.TracerProvider), Metrics(e.opts.MeterProvider)}, mws...)
-		}
-		workers = append(workers, &worker{
-			e: e, fn: f, cons: cons, results: results, attempts: marks, cancels: cancelled,
-			retry:   retry.withDefaults(),
-			handler: chain(f.Handler, mws),
-			tel:     tel,
-			log:     e.log.With("fn", f.Name),
-		})
-	}
 
 	// Workers pull under sctx, which ends with ctx or when a worker fails;
 	// handlers outlive it by up to ShutdownTimeout, then get ErrShutdown.
@@ -263,6 +211,75 @@ func (e *Executor) Run(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// setUp provisions the team's stream, the results stream, the registry,
+// declaration and attempt buckets and one consumer per function, claims
+// the functions for the team, follows the team's cancellations (stop with
+// stopCancels) and returns a worker per function.
+func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, jetstream.KeyValue, func(), error) {
+	popts := provision.Options{Replicas: e.opts.Replicas}
+	stream, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(e.team, popts))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(popts))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	registry, err := provision.KeyValue(ctx, e.js, provision.RegistryBucketConfig(popts))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	declarations, err := provision.KeyValue(ctx, e.js, provision.DeclarationBucketConfig(popts))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err := provision.Stream(ctx, e.js, provision.DeadLetterStreamConfig(popts)); err != nil {
+		return nil, nil, nil, err
+	}
+	var marks attempts
+	for _, f := range funcs {
+		if f.SideEffects && marks.kv == nil {
+			if marks.kv, err = provision.KeyValue(ctx, e.js, provision.AttemptBucketConfig(popts)); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+	}
+	tel := newTelemetry(e.opts.TracerProvider, e.opts.MeterProvider)
+	cancelled := newCancels()
+	stopCancels, err := cancelled.follow(ctx, e.js, e.team, popts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	workers := make([]*worker, 0, len(funcs))
+	for _, f := range funcs {
+		if err := e.announce(ctx, registry, f); err != nil {
+			stopCancels()
+			return nil, nil, nil, err
+		}
+		cons, err := provision.Consumer(ctx, stream, e.consumerConfig(f))
+		if err != nil {
+			stopCancels()
+			return nil, nil, nil, err
+		}
+		retry := e.opts.Retry
+		if f.Retry != nil {
+			retry = *f.Retry
+		}
+		mws := e.opts.Middleware
+		if !e.opts.NoTelemetry {
+			mws = append([]Middleware{Tracing(e.opts.TracerProvider), Metrics(e.opts.MeterProvider)}, mws...)
+		}
+		workers = append(workers, &worker{
+			e: e, fn: f, cons: cons, results: results, attempts: marks, cancels: cancelled,
+			retry:   retry.withDefaults(),
+			handler: chain(f.Handler, mws),
+			tel:     tel,
+			log:     e.log.With("fn", f.Name),
+		})
+	}
+	return workers, declarations, stopCancels, nil
 }
 
 // withdrawTimeout bounds the deletion of declarations at shutdown.

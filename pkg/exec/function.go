@@ -15,8 +15,9 @@ type Function struct {
 	Name string
 	// Description tells the model what the function does.
 	Description string
-	// Parameters is the JSON Schema of the arguments. Default: an object
-	// with no declared properties.
+	// Parameters is the JSON Schema of the arguments. Default: derived
+	// from the arguments type of a [TypedHandler] (see [SchemaFor]), else
+	// an object with no declared properties.
 	Parameters json.RawMessage
 	// Handler runs the function. Required.
 	Handler Handler
@@ -51,6 +52,12 @@ const (
 	defaultMaxConcurrency = 1000
 )
 
+// parameterized is a handler that knows its arguments' schema
+// ([TypedHandler]).
+type parameterized interface {
+	parameters() (json.RawMessage, error)
+}
+
 func (f *Function) validate() error {
 	if err := protocol.ValidateFunctionName(f.Name); err != nil {
 		return err
@@ -60,6 +67,13 @@ func (f *Function) validate() error {
 	}
 	if len(f.Parameters) == 0 {
 		f.Parameters = json.RawMessage(`{"type":"object","properties":{}}`)
+		if typed, ok := f.Handler.(parameterized); ok {
+			p, err := typed.parameters()
+			if err != nil {
+				return fmt.Errorf("exec: function %s: %w", f.Name, err)
+			}
+			f.Parameters = p
+		}
 	}
 	s, err := schema.Compile(f.Name, f.Parameters)
 	if err != nil {

@@ -2,20 +2,17 @@ package exec
 
 import (
 	"context"
-	"encoding/json"
-	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// Invocation is one run of a function for one call.
+// Invocation is one run of a function for one call. It is the one source
+// of a call's data: name, arguments, keys, platform and deadline are in
+// Call, so a handler, a middleware and a test all read them the same way.
 type Invocation struct {
-	// Function is the name the call was made for.
-	Function string
-	// Arguments is the JSON the model supplied, already checked against the
-	// function's schema by the dispatcher.
-	Arguments json.RawMessage
-	// Call is the whole envelope: keys, platform, deadline.
+	// Call is the envelope: Function, Arguments (the JSON the model
+	// supplied, already checked against the function's schema), CallID,
+	// Key (and Key.Turn()), Platform and the absolute Deadline.
 	Call *protocol.Call
 	// Attempt is 1 on the first delivery of the call, 2 on the next, ...
 	Attempt int
@@ -49,58 +46,16 @@ func chain(h Handler, mws []Middleware) Handler {
 	return h
 }
 
+// ctxKey is unexported so no other package can collide with it.
 type ctxKey int
 
 const invocationKey ctxKey = iota
 
-// InvocationFrom returns the invocation a handler's context belongs to.
-func InvocationFrom(ctx context.Context) (*Invocation, bool) {
+// InvocationFromContext returns the invocation a handler's context belongs
+// to. A handler has it as its argument; this is for code the handler calls
+// that only has the context, such as a database helper that uses the call's
+// key as an idempotency key.
+func InvocationFromContext(ctx context.Context) (*Invocation, bool) {
 	inv, ok := ctx.Value(invocationKey).(*Invocation)
 	return inv, ok
-}
-
-// CallID returns the platform's ID of the call a handler runs for.
-func CallID(ctx context.Context) (string, bool) {
-	inv, ok := InvocationFrom(ctx)
-	if !ok {
-		return "", false
-	}
-	return inv.Call.CallID, true
-}
-
-// TurnKey returns the key of the turn the call belongs to.
-func TurnKey(ctx context.Context) (protocol.TurnKey, bool) {
-	inv, ok := InvocationFrom(ctx)
-	if !ok {
-		return "", false
-	}
-	return inv.Call.Key.Turn(), true
-}
-
-// Platform returns the platform that asked for the call.
-func Platform(ctx context.Context) (protocol.Platform, bool) {
-	inv, ok := InvocationFrom(ctx)
-	if !ok {
-		return "", false
-	}
-	return inv.Call.Platform, true
-}
-
-// Attempt returns which run of the call this is, from 1.
-func Attempt(ctx context.Context) (int, bool) {
-	inv, ok := InvocationFrom(ctx)
-	if !ok {
-		return 0, false
-	}
-	return inv.Attempt, true
-}
-
-// Deadline returns the call's absolute deadline (the handler's context may
-// end earlier, at the function's timeout).
-func Deadline(ctx context.Context) (time.Time, bool) {
-	inv, ok := InvocationFrom(ctx)
-	if !ok {
-		return time.Time{}, false
-	}
-	return inv.Call.Deadline, true
 }

@@ -43,14 +43,14 @@ func TestCommandHandler(t *testing.T) {
 	})
 	t.Run("exit 75 is retryable", func(t *testing.T) {
 		fn := command(t, `echo "busy" >&2; exit 75`)
-		_, err := fn.Handler.Handle(t.Context(), &exec.Invocation{Function: "cmd", Arguments: []byte(`{}`), Call: exectest.Call(fn, `{}`, exectest.Options{})})
+		_, err := fn.Handler.Handle(t.Context(), &exec.Invocation{Call: exectest.Call(fn, `{}`, exectest.Options{})})
 		if !errors.Is(err, exec.ErrRetryable) {
 			t.Errorf("exit 75: %v is not retryable", err)
 		}
 	})
 	t.Run("exit 65 is a refusal", func(t *testing.T) {
 		fn := command(t, `echo "order A-1 has already shipped" >&2; exit 65`)
-		_, err := fn.Handler.Handle(t.Context(), &exec.Invocation{Function: "cmd", Arguments: []byte(`{}`), Call: exectest.Call(fn, `{}`, exectest.Options{})})
+		_, err := fn.Handler.Handle(t.Context(), &exec.Invocation{Call: exectest.Call(fn, `{}`, exectest.Options{})})
 		if !errors.Is(err, exec.ErrRefused) || errors.Is(err, exec.ErrRetryable) || !strings.Contains(err.Error(), "order A-1 has already shipped") {
 			t.Errorf("exit 65: %v is not a refusal carrying stderr", err)
 		}
@@ -110,8 +110,7 @@ func TestHTTPHandler(t *testing.T) {
 	}
 	fn := exec.Function{Name: "eta", Handler: h}
 	call := exectest.Call(fn, `{"ok":1}`, exectest.Options{})
-	res, _ := exec.Invoke(t.Context(), fn, call)
-	if !res.OK() || res.Output != string(call.Key)+` eta {"ok":1}` {
+	if res := exectest.Run(t, fn, `{"ok":1}`, exectest.Options{}); !res.OK() || res.Output != string(call.Key)+` eta {"ok":1}` {
 		t.Errorf("2xx: %+v", res)
 	}
 	if res := exectest.Run(t, fn, `{"fail":1}`, exectest.Options{}); res.OK() || !strings.Contains(res.Error.Message, "HTTP 503") || !strings.Contains(res.Error.Message, "eta service unavailable") {
@@ -138,7 +137,7 @@ func TestHTTPHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		fn := exec.Function{Name: "eta", Handler: h}
-		_, err = h.Handle(t.Context(), &exec.Invocation{Function: "eta", Arguments: []byte(`{}`), Call: exectest.Call(fn, `{}`, exectest.Options{})})
+		_, err = h.Handle(t.Context(), &exec.Invocation{Call: exectest.Call(fn, `{}`, exectest.Options{})})
 		if err == nil || !strings.Contains(err.Error(), "answer "+strconv.Itoa(tc.status)) ||
 			errors.Is(err, exec.ErrRefused) != tc.refused || errors.Is(err, exec.ErrRetryable) != tc.retried {
 			t.Errorf("HTTP %d: %v; want refused %v, retryable %v", tc.status, err, tc.refused, tc.retried)

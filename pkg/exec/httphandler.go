@@ -34,30 +34,30 @@ func HTTPHandler(endpoint string, client *http.Client) (Handler, error) {
 		client = http.DefaultClient
 	}
 	return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(inv.Arguments))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(inv.Call.Arguments))
 		if err != nil {
 			return nil, err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", string(inv.Call.Key))
 		req.Header.Set("Toolrelay-Call-Id", inv.Call.CallID)
-		req.Header.Set("Toolrelay-Function", inv.Function)
+		req.Header.Set("Toolrelay-Function", inv.Call.Function)
 		req.Header.Set("Toolrelay-Deadline", inv.Call.Deadline.Format(time.RFC3339Nano))
 		resp, err := client.Do(req)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return nil, Retryable(fmt.Errorf("%s is unreachable: %v", inv.Function, err))
+			return nil, Retryable(fmt.Errorf("%s is unreachable: %v", inv.Call.Function, err))
 		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(io.LimitReader(resp.Body, protocol.MaxOutputSize+1))
 		if err != nil {
-			return nil, fmt.Errorf("%s: reading its answer failed: %v", inv.Function, err)
+			return nil, fmt.Errorf("%s: reading its answer failed: %v", inv.Call.Function, err)
 		}
 		if resp.StatusCode < 200 || resp.StatusCode > 299 {
 			msg := strings.TrimSpace(string(body))
-			err := fmt.Errorf("%s failed (HTTP %d): %s", inv.Function, resp.StatusCode, protocol.Truncate(msg, 2048))
+			err := fmt.Errorf("%s failed (HTTP %d): %s", inv.Call.Function, resp.StatusCode, protocol.Truncate(msg, 2048))
 			switch resp.StatusCode {
 			case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 				return nil, Retryable(err)

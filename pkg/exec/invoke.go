@@ -33,6 +33,11 @@ const abandonGrace = 2 * time.Second
 // invoke runs h for call under the call's deadline (and timeout), calling
 // heartbeat periodically, and turns whatever it returns, or a panic, into a
 // result. It is the one place where a handler runs.
+//
+// It is longer than most functions here on purpose: the run, its
+// heartbeat, the abandon timer and the mapping of what came back to a
+// result are one sequence whose order matters (the shutdown check must
+// come before any result is built), and reads best in one piece.
 func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, timeout time.Duration,
 	every time.Duration, heartbeat func(), executor string, log *slog.Logger) outcome {
 	deadline := call.Deadline
@@ -41,7 +46,7 @@ func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, ti
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	inv := &Invocation{Function: call.Function, Arguments: call.Arguments, Call: call, Attempt: attempt}
+	inv := &Invocation{Call: call, Attempt: attempt}
 	rctx = context.WithValue(rctx, invocationKey, inv)
 
 	type ret struct {
@@ -104,6 +109,8 @@ wait:
 	case r.err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded):
 		fail(protocol.CodeTimeout, fmt.Sprintf("%s timed out after %s. Try a narrower request, or continue without this result.",
 			call.Function, time.Since(started).Round(time.Millisecond)))
+	case r.err != nil && errors.Is(r.err, ErrInvalidArguments) && !errors.Is(r.err, ErrRefused):
+		fail(protocol.CodeInvalidArguments, r.err.Error())
 	case r.err != nil:
 		msg := r.err.Error()
 		if msg == "" || !utf8.ValidString(msg) {
@@ -127,30 +134,59 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// Invoke runs fn for one call the way an executor does — argument check
-// against the schema, the call's deadline and the function's timeout,
-// panic recovery, output checks — but without NATS, and returns the result
-// the executor would record. Retries, dead letters and side-effect
-// bookkeeping are not applied. It is for tests (see package exectest) and
-// for embedding a function elsewhere. The error reports an invalid fn.
-func Invoke(ctx context.Context, fn Function, call *protocol.Call) (*protocol.Result, error) {
-	if err := fn.validate(); err != nil {
-		return nil, err
-	}
-	if err := call.Validate(); err != nil {
-		return nil, err
-	}
-	now := time.Now()
+// precheck returns the failure of a call that must not run — its deadline
+// passed, its arguments break the schema, or its executors died running it
+// too often — with the dead-letter reason it carries, or nil. The worker and
+// package exectest both ask it, so a test sees the executor's rules.
+func (f *Function) precheck(call *protocol.Call, attempt int, retry RetryPolicy, now time.Time) (*protocol.Result, string) {
 	if !now.Before(call.Deadline) {
 		return protocol.NewFailure(call, protocol.CodeTimeout,
-			fmt.Sprintf("%s was not started: its deadline passed while it waited to run.", call.Function), now), nil
+			fmt.Sprintf("%s was not started: its deadline passed while it waited to run. Try again later or with a simpler request.", call.Function), now), ""
 	}
-	if problem := fn.schema.Check(call.Arguments); problem != "" {
-		return protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), nil
+	// The dispatcher validated the arguments; checking again means a call
+	// published by anything else cannot feed a function bad input.
+	if problem := f.schema.Check(call.Arguments); problem != "" {
+		return protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), ""
 	}
-	o := invoke(ctx, fn.Handler, call, 1, fn.Timeout, 0, nil, "invoke", slog.Default())
-	if o.cancelled {
-		return nil, ErrShutdown
+	if attempt > retry.MaxAttempts+crashAllowance {
+		return protocol.NewFailure(call, protocol.CodeUnavailable,
+				fmt.Sprintf("%s could not be completed: its executors stopped %d times while running it. Continue without it.", call.Function, attempt-1), now),
+			protocol.ReasonUndelivered
 	}
-	return o.res, nil
+	return nil, ""
+}
+
+// mayHaveRunFailure is the result of a side-effect call whose earlier
+// attempt may have run, when the function has no Reconcile hook.
+func mayHaveRunFailure(call *protocol.Call, now time.Time) *protocol.Result {
+	return protocol.NewFailure(call, protocol.CodeUnavailable,
+		fmt.Sprintf("%s may have run already (an earlier attempt was interrupted) and was not retried, to avoid doing it twice. Check whether its effect happened before calling it again.", call.Function), now)
+}
+
+// retryIn reports whether the worker runs the call again after o, and
+// after how long: o is retryable, attempts remain and the deadline leaves
+// room for the backoff.
+func (p RetryPolicy) retryIn(o outcome, attempt int, deadline time.Time) (time.Duration, bool) {
+	if !o.retry || attempt >= p.MaxAttempts {
+		return 0, false
+	}
+	delay := p.backoff(attempt)
+	return delay, time.Until(deadline) > delay+time.Second
+}
+
+// deadLetterReason is why a final outcome leaves a dead letter, or "" when
+// it leaves none.
+func (o outcome) deadLetterReason() string {
+	switch {
+	case o.panicked:
+		return protocol.ReasonPanic
+	case o.retry:
+		return protocol.ReasonExhausted
+	case o.refused:
+		// An expected refusal: the model is told, no operator needs to be.
+		return ""
+	case o.res.Error != nil && o.res.Error.Code == protocol.CodeFunctionError:
+		return protocol.ReasonPermanent
+	}
+	return ""
 }

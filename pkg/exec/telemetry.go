@@ -52,10 +52,10 @@ func Tracing(tp trace.TracerProvider) Middleware {
 	tracer := tp.Tracer(instrumentation)
 	return func(next Handler) Handler {
 		return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
-			ctx, span := tracer.Start(ctx, "execute_tool "+inv.Function, trace.WithAttributes(
-				attrOperation.String("execute_tool"), attrToolName.String(inv.Function),
+			ctx, span := tracer.Start(ctx, "execute_tool "+inv.Call.Function, trace.WithAttributes(
+				attrOperation.String("execute_tool"), attrToolName.String(inv.Call.Function),
 				attrToolCallID.String(inv.Call.CallID), attrAttempt.Int(inv.Attempt),
-				attrArgsSize.Int(len(inv.Arguments))))
+				attrArgsSize.Int(len(inv.Call.Arguments))))
 			defer span.End()
 			out, err := next.Handle(ctx, inv)
 			if err != nil {
@@ -90,7 +90,7 @@ func Metrics(mp metric.MeterProvider) Middleware {
 			if err != nil {
 				outcome = "error"
 			}
-			fn := attrFunction.String(inv.Function)
+			fn := attrFunction.String(inv.Call.Function)
 			calls.Add(ctx, 1, sets.Get(fn, attrOutcome.String(outcome)))
 			duration.Record(ctx, time.Since(start).Seconds(), sets.Get(fn))
 			return out, err

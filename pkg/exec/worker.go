@@ -96,6 +96,11 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 // executors that died mid-run (those attempts end in no result at all).
 const crashAllowance = 2
 
+// handle carries one delivery from decoding to its ack, nak or term. Its
+// checks run in an order that matters (a recorded result, a cancelled
+// run, the deadline, the schema, side-effect marks, then the handler), so
+// they stay in one function; what each step decides lives in precheck,
+// guardSideEffects, retryIn and the decision type.
 func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	attempt := 1
 	if meta, err := msg.Metadata(); err == nil {
@@ -135,62 +140,20 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 			fmt.Sprintf("%s was not run: the platform ended the run before it started.", call.Function), now), "")
 		return
 	}
-	if !now.Before(call.Deadline) {
-		d.finish(ctx, protocol.NewFailure(call, protocol.CodeTimeout,
-			fmt.Sprintf("%s was not started: its deadline passed while it waited to run. Try again later or with a simpler request.", call.Function), now), "")
-		return
-	}
-	// The dispatcher validated the arguments; checking again means a call
-	// published by anything else cannot feed a function bad input.
-	if problem := w.fn.schema.Check(call.Arguments); problem != "" {
-		log.Warn("refusing call with invalid arguments")
-		d.finish(ctx, protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), "")
-		return
-	}
-	if attempt > w.retry.MaxAttempts+crashAllowance {
-		d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
-			fmt.Sprintf("%s could not be completed: its executors stopped %d times while running it. Continue without it.", call.Function, attempt-1), now),
-			protocol.ReasonUndelivered)
+	if res, reason := w.fn.precheck(call, attempt, w.retry, now); res != nil {
+		if res.Error.Code == protocol.CodeInvalidArguments {
+			log.Warn("refusing call with invalid arguments")
+		}
+		d.finish(ctx, res, reason)
 		return
 	}
 
-	handler := w.handler
-	if w.fn.SideEffects && replay == 0 {
-		may, err := w.attempts.mayHaveRun(ctx, call.Key)
-		if err != nil {
-			log.Warn("cannot tell whether an earlier attempt ran; retrying later", "err", err)
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		if may {
-			if w.fn.Reconcile == nil {
-				log.Warn("an earlier attempt may have run; not re-running a side-effect function")
-				d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
-					fmt.Sprintf("%s may have run already (an earlier attempt was interrupted) and was not retried, to avoid doing it twice. Check whether its effect happened before calling it again.", call.Function), now),
-					protocol.ReasonMayHaveRun)
-				return
-			}
-			o := invoke(ctx, w.fn.Reconcile, call, attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = msg.InProgress() }, w.e.opts.Name, log)
-			if o.cancelled {
-				_ = msg.Nak()
-				return
-			}
-			if !errors.Is(o.err, ErrDidNotRun) {
-				log.Info("reconciled an attempt that may have run", "ok", o.res.OK())
-				d.conclude(ctx, o)
-				return
-			}
-			log.Info("reconcile found no effect; running the call")
-		}
-		if err := w.attempts.mark(ctx, call.Key, attemptRunning, attempt, w.e.opts.Name); err != nil {
-			log.Warn("cannot record the attempt; retrying later", "err", err)
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
+	if w.fn.SideEffects && replay == 0 && !w.guardSideEffects(ctx, d, now) {
+		return
 	}
 
 	cctx, untrack := w.cancels.track(ctx, call.Key)
-	o := invoke(cctx, handler, call, attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = msg.InProgress() }, w.e.opts.Name, log)
+	o := invoke(cctx, w.handler, call, attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = msg.InProgress() }, w.e.opts.Name, log)
 	cancelledByPlatform := errors.Is(context.Cause(cctx), ErrCallCancelled)
 	untrack()
 	if cancelledByPlatform && !o.cancelled {
@@ -208,20 +171,54 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Nak()
 		return
 	}
-	if o.retry && replay == 0 && attempt < w.retry.MaxAttempts {
-		delay := w.retry.backoff(attempt)
-		if time.Until(call.Deadline) > delay+time.Second {
-			if w.fn.SideEffects {
-				if err := w.attempts.mark(ctx, call.Key, attemptRetryable, attempt, w.e.opts.Name); err != nil {
-					log.Warn("cannot record the failed attempt", "err", err)
-				}
+	if delay, ok := w.retry.retryIn(o, attempt, call.Deadline); ok && replay == 0 {
+		if w.fn.SideEffects {
+			if err := w.attempts.mark(ctx, call.Key, attemptRetryable, attempt, w.e.opts.Name); err != nil {
+				log.Warn("cannot record the failed attempt", "err", err)
 			}
-			log.Info("retryable error; retrying", "delay", delay.String(), "err", o.err)
-			_ = msg.NakWithDelay(delay)
-			return
 		}
+		log.Info("retryable error; retrying", "delay", delay.String(), "err", o.err)
+		_ = msg.NakWithDelay(delay)
+		return
 	}
 	d.conclude(ctx, o)
+}
+
+// guardSideEffects keeps a side-effect function from running twice for one
+// call: an earlier attempt that may have run goes to Reconcile, or fails the
+// call. It reports whether the handler should run now; when not, it has
+// dealt with the delivery.
+func (w *worker) guardSideEffects(ctx context.Context, d decision, now time.Time) bool {
+	may, err := w.attempts.mayHaveRun(ctx, d.call.Key)
+	if err != nil {
+		d.log.Warn("cannot tell whether an earlier attempt ran; retrying later", "err", err)
+		_ = d.msg.NakWithDelay(time.Second)
+		return false
+	}
+	if may {
+		if w.fn.Reconcile == nil {
+			d.log.Warn("an earlier attempt may have run; not re-running a side-effect function")
+			d.finish(ctx, mayHaveRunFailure(d.call, now), protocol.ReasonMayHaveRun)
+			return false
+		}
+		o := invoke(ctx, w.fn.Reconcile, d.call, d.attempt, w.fn.Timeout, w.e.opts.AckWait/3, func() { _ = d.msg.InProgress() }, w.e.opts.Name, d.log)
+		if o.cancelled {
+			_ = d.msg.Nak()
+			return false
+		}
+		if !errors.Is(o.err, ErrDidNotRun) {
+			d.log.Info("reconciled an attempt that may have run", "ok", o.res.OK())
+			d.conclude(ctx, o)
+			return false
+		}
+		d.log.Info("reconcile found no effect; running the call")
+	}
+	if err := w.attempts.mark(ctx, d.call.Key, attemptRunning, d.attempt, w.e.opts.Name); err != nil {
+		d.log.Warn("cannot record the attempt; retrying later", "err", err)
+		_ = d.msg.NakWithDelay(time.Second)
+		return false
+	}
+	return true
 }
 
 // decision carries one delivery to its end.
@@ -238,17 +235,7 @@ type decision struct {
 // conclude records a run's final outcome, with a dead letter when it
 // failed for good.
 func (d decision) conclude(ctx context.Context, o outcome) {
-	reason := ""
-	switch {
-	case o.panicked:
-		reason = protocol.ReasonPanic
-	case o.retry:
-		reason = protocol.ReasonExhausted
-	case o.refused:
-		// An expected refusal: the model is told, no operator needs to be.
-	case o.res.Error != nil && o.res.Error.Code == protocol.CodeFunctionError:
-		reason = protocol.ReasonPermanent
-	}
+	reason := o.deadLetterReason()
 	d.finish(ctx, o.res, reason)
 }
 

@@ -1,0 +1,77 @@
+package exec
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ConnectOptions configures [Connect]. The zero value is valid.
+type ConnectOptions struct {
+	// Name of the connection, as the server's monitoring shows it.
+	// Default: "toolrelay-executor".
+	Name string
+	// Logger receives the retries while the servers are not up yet, and
+	// each disconnect and reconnect. Default: slog.Default().
+	Logger *slog.Logger
+	// NATS are further options for nats.Connect (credentials, TLS, ...),
+	// applied after Connect's own, so they may override them.
+	NATS []nats.Option
+}
+
+// connectMaxBackoff caps the wait between attempts to reach servers that
+// are not up yet; the first wait is 100ms and each one doubles.
+const connectMaxBackoff = 5 * time.Second
+
+// Connect connects to the NATS servers at url (comma-separated) for a
+// long-running process such as an executor, and returns the connection
+// and its JetStream handle. Servers that are not up yet (started at the
+// same time, or restarting) are retried with backoff until ctx ends, so a
+// process started before NATS waits instead of exiting; once connected it
+// reconnects forever, logging each disconnect and reconnect. Every failure
+// to connect is retried (bad credentials too, logged each time), so the
+// error it returns is that ctx ended first, wrapping the last connection
+// error and ctx's cause. Close the connection when done.
+func Connect(ctx context.Context, url string, opts ConnectOptions) (*nats.Conn, jetstream.JetStream, error) {
+	if opts.Name == "" {
+		opts.Name = "toolrelay-executor"
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	nopts := append([]nats.Option{
+		nats.Name(opts.Name), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("disconnected from NATS; reconnecting", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "url", c.ConnectedUrlRedacted()) }),
+	}, opts.NATS...)
+	backoff := 100 * time.Millisecond
+	for {
+		nc, err := nats.Connect(url, nopts...)
+		if err == nil {
+			js, err := jetstream.New(nc)
+			if err != nil {
+				nc.Close()
+				return nil, nil, fmt.Errorf("exec: jetstream on %s: %w", url, err)
+			}
+			return nc, js, nil
+		}
+		log.Warn("NATS not reachable yet; retrying", "url", url, "err", err, "in", backoff.String())
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, fmt.Errorf("exec: connect to NATS at %s: %w (gave up: %w)", url, err, context.Cause(ctx))
+		case <-t.C:
+		}
+		backoff = min(backoff*2, connectMaxBackoff)
+	}
+}

@@ -1,0 +1,129 @@
+package exec_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+func failing(name string, fixed *atomic.Bool) exec.Function {
+	return exec.Function{Name: name, Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+		if !fixed.Load() {
+			return nil, errors.New("card processor rejected " + inv.Call.CallID)
+		}
+		return []byte("charged"), nil
+	})}
+}
+
+// Get finds one call's dead letter among many by its subject, and Replay
+// numbers replays from the latest one recorded.
+func TestDeadLettersGetAndReplayOneCall(t *testing.T) {
+	var fixed atomic.Bool
+	h := start(t, "team-a", exec.Options{}, failing("charge", &fixed))
+	dls := exec.NewDeadLetters(h.js)
+	var calls []*protocol.Call
+	for range 5 {
+		calls = append(calls, h.call("team-a", "charge", `{}`, time.Now().Add(time.Minute)))
+	}
+	for _, c := range calls {
+		h.result(c, 10*time.Second)
+	}
+	target := calls[2]
+	var got *protocol.DeadLetter
+	testutil.WaitFor(t, 5*time.Second, func() bool {
+		var err error
+		got, err = dls.Get(t.Context(), target.Key)
+		return err == nil
+	})
+	if got.Call.Key != target.Key || got.Replay != 0 || got.Reason != protocol.ReasonPermanent ||
+		got.Result.Error.Message != "card processor rejected "+target.CallID {
+		t.Fatalf("Get = %+v", got)
+	}
+	// The record sits on the call's own subject.
+	s, err := h.js.Stream(t.Context(), protocol.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetLastMsgForSubject(t.Context(), protocol.DeadLetterSubject("team-a", "charge")+"."+string(target.Key)); err != nil {
+		t.Errorf("no record on the call's subject: %v", err)
+	}
+
+	fixed.Store(true)
+	for want := 1; want <= 2; want++ {
+		n, err := dls.Replay(t.Context(), target.Key, time.Minute)
+		if err != nil || n != want {
+			t.Fatalf("Replay = %d, %v; want %d", n, err, want)
+		}
+		testutil.WaitFor(t, 10*time.Second, func() bool {
+			all, _ := dls.List(t.Context(), "team-a")
+			return len(all) == 5+want
+		})
+	}
+	if again, err := dls.Get(t.Context(), target.Key); err != nil || again.Replay != 0 || again.Reason != protocol.ReasonPermanent {
+		t.Errorf("Get after replays = %+v, %v; want the dead letter itself", again, err)
+	}
+	unknown := protocol.NewTurnKey("agents", "x", nil).Call("y")
+	if _, err := dls.Get(t.Context(), unknown); !errors.Is(err, exec.ErrNoDeadLetter) {
+		t.Errorf("Get of an unknown key = %v", err)
+	}
+	if _, err := dls.Get(t.Context(), "not-a-key"); err == nil || errors.Is(err, exec.ErrNoDeadLetter) {
+		t.Errorf("Get of a malformed key = %v", err)
+	}
+}
+
+// Dead letters recorded before per-call subjects (on fndlq.<team>.<function>)
+// are still listed, found and replayed; the replay's outcome goes to the
+// call's subject, and the next replay is numbered after it.
+func TestDeadLettersReadTheOldLayout(t *testing.T) {
+	var fixed atomic.Bool
+	fixed.Store(true)
+	h := start(t, "team-a", exec.Options{}, failing("charge", &fixed))
+	dls := exec.NewDeadLetters(h.js)
+	if _, err := dls.Get(t.Context(), protocol.NewTurnKey("agents", "x", nil).Call("y")); !errors.Is(err, exec.ErrNoDeadLetter) {
+		t.Fatalf("Get on an empty stream = %v", err)
+	}
+	call := h.call("team-a", "charge", `{}`, time.Now().Add(time.Minute))
+	h.result(call, 10*time.Second) // it succeeds now; the old record says it failed once
+	old := &protocol.DeadLetter{Version: protocol.Version, Call: call, Reason: protocol.ReasonPermanent, Attempts: 1, At: time.Now().UTC(),
+		Result: protocol.NewFailure(call, protocol.CodeFunctionError, "card processor rejected it", time.Now())}
+	data, err := protocol.EncodeDeadLetter(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(protocol.DeadLetterSubject("team-a", "charge"))
+	m.Data = data
+	if _, err := h.js.PublishMsg(t.Context(), m, jetstream.WithMsgID(old.MsgID())); err != nil {
+		t.Fatal(err)
+	}
+
+	got, err := dls.Get(t.Context(), call.Key)
+	if err != nil || got.Result.Error.Message != "card processor rejected it" {
+		t.Fatalf("Get = %+v, %v", got, err)
+	}
+	if all, err := dls.List(t.Context(), "team-a"); err != nil || len(all) != 1 {
+		t.Fatalf("List = %d records, %v", len(all), err)
+	}
+	for want := 1; want <= 2; want++ {
+		n, err := dls.Replay(t.Context(), call.Key, time.Minute)
+		if err != nil || n != want {
+			t.Fatalf("Replay = %d, %v; want %d", n, err, want)
+		}
+		testutil.WaitFor(t, 10*time.Second, func() bool {
+			all, _ := dls.List(t.Context(), "team-a")
+			return len(all) == 1+want
+		})
+	}
+	all, _ := dls.List(t.Context(), "team-a")
+	if r := all[2]; r.Replay != 2 || r.Reason != protocol.ReasonReplayed || !r.Result.OK() || r.Result.Output != "charged" {
+		t.Errorf("second replay = %+v", r)
+	}
+}
