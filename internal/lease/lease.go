@@ -33,7 +33,8 @@ type Keeper struct {
 
 // Declare writes every declaration once and returns the keeper that renews
 // them. A declaration that cannot be written is an error: the process must
-// not serve what it has not declared.
+// not serve what it has not declared. With a write error the keeper is
+// returned too, so that what was written can be withdrawn.
 func Declare(ctx context.Context, kv jetstream.KeyValue, decls []*protocol.Declaration, log *slog.Logger) (*Keeper, error) {
 	if log == nil {
 		log = slog.Default()
@@ -47,10 +48,7 @@ func Declare(ctx context.Context, kv jetstream.KeyValue, decls []*protocol.Decla
 		k.keys = append(k.keys, d.Key())
 		k.datas = append(k.datas, data)
 	}
-	if err := k.renew(ctx); err != nil {
-		return nil, err
-	}
-	return k, nil
+	return k, k.renew(ctx)
 }
 
 func (k *Keeper) renew(ctx context.Context) error {

@@ -143,6 +143,9 @@ func (e *Executor) Run(ctx context.Context) error {
 
 	workers, declarations, stopCancels, err := e.setUp(ctx, funcs)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	defer stopCancels()
@@ -173,8 +176,18 @@ func (e *Executor) Run(ctx context.Context) error {
 	}
 	keeper, err := lease.Declare(ctx, declarations, decls, e.log)
 	if err != nil {
+		// Stopped while starting (ctx ended) is a clean stop; anything else
+		// is a failure to start. Either way nothing stays declared.
 		stopServing()
+		if keeper != nil {
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
+			_ = keeper.Withdraw(wctx)
+			cancel()
+		}
 		wg.Wait()
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("exec: declare functions: %w", err)
 	}
 	wg.Go(func() { keeper.Run(sctx) })
