@@ -48,7 +48,7 @@
 // field) and for JetStream failures; Watch also refuses an object the
 // platform says does not exist ([ErrObjectNotFound], in a [FieldError]
 // naming the field). Platform errors are classified as
-// [PlatformError] and retried (429, 5xx, transport) with backoff that
+// [PlatformError] and retried (408, 409, 429, 5xx, transport) with backoff that
 // honours Retry-After until the run expires. A call's failure reaches the
 // model as a result, never as an error here.
 //

@@ -51,7 +51,7 @@ func (e *FieldError) Unwrap() error { return e.Err }
 type PlatformError struct {
 	Op         string
 	StatusCode int
-	// Retryable: 429, 5xx or a transport error.
+	// Retryable: 408, 409, 429, 5xx or a transport error (no answer).
 	Retryable bool
 	// RetryAfter is the delay the platform asked for, if any.
 	RetryAfter time.Duration
