@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -99,14 +101,9 @@ func (d *Dispatcher) postWatch(w http.ResponseWriter, r *http.Request) {
 // watchRequest starts a watch from the JSON of POST /v1/watch (or of a
 // request on protocol.WatchSubject) and returns the HTTP status and body.
 func (d *Dispatcher) watchRequest(ctx context.Context, body []byte) (int, any) {
-	var req watchRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return http.StatusBadRequest, fieldErrorBody(decodeFieldError(err))
-	}
-	if dec.More() {
-		return http.StatusBadRequest, fieldErrorBody(&FieldError{Message: "the body must be one JSON object"})
+	req, fe := decodeWatchRequest(body)
+	if fe != nil {
+		return http.StatusBadRequest, fieldErrorBody(fe)
 	}
 	ref, err := req.ref()
 	if err != nil {
@@ -137,20 +134,38 @@ func (d *Dispatcher) watchRequest(ctx context.Context, body []byte) (int, any) {
 	return http.StatusAccepted, map[string]string{"id": watch.ID, "status_url": "/v1/watch/" + watch.ID}
 }
 
-// decodeFieldError names the offending field of a JSON decoding error.
-func decodeFieldError(err error) *FieldError {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		return &FieldError{Field: te.Field, Message: fmt.Sprintf("%s must be a %s", te.Field, te.Type)}
+// watchRequestFields are the fields a watch request may have.
+var watchRequestFields = map[string]bool{"platform": true, "session_id": true, "thread_id": true, "run_id": true,
+	"response_id": true, "conversation": true, "model": true, "agent": true}
+
+// decodeWatchRequest decodes the body of a watch request: one JSON object
+// of known fields, each of the right type. A problem names its field.
+func decodeWatchRequest(body []byte) (*watchRequest, *FieldError) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, &FieldError{Message: "the body is empty; send a JSON object"}
 	}
-	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
-		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return &FieldError{Field: field, Message: fmt.Sprintf("unknown field %q", field)}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, &FieldError{Message: "the body must be one JSON object"}
+		}
+		return nil, &FieldError{Message: "the body is not valid JSON: " + err.Error()}
 	}
-	if errors.Is(err, io.EOF) {
-		return &FieldError{Message: "the body is empty; send a JSON object"}
+	for _, name := range slices.Sorted(maps.Keys(fields)) {
+		if !watchRequestFields[name] {
+			return nil, &FieldError{Field: name, Message: fmt.Sprintf("unknown field %q", name)}
+		}
 	}
-	return &FieldError{Message: "the body is not valid JSON: " + err.Error()}
+	var req watchRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, &FieldError{Field: te.Field, Message: fmt.Sprintf("%s must be a %s", te.Field, te.Type)}
+		}
+		return nil, &FieldError{Message: "the body is not valid JSON: " + err.Error()}
+	}
+	return &req, nil
 }
 
 // watchReport is GET /v1/watch/{id}: the watch and each of its turns.
