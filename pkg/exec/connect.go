@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/backoff"
 )
 
 // ConnectOptions configures [Connect]. The zero value is valid.
@@ -53,7 +55,7 @@ func Connect(ctx context.Context, url string, opts ConnectOptions) (*nats.Conn, 
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "url", c.ConnectedUrlRedacted()) }),
 	}, opts.NATS...)
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: connectMaxBackoff}
 	for {
 		nc, err := nats.Connect(url, nopts...)
 		if err == nil {
@@ -64,14 +66,10 @@ func Connect(ctx context.Context, url string, opts ConnectOptions) (*nats.Conn, 
 			}
 			return nc, js, nil
 		}
-		log.Warn("NATS not reachable yet; retrying", "url", url, "err", err, "in", backoff.String())
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		wait := retry.Next()
+		log.Warn("NATS not reachable yet; retrying", "url", url, "err", err, "in", wait.String())
+		if !backoff.Sleep(ctx, wait) {
 			return nil, nil, fmt.Errorf("exec: connect to NATS at %s: %w (gave up: %w)", url, err, context.Cause(ctx))
-		case <-t.C:
 		}
-		backoff = min(backoff*2, connectMaxBackoff)
 	}
 }

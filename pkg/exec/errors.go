@@ -2,8 +2,9 @@ package exec
 
 import (
 	"errors"
-	"math/rand/v2"
 	"time"
+
+	"github.com/toolrelay/toolrelay/internal/backoff"
 )
 
 // ErrRetryable marks an error worth retrying: a transient failure the
@@ -92,24 +93,18 @@ type RetryPolicy struct {
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
 	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = 3
+		p.MaxAttempts = DefaultRetry.MaxAttempts
 	}
 	if p.InitialBackoff <= 0 {
-		p.InitialBackoff = 200 * time.Millisecond
+		p.InitialBackoff = DefaultRetry.InitialBackoff
 	}
 	if p.MaxBackoff <= 0 {
-		p.MaxBackoff = 10 * time.Second
+		p.MaxBackoff = DefaultRetry.MaxBackoff
 	}
 	return p
 }
 
 // backoff is the delay before attempt+1.
 func (p RetryPolicy) backoff(attempt int) time.Duration {
-	d := p.InitialBackoff
-	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, p.MaxBackoff)
-	spread := int64(d) / 5
-	return d - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1))
+	return backoff.Backoff{Initial: p.InitialBackoff, Max: p.MaxBackoff}.Delay(attempt)
 }

@@ -19,6 +19,12 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
+// DefaultShutdownTimeout is Options.ShutdownTimeout's default.
+const DefaultShutdownTimeout = 10 * time.Second
+
+// DefaultRetry is the retry policy of functions that set none.
+var DefaultRetry = RetryPolicy{MaxAttempts: 3, InitialBackoff: 200 * time.Millisecond, MaxBackoff: 10 * time.Second}
+
 // Options configures an Executor. The zero value is valid.
 type Options struct {
 	// Logger receives the executor's logs. Default: slog.Default().
@@ -84,10 +90,10 @@ func New(js jetstream.JetStream, team string, opts Options) (*Executor, error) {
 		opts.Name = host + "-" + uuid.NewString()[:8]
 	}
 	if opts.AckWait <= 0 {
-		opts.AckWait = 30 * time.Second
+		opts.AckWait = protocol.DefaultAckWait
 	}
 	if opts.ShutdownTimeout <= 0 {
-		opts.ShutdownTimeout = 10 * time.Second
+		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	return &Executor{
 		js: js, team: team, opts: opts,

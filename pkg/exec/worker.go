@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/firstwins"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -304,7 +305,9 @@ func (d decision) persist(ctx context.Context, publish func(context.Context) err
 	if d.call.Deadline.After(giveUp) {
 		giveUp = d.call.Deadline
 	}
-	for wait := 100 * time.Millisecond; ; wait = min(wait*2, 2*time.Second, ackWait/3) {
+	retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: min(2*time.Second, ackWait/3)}
+	for {
+		wait := retry.Next()
 		pctx, cancel := context.WithTimeout(ctx, min(5*time.Second, ackWait/3))
 		err := publish(pctx)
 		cancel()
@@ -314,9 +317,7 @@ func (d decision) persist(ctx context.Context, publish func(context.Context) err
 		}
 		d.log.Warn("recording the outcome failed; retrying", "err", err, "in", wait.String())
 		_ = d.msg.InProgress() // each try takes under AckWait/3
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, wait) {
 			return errors.Join(err, ctx.Err())
 		}
 	}
