@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -156,24 +155,6 @@ func TestOpenRefusesMissingAndMalformedFiles(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination the test reads while Run writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Run takes a changed file within its interval — even one rewritten at
 // the same size — keeps the last good tokens while the file is malformed
 // or gone, logging that once, and stops when its context ends.
@@ -182,7 +163,7 @@ func TestRunFollowsTheFile(t *testing.T) {
 	second, secondTok := line(t, "second", true) // same length as first
 	path := filepath.Join(t.TempDir(), "tokens")
 	write(t, path, first+"\n")
-	var logs syncBuffer
+	var logs testutil.Buffer
 	f, err := apiauth.Open(path, apiauth.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Interval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

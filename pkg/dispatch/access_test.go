@@ -1,7 +1,6 @@
 package dispatch_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -93,24 +91,6 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
-// lockedLog is a log the test reads while the dispatcher writes it.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // With a tokens file, /v1 needs a known bearer token; an admin sees a
 // whole watch, a team token the calls of its team and only the function,
 // team and status of the others' (no answer), and 403 for a watch that
@@ -128,7 +108,7 @@ func TestAPITokens(t *testing.T) {
 
 	path := filepath.Join(t.TempDir(), "tokens.txt")
 	tokens := tokensFile(t, path, "admin", "orders", "shipping")
-	var logs lockedLog
+	var logs testutil.Buffer
 	file, err := apiauth.Open(path, apiauth.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Interval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -333,4 +334,27 @@ func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
 		}
 	}
 	return total
+}
+
+// counterBy reads an int64 counter from r, summed by the value of one
+// attribute.
+func counterBy(t *testing.T, r *sdkmetric.ManualReader, name string, attr attribute.Key) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				v, _ := dp.Attributes.Value(attr)
+				out[v.AsString()] += dp.Value
+			}
+		}
+	}
+	return out
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/provision"
@@ -63,22 +62,7 @@ func TestInventedFunctionNamesShareOneLabel(t *testing.T) {
 			t.Fatalf("%s: answer %q, want unknown_function", prompt, w.Answer)
 		}
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	labels := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "toolrelay.calls" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				fn, _ := dp.Attributes.Value("function")
-				labels[fn.AsString()] += dp.Value
-			}
-		}
-	}
+	labels := counterBy(t, reader, "toolrelay.calls", "function")
 	if len(labels) != 1 || labels["unknown"] != 2 {
 		t.Fatalf("toolrelay.calls by function = %v, want only unknown=2", labels)
 	}

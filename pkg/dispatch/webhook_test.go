@@ -15,7 +15,6 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
@@ -215,24 +214,7 @@ func TestWatchOverNATSRequestReply(t *testing.T) {
 
 // takenIn reads the toolrelay.turns.taken_in counter by channel.
 func takenIn(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "toolrelay.turns.taken_in" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				ch, _ := dp.Attributes.Value("channel")
-				out[ch.AsString()] += dp.Value
-			}
-		}
-	}
-	return out
+	return counterBy(t, r, "toolrelay.turns.taken_in", "channel")
 }
 
 func TestEventStreamTakesTheTurnIn(t *testing.T) {
