@@ -221,44 +221,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("dispatch: Run called twice")
 	}
-	popts := provision.Options{Replicas: d.opts.Replicas}
-	var err error
-	if d.results, err = provision.Stream(ctx, d.js, provision.ResultStreamConfig(popts)); err != nil {
-		return err
-	}
-	if d.timers, err = provision.Stream(ctx, d.js, provision.TimerStreamConfig(popts)); err != nil {
-		return err
-	}
-	kv, err := provision.KeyValue(ctx, d.js, provision.TurnBucketConfig(popts))
-	if err != nil {
-		return err
-	}
-	d.turns = turnStore{kv: kv}
-
-	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
-		return err
-	}
-	if _, err := provision.Stream(ctx, d.js, provision.CancelStreamConfig(popts)); err != nil {
-		return err
-	}
-	// The executors' shared resources too, so that executors locked down to
-	// their team's subjects (deploy/nats) only have to look them up.
-	if _, err := provision.Stream(ctx, d.js, provision.DeadLetterStreamConfig(popts)); err != nil {
-		return err
-	}
-	if _, err := provision.KeyValue(ctx, d.js, provision.AttemptBucketConfig(popts)); err != nil {
-		return err
-	}
-	if d.webhooksSeen, err = provision.KeyValue(ctx, d.js, provision.WebhookBucketConfig(popts)); err != nil {
-		return err
-	}
-	if d.responses, err = provision.KeyValue(ctx, d.js, provision.ResponseBucketConfig(popts)); err != nil {
-		return err
-	}
-	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {
-		return err
-	}
-	if d.registry.decls, err = provision.KeyValue(ctx, d.js, provision.DeclarationBucketConfig(popts)); err != nil {
+	if err := d.provision(ctx); err != nil {
 		return err
 	}
 
@@ -321,6 +284,51 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	<-ctx.Done()
 	d.ready.Store(false)
 	d.log.InfoContext(ctx, "dispatcher stopping: no new work; open turns are left to other replicas or the restart")
+	return nil
+}
+
+// provision creates (or checks) the streams and buckets the dispatcher
+// uses, and those executors share, so that executors locked down to their
+// team's subjects (deploy/nats) only have to look them up.
+func (d *Dispatcher) provision(ctx context.Context) error {
+	popts := provision.Options{Replicas: d.opts.Replicas}
+	var err error
+	if d.results, err = provision.Stream(ctx, d.js, provision.ResultStreamConfig(popts)); err != nil {
+		return err
+	}
+	if d.timers, err = provision.Stream(ctx, d.js, provision.TimerStreamConfig(popts)); err != nil {
+		return err
+	}
+	kv, err := provision.KeyValue(ctx, d.js, provision.TurnBucketConfig(popts))
+	if err != nil {
+		return err
+	}
+	d.turns = turnStore{kv: kv}
+
+	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
+		return err
+	}
+	if _, err := provision.Stream(ctx, d.js, provision.CancelStreamConfig(popts)); err != nil {
+		return err
+	}
+	if _, err := provision.Stream(ctx, d.js, provision.DeadLetterStreamConfig(popts)); err != nil {
+		return err
+	}
+	if _, err := provision.KeyValue(ctx, d.js, provision.AttemptBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.webhooksSeen, err = provision.KeyValue(ctx, d.js, provision.WebhookBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.responses, err = provision.KeyValue(ctx, d.js, provision.ResponseBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.registry.decls, err = provision.KeyValue(ctx, d.js, provision.DeclarationBucketConfig(popts)); err != nil {
+		return err
+	}
 	return nil
 }
 

@@ -219,7 +219,10 @@ func (d *Dispatcher) saveWatch(ctx context.Context, w *Watch) {
 const maxPollInterval = 5 * time.Second
 
 // drive polls w's object and takes in each required action until the
-// object is done, failed, or MaxSteps turns were driven.
+// object is done, failed, or MaxSteps turns were driven. It is longer than
+// our usual functions because it is the watch's state machine: every answer
+// the platform can give, and how each ends the watch or polls again, reads
+// in one place.
 func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 	// Drivers stop at once on shutdown; the watch stays active in the
 	// bucket and a restarted dispatcher resumes it.
