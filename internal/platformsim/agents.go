@@ -440,8 +440,10 @@ func (s *Server) acceptToolResult(sess *session, ev sessionEvent) {
 	t.outputIndex++
 	s.emit(sess, map[string]any{"type": "agent.session.turn.item.added", "session_id": sess.id, "turn_id": t.id, "output_index": idx, "item": item})
 	// Answered calls leave required_actions; the session stays
-	// requires_action until every call of the step is answered.
-	kept := sess.required[:0]
+	// requires_action until every call of the step is answered. A new
+	// slice, not a filter in place: session bodies already handed out
+	// (encoded after the lock is released) share the old one.
+	kept := make([]map[string]any, 0, len(sess.required))
 	for _, a := range sess.required {
 		if a["call_id"] != ev.CallID {
 			kept = append(kept, a)
