@@ -269,7 +269,7 @@ func accounts(teams []string, users map[string]string, l Limits) string {
 		fmt.Fprintf(&b, "  %s: {\n", TeamAccount(t))
 		fmt.Fprintf(&b, "    jetstream: { max_file: %d, max_mem: %d, max_streams: %d, max_consumers: %d, max_ack_pending: %d }\n",
 			l.MaxFile, l.MaxMemory, l.MaxStreams, l.MaxConsumers, l.MaxAckPending)
-		fmt.Fprintf(&b, "    limits: { max_connections: %d, max_payload: %d }\n", l.MaxConnections, 2*protocol.MaxEnvelopeSize)
+		fmt.Fprintf(&b, "    limits: { max_connections: %d }\n", l.MaxConnections)
 		fmt.Fprintf(&b, "    users: [ { nkey: %s } ]   # %s.nk\n", users[t], t)
 		b.WriteString("    exports: [\n")
 		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.CallSubjectPrefix+"."+t+".>", ControlAccount)

@@ -82,12 +82,13 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 			reply.Error = err.Error()
 			return reply
 		}
+		known := d.registry.declared(decl)
 		switch {
 		case owner != team:
 			d.refuse(ctx, reply, decl, refusedOwned, owner,
 				fmt.Sprintf("%s is owned by team %q; team %q cannot serve it (pick another name, or ask %q to hand it over)", decl.Spec.Name, owner, team, owner))
 			continue
-		case room <= 0 && !d.registry.declared(decl):
+		case room <= 0 && !known:
 			d.refuse(ctx, reply, decl, refusedTooMany, "",
 				fmt.Sprintf("team %q has %d live declarations, the most it may have", team, d.opts.MaxDeclarationsPerTeam))
 			continue
@@ -100,7 +101,7 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 			reply.Error = fmt.Sprintf("declare %s: %v", decl.Spec.Name, err)
 			return reply
 		}
-		if !d.registry.declared(decl) {
+		if !known {
 			room--
 		}
 		reply.Accepted = append(reply.Accepted, decl.Spec.Name)
