@@ -236,6 +236,7 @@ func (s *Server) agentStep(sess *session, t *agentTurn) {
 	}
 	t.status = "in_progress"
 	calls, answer, err := t.script.next(func() string { return newID("call_") })
+	s.calledAll("agents", calls)
 	if err != nil {
 		s.log.Error("scenario failed", "err", err)
 		s.finishAgentTurn(sess, t, "failed", "")
@@ -432,6 +433,7 @@ func (s *Server) acceptToolResult(sess *session, ev sessionEvent) {
 		}
 	}
 	t.script.answer(ev.CallID, output)
+	s.answered(ev.CallID, output)
 	s.stats.ToolResults++
 	item := map[string]any{"id": newID("item_fco_"), "type": "function_call_output", "turn_id": t.id, "call_id": ev.CallID,
 		"status": status, "output": rawOrNull(ev.Output), "error": errField}

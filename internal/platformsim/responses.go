@@ -240,6 +240,7 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 		sc = prev.script.clone()
 		for _, o := range outputs {
 			sc.answer(o.CallID, outputText(o.Output))
+			s.answered(o.CallID, outputText(o.Output))
 		}
 		s.stats.FunctionCallOutputs += len(outputs)
 	} else {
@@ -295,6 +296,7 @@ func pendingCalls(prev *response) []string {
 // completeResponse runs the model's step. Caller holds s.mu.
 func (s *Server) completeResponse(resp *response) {
 	calls, answer, err := resp.script.next(func() string { return newID("call_") })
+	s.calledAll("responses", calls)
 	now := unixNow()
 	if err != nil {
 		s.log.Error("scenario failed", "err", err)

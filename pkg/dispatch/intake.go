@@ -125,15 +125,22 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 		return 0, err
 	}
 	if _, err := awaitAck(ctx, timer, sent); err != nil {
-		// The record exists: try once more, synchronously. The turn still
-		// completes when its results arrive, but without a timer it has no
-		// deadline and the sweep does not see it.
-		if err := d.scheduleDeadline(ctx, t); err != nil {
+		// The record exists: the timer must too, or the turn has no
+		// deadline and the sweep (which finds open turns by their timers)
+		// never sees it. Publishing it again is safe (one schedule per
+		// turn's subject), so keep at it while JetStream fails over.
+		if _, err := whileUnavailable(ctx, armRetryFor, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, d.scheduleDeadline(ctx, t)
+		}); err != nil {
 			d.log.ErrorContext(ctx, "arming deadline failed; the turn has no deadline", "turn", t.Key, "err", err)
 		}
 	}
 	return ack.Sequence, nil
 }
+
+// armRetryFor bounds how long arming a recorded turn's deadline is
+// retried: longer than a cluster's leader election.
+const armRetryFor = 30 * time.Second
 
 // recordFailure records a failed result for c, first-wins like any result.
 func (d *Dispatcher) recordFailure(ctx context.Context, t *Turn, c *TurnCall, cerr *protocol.CallError) {
