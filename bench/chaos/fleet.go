@@ -26,7 +26,7 @@ type binaries struct{ natsServer, dispatcher, executor string }
 func build(ctx context.Context, repo, dir string) (binaries, error) {
 	b := binaries{filepath.Join(dir, "nats-server"), filepath.Join(dir, "dispatcher"), filepath.Join(dir, "executor")}
 	for pkg, out := range map[string]string{
-		"github.com/nats-io/nats-server/v2":              b.natsServer,
+		"github.com/nats-io/nats-server/v2":             b.natsServer,
 		"github.com/toolrelay/toolrelay/cmd/dispatcher": b.dispatcher,
 		"github.com/toolrelay/toolrelay/cmd/executor":   b.executor,
 	} {
