@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -11,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -147,13 +150,15 @@ type fleet struct {
 	platform    *faultyPlatform
 	effects     *effectLog
 	servers     []*http.Server
+	hookN       atomic.Int64
 }
 
 // Teams and the executors of each.
 var teams = map[string]int{"orders": 2, "billing": 2}
 
 const (
-	simAPIKey = "sk-chaos"
+	simAPIKey     = "sk-chaos"
+	webhookSecret = "whsec_Y2hhb3MtY2hhb3MtY2hhb3MtY2hhb3MtY2hhb3MhIQ=="
 	// runTTL is the Assistants runs' expiry unless a conversation sets a
 	// tighter one.
 	runTTL = 90 * time.Second
@@ -198,7 +203,14 @@ func startFleet(ctx context.Context, dir string, b binaries) (*fleet, error) {
 
 	// The platform, with faults it can be told to inject, and the HTTP
 	// functions' endpoints with the effect log.
-	f.sim = platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: scenarios()}, APIKey: simAPIKey, RunTTL: runTTL})
+	// Webhooks go to whichever dispatcher is running, as behind a load
+	// balancer.
+	hookAddr, err := f.serve(http.HandlerFunc(f.forwardWebhook))
+	if err != nil {
+		return nil, err
+	}
+	f.sim = platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: scenarios()}, APIKey: simAPIKey, RunTTL: runTTL,
+		Webhook: &platformsim.Webhook{URL: "http://" + hookAddr + "/webhooks/openai", Secret: webhookSecret}})
 	f.platform = &faultyPlatform{next: f.sim}
 	simAddr, err := f.serve(f.platform)
 	if err != nil {
@@ -219,6 +231,7 @@ func startFleet(ctx context.Context, dir string, b binaries) (*fleet, error) {
 		addr := fmt.Sprintf("127.0.0.1:%d", ports[5]+100+i)
 		d := &proc{name: fmt.Sprintf("dispatcher-%d", i+1), bin: b.dispatcher, log: filepath.Join(dir, fmt.Sprintf("dispatcher-%d.log", i+1)),
 			env: append(denv, "OPENAI_BASE_URL="+f.simURL, "OPENAI_API_KEY="+simAPIKey, "TOOLRELAY_HTTP_ADDR="+addr,
+				"OPENAI_WEBHOOK_SECRET="+webhookSecret,
 				"TOOLRELAY_SHUTDOWN_TIMEOUT=5s", "TOOLRELAY_SWEEP_INTERVAL=2s", "TOOLRELAY_LOG_LEVEL=warn")}
 		d.ready = func(ctx context.Context) error { return waitHTTP(ctx, "http://"+addr+"/readyz") }
 		f.httpAddrs[d] = addr
@@ -255,6 +268,28 @@ func startFleet(ctx context.Context, dir string, b binaries) (*fleet, error) {
 	fmt.Printf("chaos: cluster at %s, dispatchers %d, executors %d (teams %v), platform at %s\n",
 		f.natsURL, len(f.dispatchers), len(f.executors), keys(teams), f.simURL)
 	return f, nil
+}
+
+// forwardWebhook hands a platform webhook to a running dispatcher; with
+// none running it fails, and the platform delivers again.
+func (f *fleet) forwardWebhook(w http.ResponseWriter, r *http.Request) {
+	live := f.liveDispatchers()
+	if len(live) == 0 {
+		http.Error(w, "no dispatcher", http.StatusBadGateway)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	addr := live[int(f.hookN.Add(1))%len(live)]
+	req, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+addr+r.URL.Path, bytes.NewReader(body))
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
 }
 
 func (f *fleet) serve(h http.Handler) (string, error) {

@@ -23,6 +23,7 @@ type conversation struct {
 	platform string
 	ref      map[string]string // the watch request's body
 	tight    bool              // an Assistants run expiring 30 s after creation
+	hookOnly bool              // an Agents session left to the platform's webhooks
 	started  time.Time
 	watchErr error
 }
@@ -58,14 +59,17 @@ func (l *load) run(ctx context.Context, rate float64) {
 		}
 		prompt := prompts[l.rng.IntN(len(prompts))]
 		platform := []string{"agents", "assistants", "responses"}[l.rng.IntN(3)]
-		tight := platform == "assistants" && l.rng.IntN(4) == 0
+		tight := (platform == "assistants" || platform == "agents") && l.rng.IntN(2) == 0
 		pick := l.rng.Uint64()
 		l.wg.Go(func() { l.start(context.WithoutCancel(ctx), platform, prompt, tight, pick) })
 	}
 }
 
+// start creates the conversation; tight is, for Assistants, a run that
+// expires 30 s after creation and, for Agents, a session left to webhooks
+// (no watch request).
 func (l *load) start(ctx context.Context, platform, prompt string, tight bool, pick uint64) {
-	c := &conversation{platform: platform, tight: tight, started: time.Now()}
+	c := &conversation{platform: platform, tight: tight && platform == "assistants", hookOnly: tight && platform == "agents", started: time.Now()}
 	switch platform {
 	case "agents":
 		s, err := l.client.Beta.Agents.Sessions.New(ctx, openai.BetaAgentSessionNewParams{
@@ -97,7 +101,7 @@ func (l *load) start(ctx context.Context, platform, prompt string, tight bool, p
 		}
 		c.ref = map[string]string{"platform": "responses", "response_id": r.ID}
 	}
-	if c.ref != nil {
+	if c.ref != nil && !c.hookOnly {
 		c.watchErr = l.watch(ctx, c.ref, pick)
 	}
 	l.mu.Lock()
