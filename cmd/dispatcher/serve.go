@@ -85,7 +85,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer stopTokens()
 		wg.Go(func() { tokens.Run(tctx) })
 		auth = tokens
-		log.Info("HTTP API: /v1 and /mcp need a bearer token", "file", tokens.Path(), "tokens", tokens.Len())
+		log.Info("HTTP API: every request to /v1 and /mcp needs a bearer token", "file", tokens.Path(), "tokens", tokens.Len())
 	} else {
 		log.Warn("HTTP API: /v1 and /mcp serve loopback clients only; set TOOLRELAY_API_TOKENS_FILE to serve others")
 	}
