@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -45,17 +46,20 @@ const (
 
 // mcpHandler returns the handler of /mcp.
 func (d *Dispatcher) mcpHandler() http.Handler {
+	// The SDK logs every request's session at info (each request is one
+	// in stateless mode): only its warnings and errors are worth keeping.
+	sdkLog := slog.New(minLevel{d.log.With("component", "mcp").Handler(), slog.LevelWarn})
 	srv := mcp.NewServer(&mcp.Implementation{Name: "toolrelay", Title: "toolrelay fleet", Version: fmt.Sprint(protocol.Version)},
 		&mcp.ServerOptions{
 			Instructions: "Functions served by the toolrelay fleet. Each call runs on an executor through JetStream, " +
 				"under a deadline; a failed call is a tool error whose text says what to do differently.",
-			Logger:       d.log.With("component", "mcp"),
+			Logger:       sdkLog,
 			Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 		})
 	srv.AddReceivingMiddleware(d.mcpTools)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless:                    true,
-		Logger:                       d.log.With("component", "mcp"),
+		Logger:                       sdkLog,
 		PropagateRequestCancellation: true,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -67,6 +71,19 @@ func (d *Dispatcher) mcpHandler() http.Handler {
 }
 
 type httpRequestKey struct{}
+
+// minLevel drops the records of h below min.
+type minLevel struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.h.Enabled(ctx, l)
+}
+func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler            { return minLevel{m.h.WithAttrs(a), m.min} }
+func (m minLevel) WithGroup(name string) slog.Handler              { return minLevel{m.h.WithGroup(name), m.min} }
 
 // mcpTools answers tools/list and tools/call from the live registry; other
 // methods go to the SDK.
