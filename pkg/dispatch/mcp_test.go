@@ -20,6 +20,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -260,7 +261,8 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 
 // A hundred calls at once through two replicas each get their own result.
 func TestMCPConcurrentCalls(t *testing.T) {
-	f := newMCPFleet(t, 2, dispatch.Options{})
+	metrics := sdkmetric.NewManualReader()
+	f := newMCPFleet(t, 2, dispatch.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))})
 	ctx := t.Context()
 	s := connect(t, ctx, &roundRobin{urls: f.urls}, nil)
 	const n = 100
@@ -284,6 +286,9 @@ func TestMCPConcurrentCalls(t *testing.T) {
 	}
 	if got := f.ran.Load(); got != n {
 		t.Errorf("the function ran %d times for %d calls", got, n)
+	}
+	if got := counterBy(t, metrics, "toolrelay.turns.taken_in", "channel")["mcp"]; got != n {
+		t.Errorf("turns taken in on channel mcp: %d, want %d", got, n)
 	}
 }
 
