@@ -132,10 +132,26 @@ func (f *mcpFleet) executor(t *testing.T, team string, fns ...exec.Function) {
 	})
 }
 
+// protocolVersion is the MCP protocol version the test clients ask for;
+// empty: the SDK's newest (sessionless) one. Tests that depend on how a
+// request ends run with both that and the last one with an initialize
+// handshake, which the platforms' clients still speak.
+type protocolVersion string
+
+var protocolVersions = []protocolVersion{"", "2025-11-25"}
+
+func (v protocolVersion) String() string {
+	if v == "" {
+		return "newest protocol"
+	}
+	return "protocol " + string(v)
+}
+
 // roundRobin sends each request to the next replica in turn, and notes any
 // request that carries a session ID: a stateless server needs none.
 type roundRobin struct {
 	urls       []string
+	version    protocolVersion
 	next       atomic.Int64
 	perReplica []atomic.Int64
 	sessions   atomic.Int64
@@ -165,7 +181,8 @@ func connect(t *testing.T, ctx context.Context, rr *roundRobin, copts *mcp.Clien
 	t.Helper()
 	rr.perReplica = make([]atomic.Int64, len(rr.urls))
 	client := mcp.NewClient(&mcp.Implementation{Name: "toolrelay-test", Version: "1"}, copts)
-	s, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: rr.urls[0], HTTPClient: &http.Client{Transport: rr}}, nil)
+	s, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: rr.urls[0], HTTPClient: &http.Client{Transport: rr}},
+		&mcp.ClientSessionOptions{ProtocolVersion: string(rr.version)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,8 +205,14 @@ func text(res *mcp.CallToolResult) string {
 // whichever replica takes them and whichever gathers their results.
 func TestMCPListAndCallAcrossReplicas(t *testing.T) {
 	f := newMCPFleet(t, 2, dispatch.Options{})
+	for _, version := range protocolVersions {
+		t.Run(version.String(), func(t *testing.T) { f.listAndCall(t, version) })
+	}
+}
+
+func (f *mcpFleet) listAndCall(t *testing.T, version protocolVersion) {
 	ctx := t.Context()
-	rr := &roundRobin{urls: f.urls}
+	rr := &roundRobin{urls: f.urls, version: version}
 	s := connect(t, ctx, rr, nil)
 
 	for range 2 { // once through each replica
@@ -334,8 +357,14 @@ func TestMCPFailedCalls(t *testing.T) {
 // command's process is killed. Progress is reported while it runs.
 func TestMCPCancelKillsTheCommand(t *testing.T) {
 	f := newMCPFleet(t, 2, dispatch.Options{})
+	for _, version := range protocolVersions {
+		t.Run(version.String(), func(t *testing.T) { f.cancelKillsTheCommand(t, version) })
+	}
+}
+
+func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) {
 	progress := make(chan *mcp.ProgressNotificationParams, 16)
-	s := connect(t, t.Context(), &roundRobin{urls: f.urls}, &mcp.ClientOptions{
+	s := connect(t, t.Context(), &roundRobin{urls: f.urls, version: version}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
 			select {
 			case progress <- r.Params:
@@ -352,6 +381,7 @@ func TestMCPCancelKillsTheCommand(t *testing.T) {
 		done <- err
 	}()
 	pidFile := filepath.Join(f.marks, "sleepy.pid")
+	t.Cleanup(func() { _ = os.Remove(pidFile) })
 	var pid int
 	testutil.WaitFor(t, 15*time.Second, func() bool {
 		b, err := os.ReadFile(pidFile)
