@@ -202,3 +202,40 @@ func TestResponsesMCPApproval(t *testing.T) {
 		t.Errorf("approved: answer %q", got)
 	}
 }
+
+// A tool's failure (isError) is an mcp_call with an mcp_tool_execution_error
+// whose text the model reads; a server that cannot be reached is an
+// mcp_list_tools item with an error, and the others still serve.
+func TestResponsesMCPToolErrors(t *testing.T) {
+	_, hs := newSim(t, platformsim.Options{Model: &platformsim.Model{Scenarios: []platformsim.Scenario{{
+		Name: "paris", Prompt: "nickname of paris",
+		Steps:  []platformsim.Step{{{Name: "getCityNickname", Arguments: `{"location":"Paris"}`}}},
+		Answer: `{{out "getCityNickname"}}`,
+	}}}})
+	cs := newCityServer(t)
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	never := responses.ToolMcpRequireApprovalUnionParam{OfMcpToolApprovalSetting: openai.String("never")}
+	c := client(hs)
+	r, err := c.Responses.New(t.Context(), responses.ResponseNewParams{
+		Model: "gpt-5.5", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("What is the nickname of Paris?")},
+		Tools: []responses.ToolUnionParam{mcpTool(cs.url, never),
+			{OfMcp: &responses.ToolMcpParam{ServerLabel: "down", ServerURL: openai.String(down.URL), RequireApproval: never}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := outputTypes(r), []string{"mcp_list_tools", "mcp_list_tools", "mcp_call", "message"}; !slices.Equal(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+	if l := r.Output[1].AsMcpListTools(); l.ServerLabel != "down" || !strings.Contains(l.Error, "down") {
+		t.Errorf("listing of an unreachable server: %+v", l)
+	}
+	call := r.Output[2].AsMcpCall()
+	if call.Status != "failed" || call.Error.Type != "mcp_tool_execution_error" || call.Output != "" {
+		t.Errorf("failed call %+v", call)
+	}
+	if got := r.OutputText(); got != "I know no nickname for Paris" {
+		t.Errorf("answer %q; want the tool's error text", got)
+	}
+}
