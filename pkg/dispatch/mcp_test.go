@@ -29,6 +29,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // These tests drive /mcp with the official MCP Go SDK's client against real
@@ -44,6 +45,24 @@ type mcpFleet struct {
 	urls  []string // each replica's /mcp
 	ran   atomic.Int32
 	marks string // where the command functions leave their marks
+
+	mu sync.Mutex
+	// takenIn and submitted name the replica that took each turn in (the
+	// one the request reached) and the one that submitted it.
+	takenIn, submitted map[protocol.TurnKey]string
+}
+
+// handedOver counts the turns one replica took in and another submitted:
+// the request's replica learned the outcome from the turn record.
+func (f *mcpFleet) handedOver() (n, total int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for key, by := range f.submitted {
+		if f.takenIn[key] != by {
+			n++
+		}
+	}
+	return n, len(f.submitted)
 }
 
 // Schemas of the test functions.
@@ -86,8 +105,21 @@ func newMCPFleet(t *testing.T, replicas int, opts dispatch.Options) *mcpFleet {
 		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"invoice 7"`), nil })})
 
 	opts.TracerProvider = f.tp
-	for range replicas {
-		d, _ := f.e.dispatcher(opts)
+	f.takenIn, f.submitted = map[protocol.TurnKey]string{}, map[protocol.TurnKey]string{}
+	for i := range replicas {
+		o := opts
+		o.Name = fmt.Sprintf("replica-%d", i)
+		o.OnEvent = func(e dispatch.Event) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			switch e.Kind {
+			case dispatch.EventTurnStarted:
+				f.takenIn[e.Turn.Key] = o.Name
+			case dispatch.EventTurnSubmitted:
+				f.submitted[e.Turn.Key] = e.Turn.Owner
+			}
+		}
+		d, _ := f.e.dispatcher(o)
 		hs := httptest.NewServer(d.Handler())
 		t.Cleanup(hs.Close)
 		f.urls = append(f.urls, hs.URL+"/mcp")
@@ -312,6 +344,14 @@ func TestMCPConcurrentCalls(t *testing.T) {
 	}
 	if got := counterBy(t, metrics, "toolrelay.turns.taken_in", "channel")["mcp"]; got != n {
 		t.Errorf("turns taken in on channel mcp: %d, want %d", got, n)
+	}
+	// A turn is reported submitted just after its record says so, which
+	// is what released its request.
+	testutil.WaitFor(t, 5*time.Second, func() bool { _, total := f.handedOver(); return total == n })
+	if handed, total := f.handedOver(); handed == 0 || total != n {
+		t.Errorf("%d of %d turns submitted by the replica that did not take them in; want some (and all %d submitted)", handed, total, n)
+	} else {
+		t.Logf("%d of %d calls were gathered and submitted by the other replica", handed, total)
 	}
 }
 
