@@ -61,6 +61,13 @@ func (d *Dispatcher) mcpHandler() http.Handler {
 		Stateless:                    true,
 		Logger:                       sdkLog,
 		PropagateRequestCancellation: true,
+		// The SDK refuses a request that reaches a loopback address under
+		// another host name (DNS rebinding: a web page steering a browser
+		// at a local server). Without tokens loopback clients are trusted,
+		// so that stays; with tokens a request needs one anyway, and a
+		// reverse proxy on the same host (which sends the public name)
+		// must get through.
+		DisableLocalhostProtection: d.opts.Authenticator != nil,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The SDK cuts a handler's context loose from its request for older
