@@ -188,6 +188,7 @@ type roundRobin struct {
 	perReplica []atomic.Int64
 	sessions   atomic.Int64
 	header     http.Header // set on every request
+	host       string      // when set, the Host of every request
 }
 
 func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -202,6 +203,9 @@ func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	r.URL, r.Host = target.URL, target.URL.Host
+	if rr.host != "" {
+		r.Host = rr.host
+	}
 	for k, v := range rr.header {
 		r.Header[k] = v
 	}
@@ -494,7 +498,9 @@ func TestMCPTraceJoinsTheClients(t *testing.T) {
 }
 
 // With a tokens file, a team's token lists and calls only its teams'
-// functions: another team's is unknown to it.
+// functions: another team's is unknown to it. The requests come through a
+// "reverse proxy" on the same host (a public Host on a loopback address),
+// which a token makes acceptable.
 func TestMCPTeamTokens(t *testing.T) {
 	e := newEnv(t)
 	path := filepath.Join(t.TempDir(), "tokens.txt")
@@ -514,7 +520,8 @@ func TestMCPTeamTokens(t *testing.T) {
 	t.Cleanup(hs.Close)
 
 	ctx := t.Context()
-	rr := &roundRobin{urls: []string{hs.URL + "/mcp"}, header: http.Header{"Authorization": {"Bearer " + tokens["orders"]}}}
+	rr := &roundRobin{urls: []string{hs.URL + "/mcp"}, header: http.Header{"Authorization": {"Bearer " + tokens["orders"]}},
+		host: "toolrelay.example.com"}
 	s := connect(t, ctx, rr, nil)
 	list, err := s.ListTools(ctx, nil)
 	if err != nil || len(list.Tools) != 1 || list.Tools[0].Name != "echo" {
