@@ -33,8 +33,8 @@ func TestBuiltDispatcherServesMCP(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w.executor("exec-1", "-config", cfg)
 	replicas := []*proc{w.dispatcher("d1", "TOOLRELAY_MCP_CALL_TIMEOUT=1s"), w.dispatcher("d2", "TOOLRELAY_MCP_CALL_TIMEOUT=1s")}
+	w.executor("exec-1", "-config", cfg) // it declares its functions to a dispatcher
 	ctx := t.Context()
 	session := func(p *proc) *mcp.ClientSession {
 		s, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).

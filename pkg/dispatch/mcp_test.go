@@ -87,23 +87,6 @@ func newMCPFleet(t *testing.T, replicas int, opts dispatch.Options) *mcpFleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.executor(t, "orders",
-		exec.Function{Name: "echo", Description: "Echoes n.", Parameters: json.RawMessage(echoSchema), Concurrency: 64,
-			Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) {
-				f.ran.Add(1)
-				return fmt.Appendf(nil, `{"echo":%s,"executor":%q}`, inv.Call.Arguments, "orders"), nil
-			})},
-		exec.Function{Name: "city_nickname", Description: "The nickname of a city.", Parameters: json.RawMessage(citySchema), Handler: city},
-		exec.Function{Name: "sleepy", Description: "Sleeps a minute.", Parameters: json.RawMessage(sleepySchema), Handler: sleepy, SideEffects: true},
-		exec.Function{Name: "slow", Description: "Takes a while.", Timeout: time.Second,
-			Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
-				<-ctx.Done()
-				return nil, ctx.Err()
-			})},
-	)
-	f.executor(t, "billing", exec.Function{Name: "invoice", Description: "An invoice.",
-		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"invoice 7"`), nil })})
-
 	opts.TracerProvider = f.tp
 	f.takenIn, f.submitted = map[protocol.TurnKey]string{}, map[protocol.TurnKey]string{}
 	for i := range replicas {
@@ -124,6 +107,24 @@ func newMCPFleet(t *testing.T, replicas int, opts dispatch.Options) *mcpFleet {
 		t.Cleanup(hs.Close)
 		f.urls = append(f.urls, hs.URL+"/mcp")
 	}
+	// Executors declare their functions to a dispatcher: they start after.
+	f.executor(t, "orders",
+		exec.Function{Name: "echo", Description: "Echoes n.", Parameters: json.RawMessage(echoSchema), Concurrency: 64,
+			Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) {
+				f.ran.Add(1)
+				return fmt.Appendf(nil, `{"echo":%s,"executor":%q}`, inv.Call.Arguments, "orders"), nil
+			})},
+		exec.Function{Name: "city_nickname", Description: "The nickname of a city.", Parameters: json.RawMessage(citySchema), Handler: city},
+		exec.Function{Name: "sleepy", Description: "Sleeps a minute.", Parameters: json.RawMessage(sleepySchema), Handler: sleepy, SideEffects: true},
+		exec.Function{Name: "slow", Description: "Takes a while.", Timeout: time.Second,
+			Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			})},
+	)
+	f.executor(t, "billing", exec.Function{Name: "invoice", Description: "An invoice.",
+		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"invoice 7"`), nil })})
+
 	return f
 }
 
@@ -511,11 +512,11 @@ func TestMCPTeamTokens(t *testing.T) {
 	}
 	f := &mcpFleet{e: e, rec: tracetest.NewSpanRecorder()}
 	f.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(f.rec))
+	d, _ := e.dispatcher(dispatch.Options{Authenticator: file})
 	f.executor(t, "orders", exec.Function{Name: "echo", Parameters: json.RawMessage(echoSchema),
 		Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) { return inv.Call.Arguments, nil })})
 	f.executor(t, "billing", exec.Function{Name: "invoice",
 		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"invoice 7"`), nil })})
-	d, _ := e.dispatcher(dispatch.Options{Authenticator: file})
 	hs := httptest.NewServer(d.Handler())
 	t.Cleanup(hs.Close)
 
