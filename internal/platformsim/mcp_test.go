@@ -239,3 +239,49 @@ func TestResponsesMCPToolErrors(t *testing.T) {
 		t.Errorf("answer %q; want the tool's error text", got)
 	}
 }
+
+// allowed_tools narrows what the model sees of a server: a tool left out
+// is not called over MCP, and the model's call of a function no server
+// lists goes to the client as a function_call, beside the MCP calls.
+func TestResponsesMCPAllowedTools(t *testing.T) {
+	_, hs := newSim(t, platformsim.Options{})
+	cs := newCityServer(t)
+	c := client(hs)
+	tool := mcpTool(cs.url, responses.ToolMcpRequireApprovalUnionParam{OfMcpToolApprovalSetting: openai.String("never")})
+	tool.OfMcp.AllowedTools = responses.ToolMcpAllowedToolsUnionParam{OfMcpAllowedTools: []string{"getUserFavoriteCity"}}
+	r, err := c.Responses.New(t.Context(), responses.ResponseNewParams{
+		Model: "gpt-5.5", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("What's the weather like in my favorite city?")},
+		Tools: []responses.ToolUnionParam{tool},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := outputTypes(r), []string{"mcp_list_tools", "mcp_call", "function_call", "function_call"}; !slices.Equal(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+	if l := r.Output[0].AsMcpListTools(); len(l.Tools) != 1 || l.Tools[0].Name != "getUserFavoriteCity" {
+		t.Errorf("listed %+v; want only the allowed tool", l.Tools)
+	}
+	if got := cs.called(); !slices.Equal(got, []string{"getUserFavoriteCity"}) {
+		t.Errorf("the server got %v; want only the allowed tool called", got)
+	}
+	var outputs responses.ResponseInputParam
+	for _, it := range r.Output[2:] {
+		fc := it.AsFunctionCall()
+		out := map[string]string{"getCityNickname": "The Emerald City", "getCurrentWeatherAtLocation": "70f"}[fc.Name]
+		o := responses.ResponseInputItemParamOfFunctionCallOutput(out)
+		o.OfFunctionCallOutput.CallID = openai.String(fc.CallID)
+		outputs = append(outputs, o)
+	}
+	final, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: "gpt-5.5", PreviousResponseID: openai.String(r.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: outputs}, Tools: []responses.ToolUnionParam{tool}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := final.OutputText(); got != "Your favorite city, Seattle, WA, is also known as The Emerald City. The current weather there is 70f." {
+		t.Errorf("answer %q", got)
+	}
+	if got := outputTypes(final); !slices.Equal(got, []string{"message"}) {
+		t.Errorf("final output %v; the tools were listed already in this conversation", got)
+	}
+}
