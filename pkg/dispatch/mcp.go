@@ -34,8 +34,11 @@ const (
 	// mcpProgressEvery is how often a running tools/call reports progress
 	// to a client that asked for it (sent a progressToken).
 	mcpProgressEvery = 2 * time.Second
-	// metaTeam names the owning team in a tool's _meta.
-	metaTeam = "io.toolrelay/team"
+	// metaTeam names the owning team in a tool's _meta, and metaErrorType
+	// the type of a failed call's error (invalid_arguments, timeout, ...)
+	// in its result's.
+	metaTeam      = "io.toolrelay/team"
+	metaErrorType = "io.toolrelay/error_type"
 )
 
 // MCP attribute keys (OpenTelemetry semantic conventions for MCP).
@@ -209,7 +212,7 @@ var errClientGone = errors.New("dispatch: the MCP client went away")
 // message the model reads (its type in _meta, for programs).
 func mcpError(code protocol.ErrorCode, message string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: message}},
-		Meta: mcp.Meta{"io.toolrelay/error_type": string(code)}}
+		Meta: mcp.Meta{metaErrorType: string(code)}}
 }
 
 // mcpTimeout is a tools/call's deadline: the function's own timeout, capped
