@@ -101,6 +101,12 @@ func (d *Dispatcher) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
+			if !d.Ready() {
+				// Before the registry is loaded the list would be empty,
+				// and a client may keep it: better it asks again.
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+					Message: "the dispatcher is starting or stopping; list the tools again shortly"}
+			}
 			return d.mcpListTools(ctx), nil
 		case *mcp.CallToolRequest:
 			return d.mcpCallTool(ctx, r)
