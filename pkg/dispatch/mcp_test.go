@@ -65,6 +65,9 @@ func (f *mcpFleet) handedOver() (n, total int) {
 	return n, len(f.submitted)
 }
 
+// metaErrorType is where a failed call's result names its error type.
+const metaErrorType = "io.toolrelay/error_type"
+
 // Schemas of the test functions.
 const (
 	echoSchema   = `{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"],"additionalProperties":false}`
@@ -128,9 +131,9 @@ func newMCPFleet(t *testing.T, replicas int, opts dispatch.Options) *mcpFleet {
 	return f
 }
 
-// executor runs an executor of team serving fns until the test ends, and
-// waits until the registry shows them served.
-func (f *mcpFleet) executor(t *testing.T, team string, fns ...exec.Function) {
+// executor runs an executor of team serving fns until the test ends (or
+// stop is called), and waits until the registry shows them served.
+func (f *mcpFleet) executor(t *testing.T, team string, fns ...exec.Function) (stop func()) {
 	t.Helper()
 	_, js := f.e.srv.Connect(t)
 	ex, err := exec.New(js, team, exec.Options{Logger: testutil.Logger(t), TracerProvider: f.tp})
@@ -145,12 +148,16 @@ func (f *mcpFleet) executor(t *testing.T, team string, fns ...exec.Function) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- ex.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("executor %s: %v", team, err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("executor %s: %v", team, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		specs, err := dispatch.Functions(context.Background(), js)
 		served := 0
@@ -163,6 +170,7 @@ func (f *mcpFleet) executor(t *testing.T, team string, fns ...exec.Function) {
 		}
 		return err == nil && served == len(fns)
 	})
+	return stop
 }
 
 // protocolVersion is the MCP protocol version the test clients ask for;
@@ -373,7 +381,7 @@ func TestMCPFailedCalls(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", args, err)
 		}
-		if !res.IsError || !strings.Contains(text(res), "city_nickname") || res.Meta["io.toolrelay/error_type"] != "invalid_arguments" {
+		if !res.IsError || !strings.Contains(text(res), "city_nickname") || res.Meta[metaErrorType] != "invalid_arguments" {
 			t.Errorf("%v: isError %v, %q, meta %v; want an invalid_arguments failure naming the function", args, res.IsError, text(res), res.Meta)
 		}
 	}
@@ -390,11 +398,41 @@ func TestMCPFailedCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.IsError || !strings.Contains(text(res), "timed out") || res.Meta["io.toolrelay/error_type"] != "timeout" {
+	if !res.IsError || !strings.Contains(text(res), "timed out") || res.Meta[metaErrorType] != "timeout" {
 		t.Errorf("slow: isError %v, %q, meta %v; want a timeout failure", res.IsError, text(res), res.Meta)
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("a function with a 1s timeout took %s to fail", took)
+	}
+}
+
+// The tools are what live executors serve: once a function's only
+// executor stops, it leaves tools/list, and a call of it (a name still
+// owned) fails at once as unavailable, without a JSON-RPC error.
+func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
+	f := newMCPFleet(t, 1, dispatch.Options{ServeGrace: 100 * time.Millisecond})
+	stop := f.executor(t, "reports", exec.Function{Name: "report", Description: "A report.",
+		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"ok"`), nil })})
+	ctx := t.Context()
+	s := connect(t, ctx, &roundRobin{urls: f.urls}, nil)
+	listed := func() bool {
+		list, err := s.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(list.Tools, func(tool *mcp.Tool) bool { return tool.Name == "report" })
+	}
+	if !listed() {
+		t.Fatal("a served function is not listed")
+	}
+	stop()
+	testutil.WaitFor(t, 10*time.Second, func() bool { return !listed() })
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "report", Arguments: map[string]any{}})
+	if err != nil {
+		t.Fatalf("a call of a function nobody serves now: %v; want an isError result", err)
+	}
+	if !res.IsError || res.Meta[metaErrorType] != "unavailable" || !strings.Contains(text(res), "report") {
+		t.Errorf("isError %v, %q, meta %v; want an unavailable failure naming the function", res.IsError, text(res), res.Meta)
 	}
 }
 
