@@ -8,12 +8,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/conversations"
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 )
 
 // cityServer is an MCP server (the official SDK's) serving the
@@ -283,5 +286,46 @@ func TestResponsesMCPAllowedTools(t *testing.T) {
 	}
 	if got := outputTypes(final); !slices.Equal(got, []string{"message"}) {
 		t.Errorf("final output %v; the tools were listed already in this conversation", got)
+	}
+}
+
+// In the background the platform makes the MCP calls after answering
+// queued; the response completes with them, and the conversation holds the
+// items.
+func TestResponsesMCPToolInTheBackground(t *testing.T) {
+	_, hs := newSim(t, platformsim.Options{})
+	cs := newCityServer(t)
+	c := client(hs)
+	ctx := t.Context()
+	conv, err := c.Conversations.New(ctx, conversations.ConversationNewParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Responses.New(ctx, responses.ResponseNewParams{
+		Model: "gpt-5.5", Background: openai.Bool(true),
+		Conversation: responses.ResponseNewParamsConversationUnion{OfString: openai.String(conv.ID)},
+		Input:        responses.ResponseNewParamsInputUnion{OfString: openai.String("What's the weather like in my favorite city?")},
+		Tools:        []responses.ToolUnionParam{mcpTool(cs.url, responses.ToolMcpRequireApprovalUnionParam{OfMcpToolApprovalSetting: openai.String("never")})},
+	})
+	if err != nil || r.Status != "queued" {
+		t.Fatalf("background response: %v %v; want queued", r, err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		r, err = c.Responses.Get(ctx, r.ID, responses.ResponseGetParams{})
+		return err == nil && r.Status == "completed"
+	})
+	if got := r.OutputText(); !strings.Contains(got, "The Emerald City") {
+		t.Errorf("answer %q", got)
+	}
+	items, err := c.Conversations.Items.List(ctx, conv.ID, conversations.ItemListParams{Order: "asc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, it := range items.Data {
+		types = append(types, it.Type)
+	}
+	if want := []string{"message", "mcp_list_tools", "mcp_call", "mcp_call", "mcp_call", "message"}; !slices.Equal(types, want) {
+		t.Errorf("conversation items %v, want %v", types, want)
 	}
 }
