@@ -29,10 +29,10 @@ type response struct {
 	conversation string
 	output       []map[string]any
 	script       *script
-	// servers are the request's MCP tools; mcpTools what each listed in
-	// this conversation (label → tools). approvals are the calls this
-	// response asks the client to approve; answering those of the
-	// previous response that answers answers.
+	// servers are the request's MCP tools, and mcpTools what each has
+	// listed in this conversation so far (label → tools). approvals are
+	// the calls this response asks the client to approve; answers are the
+	// request's answers to answering, the previous response's approvals.
 	servers   []*mcpServer
 	mcpTools  map[string][]mcpTool
 	approvals map[string]pendingApproval
