@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -169,11 +170,15 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // mcpRun is the MCP side of one response being completed: its servers'
 // sessions, opened as needed.
 type mcpRun struct {
-	servers  []*mcpServer
+	servers []*mcpServer
+
+	mu       sync.Mutex // calls of one step run in parallel
 	sessions map[string]*mcp.ClientSession
 }
 
 func (m *mcpRun) session(ctx context.Context, label string) (*mcp.ClientSession, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if s := m.sessions[label]; s != nil {
 		return s, nil
 	}
@@ -332,8 +337,14 @@ func (s *Server) playMCP(ctx context.Context, resp *response) turnOutcome {
 			out.answer, out.final = answer, true
 			return out
 		}
+		// The step's items in the order of its calls; its MCP calls run in
+		// parallel, as the model asked for them at once.
+		slots := make([]map[string]any, len(calls))
+		outputs := make([]string, len(calls))
+		var made []int // calls made over MCP
+		var wg sync.WaitGroup
 		waiting := false
-		for _, c := range calls {
+		for i, c := range calls {
 			srv := resp.serverOf(c.Name)
 			switch {
 			case srv == nil:
@@ -341,13 +352,21 @@ func (s *Server) playMCP(ctx context.Context, resp *response) turnOutcome {
 			case srv.approval.required(c.Name):
 				id := newID("mcpr_")
 				resp.approvals[id] = pendingApproval{server: srv.label, call: c}
-				out.items = append(out.items, map[string]any{"id": id, "type": "mcp_approval_request", "server_label": srv.label,
-					"name": c.Name, "arguments": c.Arguments})
+				slots[i] = map[string]any{"id": id, "type": "mcp_approval_request", "server_label": srv.label,
+					"name": c.Name, "arguments": c.Arguments}
 				waiting = true
 			default:
-				item, output := run.call(ctx, srv.label, c, "")
+				made = append(made, i)
+				wg.Go(func() { slots[i], outputs[i] = run.call(ctx, srv.label, c, "") })
+			}
+		}
+		wg.Wait()
+		for _, i := range made {
+			resp.script.answer(calls[i].ID, outputs[i])
+		}
+		for _, item := range slots {
+			if item != nil {
 				out.items = append(out.items, item)
-				resp.script.answer(c.ID, output)
 			}
 		}
 		if len(out.calls) > 0 || waiting {
