@@ -42,6 +42,7 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_STEPS", cfg.MaxSteps, dispatch.DefaultMaxSteps},
 		{"TOOLRELAY_SERVE_GRACE", cfg.ServeGrace, dispatch.DefaultServeGrace},
 		{"TOOLRELAY_SWEEP_INTERVAL", cfg.SweepInterval, dispatch.DefaultSweepInterval},
+		{"TOOLRELAY_MCP_CALL_TIMEOUT", cfg.MCPTimeout, dispatch.DefaultMCPCallTimeout},
 		{"TOOLRELAY_MAX_INFLIGHT", cfg.MaxInFlight, dispatch.DefaultMaxInFlightPublishes},
 		{"TOOLRELAY_MAX_INFLIGHT_PER_TEAM", cfg.MaxPerTeam, dispatch.DefaultMaxInFlightPerTeam},
 		{"TOOLRELAY_SHUTDOWN_TIMEOUT", cfg.Shutdown, dispatch.DefaultShutdownTimeout},

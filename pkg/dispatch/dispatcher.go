@@ -32,6 +32,7 @@ const (
 	DefaultMaxInFlightPublishes = 4096
 	DefaultMaxInFlightPerTeam   = 1024
 	DefaultSweepInterval        = 10 * time.Second
+	DefaultMCPCallTimeout       = 60 * time.Second
 	// DefaultMaxDeclarationsPerTeam bounds the live declarations (one per
 	// function and executor process) a team may have at once.
 	DefaultMaxDeclarationsPerTeam = 4096
@@ -84,6 +85,11 @@ type Options struct {
 	// submissions in progress before cancelling them (another replica, or
 	// this one restarted, then repeats them). Default: 10s.
 	ShutdownTimeout time.Duration
+	// MCPCallTimeout caps how long a tools/call on /mcp may run: its
+	// deadline is the function's own timeout, or this if that is longer or
+	// unset. MCP clients wait on an open HTTP request, so this is shorter
+	// than RunTTL. Default: 60s.
+	MCPCallTimeout time.Duration
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
@@ -197,6 +203,9 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = DefaultSweepInterval
 	}
+	if opts.MCPCallTimeout <= 0 {
+		opts.MCPCallTimeout = DefaultMCPCallTimeout
+	}
 	if opts.ResultStreamBytes <= 0 {
 		opts.ResultStreamBytes = protocol.DefaultResultStreamBytes
 	}
@@ -210,6 +219,9 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 			return nil, fmt.Errorf("dispatch: two adapters for platform %s", p.Name())
 		}
 		d.platforms[p.Name()] = p
+	}
+	if _, ok := d.platforms[protocol.PlatformMCP]; !ok {
+		d.platforms[protocol.PlatformMCP] = mcpPlatform{}
 	}
 	d.registry = newRegistry(d.log)
 	tel, err := newTelemetry(opts.TracerProvider, opts.MeterProvider, d.registry.fleet)

@@ -28,6 +28,7 @@ import (
 //	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
+//	POST /mcp            the MCP front door: Streamable HTTP, stateless (mcp.go)
 //
 // Everything under /v1 (and /mcp and /ui) needs a caller: with
 // [Options.Authenticator] set, a known bearer token (else 401 with
@@ -40,6 +41,7 @@ func (d *Dispatcher) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/watch", d.postWatch)
 	mux.HandleFunc("GET /v1/watch/{id}", d.getWatch)
 	mux.HandleFunc("POST /webhooks/openai", d.postWebhook)
+	mux.Handle("/mcp", d.mcpHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

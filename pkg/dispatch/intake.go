@@ -44,6 +44,9 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	}
 	t.ExpiresAt = t.ExpiresAt.UTC()
 	t.Deadline = t.ExpiresAt.Add(-d.margin(t.ExpiresAt.Sub(now)))
+	if !req.Deadline.IsZero() && req.Deadline.Before(t.ExpiresAt) {
+		t.Deadline = req.Deadline.UTC()
+	}
 
 	// Resolve every call first: the record must say which team owns each.
 	failures := map[protocol.CallKey]*protocol.CallError{}
