@@ -135,6 +135,7 @@ type Dispatcher struct {
 	served       *servedCache
 	limiter      *limiter
 	tel          *telemetry
+	inspect      *inspector // what the inspection API and the console read
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -208,6 +209,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.served = newServedCache(js)
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
+	d.inspect = newInspector(d)
 	return d, nil
 }
 
