@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -90,15 +91,19 @@ func (in *inspector) ensure(ctx context.Context) error {
 	if !in.started {
 		loaded := make(chan struct{})
 		var once sync.Once
-		var parts sync.WaitGroup
-		parts.Add(2)
-		go func() { parts.Wait(); once.Do(func() { close(loaded) }) }()
+		var left atomic.Int32 // buckets whose first snapshot is not in yet
+		left.Store(2)
+		partLoaded := func() {
+			if left.Add(-1) == 0 {
+				once.Do(func() { close(loaded) })
+			}
+		}
 		ok := in.d.background(func(bctx context.Context) {
 			ctx, stop := in.d.withRunContext(bctx)
 			defer stop()
 			var wg sync.WaitGroup
-			wg.Go(func() { mirror(ctx, in.d.turns.kv, in.resetTurns, in.applyTurn, parts.Done) })
-			wg.Go(func() { mirror(ctx, in.d.watches, in.resetWatches, in.applyWatch, parts.Done) })
+			wg.Go(func() { mirror(ctx, in.d.turns.kv, in.resetTurns, in.applyTurn, partLoaded) })
+			wg.Go(func() { mirror(ctx, in.d.watches, in.resetWatches, in.applyWatch, partLoaded) })
 			wg.Wait()
 			once.Do(func() { close(loaded) })
 			in.startMu.Lock()

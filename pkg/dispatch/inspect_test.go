@@ -22,7 +22,7 @@ import (
 
 // getAs GETs url with token and decodes a 200 body into v; it returns
 // the status.
-func getAs(t *testing.T, url, token string, v any) int {
+func getAs(t testing.TB, url, token string, v any) int {
 	t.Helper()
 	got := do(t, http.MethodGet, url, token, "")
 	if got.status == http.StatusOK {
