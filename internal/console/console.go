@@ -17,8 +17,8 @@ package console
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
