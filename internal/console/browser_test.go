@@ -211,7 +211,6 @@ func TestConsoleInABrowser(t *testing.T) {
 		return len(letters) == 1
 	})
 	b.run(chromedp.Navigate(s.url+"/ui/deadletters"), chromedp.WaitVisible(chromedp.ID("deadletters")))
-	b.screenshot("console-deadletters")
 	s.fixed.Store(true)
 	b.run(chromedp.Click(chromedp.CSS(`#deadletters button.replay`)))
 	b.waitJS(30*time.Second, "the replay's outcome", `document.querySelector("#deadletters .replay-outcome").innerText.includes("ok")`)
@@ -219,6 +218,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	if !strings.Contains(outcome, "#1") || !strings.Contains(outcome, "42 rows") {
 		t.Errorf("replay outcome on the page: %q; want #1 ok with the output", outcome)
 	}
+	b.screenshot("console-deadletters")
 
 	b.run(chromedp.Navigate(s.url+"/ui/functions"), chromedp.WaitVisible(chromedp.ID("functions")))
 	if page := b.text(); !strings.Contains(page, "slow_report") || !strings.Contains(page, "reports-exec-1") || !strings.Contains(page, "get_horoscope") {
