@@ -68,7 +68,7 @@ func ParseTurnQuery(caller Caller, r *http.Request) (TurnQuery, *FieldError) {
 		}
 	}
 	if q.Team != "" && !caller.Sees(q.Team) {
-		return q, &FieldError{Field: "team", Err: errOutOfScope, Message: fmt.Sprintf("team %s is not one of your teams (%s)", q.Team, strings.Join(caller.Teams, ", "))}
+		return q, &FieldError{Field: "team", Err: ErrOutOfScope, Message: fmt.Sprintf("team %s is not one of your teams (%s)", q.Team, strings.Join(caller.Teams, ", "))}
 	}
 	return q, nil
 }
@@ -197,7 +197,7 @@ func (d *Dispatcher) streamTurns(w http.ResponseWriter, r *http.Request) {
 // writeQueryError answers a bad query parameter (400) or a team out of
 // the caller's scope (403).
 func writeQueryError(w http.ResponseWriter, fe *FieldError) {
-	if errors.Is(fe, errOutOfScope) {
+	if errors.Is(fe, ErrOutOfScope) {
 		writeJSON(w, http.StatusForbidden, fieldErrorBody(fe))
 		return
 	}
@@ -207,8 +207,8 @@ func writeQueryError(w http.ResponseWriter, fe *FieldError) {
 // writeInspectError answers an error of the inspection API.
 func writeInspectError(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, errOutOfScope):
-		writeError(w, http.StatusForbidden, strings.TrimPrefix(err.Error(), errOutOfScope.Error()+": "))
+	case errors.Is(err, ErrOutOfScope):
+		writeError(w, http.StatusForbidden, strings.TrimPrefix(err.Error(), ErrOutOfScope.Error()+": "))
 	case errors.Is(err, ErrNotRunning):
 		writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
 	default:

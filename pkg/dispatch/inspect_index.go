@@ -20,15 +20,29 @@ import (
 // open. Each replica builds its own on first use (a dispatcher nobody
 // inspects pays nothing) and keeps it until Run ends:
 //
-//   - every open turn of every replica (collecting or submitting);
+//   - every open turn of every replica (collecting or submitting): found at
+//     start through the index of open turns the sweep reads (their timer
+//     subjects) and read one by one, then kept current by a watch of the
+//     bucket;
 //   - the most recent recentTurns closed turns (submitted or failed), in
-//     the order they closed, from the bucket's snapshot at start and then
-//     as they close; older closed turns stay readable one at a time, by
-//     key, for as long as the bucket keeps them (turnTTL);
-//   - every active watch and the most recent recentWatches ended ones.
+//     the order they closed: at start from the last turnTail changes the
+//     bucket holds, then as they close. The bucket's other closed turns
+//     (it keeps them for turnTTL) are not read: with many turns an hour
+//     that would be a full scan. They stay readable one at a time, by key;
+//   - every active watch and the most recent recentWatches ended ones,
+//     from the watch bucket's snapshot (one record per watched object).
+//
+// Records are applied by revision, so a read that overtakes a change
+// (the open turns are read while the watch already runs) never undoes it.
 const (
 	recentTurns   = 500
 	recentWatches = 200
+	// turnTail is how many of the turn bucket's latest changes are read at
+	// start to find the recently closed turns (a turn changes about three
+	// times).
+	turnTail = 4 * recentTurns
+	// indexReaders bounds the open turns read at once at start.
+	indexReaders = 16
 	// indexLoadWait bounds how long a request waits for the index's first
 	// snapshot.
 	indexLoadWait = 10 * time.Second
@@ -49,23 +63,29 @@ type inspector struct {
 	loaded  chan struct{} // closed once both buckets' snapshots are in
 
 	mu     sync.RWMutex
-	open   map[protocol.TurnKey]*Turn
+	open   map[protocol.TurnKey]*openTurn
 	recent *ring[protocol.TurnKey, *recentTurn]
 	// watchesOpen are active watches; watchesDone the latest ended ones.
 	watchesOpen map[string]*Watch
 	watchesDone *ring[string, *Watch]
 	subs        map[*subscriber]struct{}
 
-	// turnSeen and watchSeen collect the keys of a snapshot while it is
-	// delivered; each is used by its bucket's mirror goroutine alone.
-	turnSeen  map[protocol.TurnKey]bool
+	// watchSeen collects the keys of the watch bucket's snapshot while it
+	// is delivered; only its mirror goroutine uses it.
 	watchSeen map[string]bool
+}
+
+// openTurn is an open turn and the revision of its record.
+type openTurn struct {
+	turn *Turn
+	rev  uint64
 }
 
 // recentTurn is a closed turn and, once a request needed them, its calls'
 // reports (a closed turn's results no longer change, but late ones).
 type recentTurn struct {
 	turn  *Turn
+	rev   uint64
 	calls []callReport
 }
 
@@ -78,7 +98,7 @@ type subscriber struct {
 }
 
 func newInspector(d *Dispatcher) *inspector {
-	return &inspector{d: d, stats: newFnStats(), open: map[protocol.TurnKey]*Turn{},
+	return &inspector{d: d, stats: newFnStats(), open: map[protocol.TurnKey]*openTurn{},
 		recent: newRing[protocol.TurnKey, *recentTurn](recentTurns), watchesOpen: map[string]*Watch{},
 		watchesDone: newRing[string, *Watch](recentWatches), subs: map[*subscriber]struct{}{}}
 }
@@ -102,7 +122,7 @@ func (in *inspector) ensure(ctx context.Context) error {
 			ctx, stop := in.d.withRunContext(bctx)
 			defer stop()
 			var wg sync.WaitGroup
-			wg.Go(func() { mirror(ctx, in.d.turns.kv, in.resetTurns, in.applyTurn, partLoaded) })
+			wg.Go(func() { in.mirrorTurns(ctx, partLoaded) })
 			wg.Go(func() { mirror(ctx, in.d.watches, in.resetWatches, in.applyWatch, partLoaded) })
 			wg.Wait()
 			once.Do(func() { close(loaded) })
@@ -157,19 +177,74 @@ func mirror(ctx context.Context, kv jetstream.KeyValue, reset func(begin bool), 
 	}
 }
 
-func (in *inspector) resetTurns(begin bool) {
-	if begin {
-		in.turnSeen = map[protocol.TurnKey]bool{}
-		return
+// mirrorTurns keeps the turns of the index current until ctx ends (see
+// inspector), starting again from the index of open turns whenever the
+// watch of the bucket closes (a reconnect). loaded is called once, when
+// the first start is done.
+func (in *inspector) mirrorTurns(ctx context.Context, loaded func()) {
+	var once sync.Once
+	defer once.Do(loaded)
+	kv := in.d.turns.kv
+	for ctx.Err() == nil {
+		from := uint64(1)
+		if st, err := kv.Status(ctx); err == nil {
+			if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo().State.LastSeq > turnTail {
+				from = bs.StreamInfo().State.LastSeq - turnTail + 1
+			}
+		}
+		// The watch first: what changes while the open turns are read is
+		// delivered after, and applied by revision.
+		w, err := kv.WatchAll(ctx, jetstream.IncludeHistory(), jetstream.ResumeFromRevision(from))
+		if err != nil {
+			backoff.Sleep(ctx, time.Second)
+			continue
+		}
+		in.mu.Lock()
+		clear(in.open) // read again below: a reconnect may have missed closes
+		in.mu.Unlock()
+		if err := in.loadOpen(ctx); err != nil {
+			in.d.log.Warn("inspection index: reading the open turns failed; retrying", "err", err)
+			_ = w.Stop()
+			backoff.Sleep(ctx, time.Second)
+			continue
+		}
+		for e := range w.Updates() {
+			if e == nil { // the tail is in: loaded
+				once.Do(loaded)
+				continue
+			}
+			in.applyTurn(e)
+		}
+		_ = w.Stop()
 	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	for k := range in.open {
-		if !in.turnSeen[k] {
-			delete(in.open, k) // closed and gone while the watcher was down
+}
+
+// loadOpen reads the record of every turn in the index of open turns.
+func (in *inspector) loadOpen(ctx context.Context) error {
+	keys, err := in.d.openTurns(ctx)
+	if err != nil {
+		return err
+	}
+	work := make(chan protocol.TurnKey)
+	var wg sync.WaitGroup
+	for range min(indexReaders, len(keys)) {
+		wg.Go(func() {
+			for key := range work {
+				if e, err := in.d.turns.kv.Get(ctx, string(key)); err == nil {
+					in.applyTurn(e)
+				}
+			}
+		})
+	}
+	for _, key := range keys {
+		select {
+		case work <- key:
+		case <-ctx.Done():
 		}
 	}
-	in.turnSeen = nil
+	close(work)
+	wg.Wait()
+	return ctx.Err()
 }
 
 func (in *inspector) resetWatches(begin bool) {
@@ -187,31 +262,41 @@ func (in *inspector) resetWatches(begin bool) {
 	in.watchSeen = nil
 }
 
+// applyTurn applies a record (or its deletion) newer than what the index
+// holds of its turn.
 func (in *inspector) applyTurn(e jetstream.KeyValueEntry) {
 	key := protocol.TurnKey(e.Key())
-	if in.turnSeen != nil {
-		in.turnSeen[key] = true
-	}
-	if e.Operation() != jetstream.KeyValuePut {
-		in.mu.Lock()
-		delete(in.open, key)
-		in.recent.remove(key)
-		in.mu.Unlock()
-		return
-	}
-	t, err := decodeTurn(e.Value())
-	if err != nil {
-		return
+	var t *Turn
+	if e.Operation() == jetstream.KeyValuePut {
+		var err error
+		if t, err = decodeTurn(e.Value()); err != nil {
+			return
+		}
+		for i := range t.Calls {
+			t.Calls[i].Arguments = nil // never shown; an index of 10,000 turns need not hold them
+		}
 	}
 	in.mu.Lock()
+	defer in.mu.Unlock()
+	if ot := in.open[key]; ot != nil && ot.rev >= e.Revision() {
+		return
+	}
+	if rt, ok := in.recent.get(key); ok && rt.rev >= e.Revision() {
+		return
+	}
+	if t == nil {
+		delete(in.open, key)
+		in.recent.remove(key)
+		return
+	}
 	if t.Open() {
-		in.open[key] = t
+		in.open[key] = &openTurn{turn: t, rev: e.Revision()}
 	} else {
 		delete(in.open, key)
 		if rt, ok := in.recent.get(key); ok {
-			rt.turn, rt.calls = t, nil
+			rt.turn, rt.rev, rt.calls = t, e.Revision(), nil
 		} else {
-			in.recent.add(key, &recentTurn{turn: t})
+			in.recent.add(key, &recentTurn{turn: t, rev: e.Revision()})
 		}
 	}
 	for s := range in.subs {
@@ -222,7 +307,6 @@ func (in *inspector) applyTurn(e jetstream.KeyValueEntry) {
 			delete(in.subs, s)
 		}
 	}
-	in.mu.Unlock()
 }
 
 func (in *inspector) applyWatch(e jetstream.KeyValueEntry) {

@@ -18,22 +18,23 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// openTurns writes n open turn records into the turn bucket, as n turns
-// taken in by some replica would leave them.
+// openTurns writes n open turn records into the turn bucket, and their
+// entries in the index of open turns (their timer subjects), as n turns
+// taken in by some replica would leave them. Their deadlines are 10 to 19
+// minutes away, so that nothing closes them while a test runs.
 func openTurns(tb testing.TB, js jetstream.JetStream, n int) {
 	tb.Helper()
-	ctx := context.Background()
-	if _, err := provision.KeyValue(ctx, js, provision.TurnBucketConfig(provision.Options{})); err != nil {
-		tb.Fatal(err)
-	}
 	now := time.Now().UTC()
 	for i := range n {
 		key := protocol.NewTurnKey(protocol.PlatformAgents, fmt.Sprintf("sess_%d/turn_1", i), []string{"call_1"})
 		t := dispatch.Turn{Version: 1, Key: key, Ref: dispatch.Ref{Platform: protocol.PlatformAgents, SessionID: fmt.Sprintf("sess_%d", i)},
 			Scope: fmt.Sprintf("sess_%d/turn_1", i), State: dispatch.TurnCollecting, CreatedAt: now,
-			ExpiresAt: now.Add(10 * time.Minute), Deadline: now.Add(time.Duration(i%570+1) * time.Second),
+			ExpiresAt: now.Add(20 * time.Minute), Deadline: now.Add(10*time.Minute + time.Duration(i%540)*time.Second),
 			Calls: []dispatch.TurnCall{{ID: "call_1", Name: "get_order", Key: key.Call("call_1"), Team: "orders", Arguments: json.RawMessage(`{}`)}}}
 		b, _ := json.Marshal(&t)
+		if _, err := js.PublishAsync(provision.TimerSubjectPrefix+".sched."+string(key), []byte(key)); err != nil {
+			tb.Fatal(err)
+		}
 		if _, err := js.PublishAsync("$KV."+provision.TurnBucket+"."+string(key), b); err != nil {
 			tb.Fatal(err)
 		}
@@ -64,14 +65,14 @@ func kvScan(tb testing.TB, kv jetstream.KeyValue) int {
 }
 
 // scaleDispatcher starts a dispatcher (no platforms: none is needed to
-// read turns) over n open turn records, and returns its API's URL and the
-// turn bucket, once the index holds all n.
+// read turns), writes n open turn records, and returns its API's URL and
+// the turn bucket once the index holds all n.
 func scaleDispatcher(tb testing.TB, n int) (string, jetstream.KeyValue) {
 	tb.Helper()
 	srv := natstest.Start(tb)
 	_, js := srv.Connect(tb)
-	openTurns(tb, js, n)
-	d, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(tb)})
+	// No sweep while the test runs: these turns have no calls anywhere.
+	d, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(tb), SweepInterval: time.Hour})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -79,6 +80,8 @@ func scaleDispatcher(tb testing.TB, n int) (string, jetstream.KeyValue) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	tb.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(tb, 20*time.Second, d.Ready) // provisioned: the records can be written
+	openTurns(tb, js, n)
 	hs := httptest.NewServer(d.Handler())
 	tb.Cleanup(hs.Close)
 	var list dispatch.TurnList

@@ -34,9 +34,10 @@ func getAs(t testing.TB, url, token string, v any) int {
 }
 
 // The inspection API shows a turn while it is open (teams, functions,
-// time left), then as recently submitted with each call's result,
-// executor and attempts; a team token sees only turns, functions and
-// watches of its team, with other teams' calls redacted.
+// time left), then as recently submitted with each call's result; a team
+// token sees only turns, functions and watches of its team, with other
+// teams' calls redacted. A replica started later finds the closed turn in
+// the bucket; event streams end when their dispatcher stops.
 func TestInspectionAPI(t *testing.T) {
 	e := newEnv(t, platformsim.Scenario{Name: "two teams", Prompt: "order and invoice",
 		Steps:  []platformsim.Step{{{Name: "get_order"}, {Name: "get_invoice"}}},
@@ -56,7 +57,7 @@ func TestInspectionAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, _ := e.dispatcher(dispatch.Options{Authenticator: file})
+	d, stop := e.dispatcher(dispatch.Options{Authenticator: file})
 	hs := httptest.NewServer(d.Handler())
 	t.Cleanup(hs.Close)
 
@@ -197,6 +198,31 @@ func TestInspectionAPI(t *testing.T) {
 		ws.Watches = nil
 		if getAs(t, hs.URL+"/v1/watches", tokens["shipping"], &ws); len(ws.Watches) != 0 {
 			t.Errorf("shipping token sees watches %+v; want none", ws.Watches)
+		}
+	})
+
+	t.Run("a replica started later knows the recently closed turn", func(t *testing.T) {
+		later, _ := e.dispatcher(dispatch.Options{Authenticator: file})
+		ls := httptest.NewServer(later.Handler())
+		defer ls.Close()
+		var l dispatch.TurnList
+		if status := getAs(t, ls.URL+"/v1/turns", tokens["admin"], &l); status != http.StatusOK || len(l.Recent) != 1 || l.Recent[0].Key != turn.Key {
+			t.Errorf("the later replica lists %d: %+v; want the submitted turn", status, l.Recent)
+		}
+	})
+
+	t.Run("event streams end when the dispatcher stops", func(t *testing.T) {
+		stop()
+		ended := time.After(10 * time.Second)
+		for {
+			select {
+			case _, ok := <-events:
+				if !ok {
+					return
+				}
+			case <-ended:
+				t.Fatal("the event stream outlived its dispatcher by 10s")
+			}
 		}
 	})
 }

@@ -199,9 +199,9 @@ func seenCalls(caller Caller, calls []callReport) []callReport {
 	return out
 }
 
-// errOutOfScope: what was asked for belongs to teams the caller does not
-// see (403).
-var errOutOfScope = errors.New("dispatch: out of the caller's scope")
+// ErrOutOfScope means what was asked for belongs to teams the caller does
+// not see: the API answers 403.
+var ErrOutOfScope = errors.New("dispatch: out of the caller's scope")
 
 // InspectTurns lists the open and recently closed turns caller may see
 // that q selects, from this replica's index (started on first use; see
@@ -222,9 +222,9 @@ func (d *Dispatcher) InspectTurns(ctx context.Context, caller Caller, q TurnQuer
 	var recent []*recentTurn
 	in.mu.RLock()
 	if q.Outcome == "" || q.Outcome == "open" {
-		for _, t := range in.open {
-			if q.matches(caller, t) {
-				open = append(open, t)
+		for _, ot := range in.open {
+			if q.matches(caller, ot.turn) {
+				open = append(open, ot.turn)
 			}
 		}
 	}
@@ -278,7 +278,7 @@ func (in *inspector) closedCalls(ctx context.Context, rt *recentTurn) []callRepo
 
 // InspectTurn returns one turn, with each call's result as far as
 // recorded, as caller may see it: an error wrapping ErrNotFound if there is
-// no such turn, errOutOfScope if none of its calls is caller's to see.
+// no such turn, ErrOutOfScope if none of its calls is caller's to see.
 func (d *Dispatcher) InspectTurn(ctx context.Context, caller Caller, key protocol.TurnKey) (*TurnView, error) {
 	if err := key.Validate(); err != nil {
 		return nil, &FieldError{Field: "key", Message: err.Error()}
@@ -288,7 +288,7 @@ func (d *Dispatcher) InspectTurn(ctx context.Context, caller Caller, key protoco
 		return nil, err
 	}
 	if !(&TurnQuery{}).matches(caller, t) {
-		return nil, fmt.Errorf("%w: turn %s calls no function of your teams (%s)", errOutOfScope, key, strings.Join(caller.Teams, ", "))
+		return nil, fmt.Errorf("%w: turn %s calls no function of your teams (%s)", ErrOutOfScope, key, strings.Join(caller.Teams, ", "))
 	}
 	v := view(caller, t, time.Now())
 	v.Calls = seenCalls(caller, d.callReports(ctx, t))

@@ -74,11 +74,11 @@ func (d *Dispatcher) InspectWatches(ctx context.Context, caller Caller) ([]Watch
 func (in *inspector) teamsOfWatch(ctx context.Context, caller Caller, w *Watch) (mine, others int) {
 	for _, key := range w.Turns {
 		in.mu.RLock()
-		t := in.open[key]
-		if t == nil {
-			if rt, ok := in.recent.get(key); ok {
-				t = rt.turn
-			}
+		var t *Turn
+		if ot := in.open[key]; ot != nil {
+			t = ot.turn
+		} else if rt, ok := in.recent.get(key); ok {
+			t = rt.turn
 		}
 		in.mu.RUnlock()
 		if t == nil {
