@@ -2,8 +2,6 @@ package dispatch_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -14,37 +12,9 @@ import (
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/internal/turnfixture"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
-	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
-
-// openTurns writes n open turn records into the turn bucket, and their
-// entries in the index of open turns (their timer subjects), as n turns
-// taken in by some replica would leave them. Their deadlines are 10 to 19
-// minutes away, so that nothing closes them while a test runs.
-func openTurns(tb testing.TB, js jetstream.JetStream, n int) {
-	tb.Helper()
-	now := time.Now().UTC()
-	for i := range n {
-		key := protocol.NewTurnKey(protocol.PlatformAgents, fmt.Sprintf("sess_%d/turn_1", i), []string{"call_1"})
-		t := dispatch.Turn{Version: 1, Key: key, Ref: dispatch.Ref{Platform: protocol.PlatformAgents, SessionID: fmt.Sprintf("sess_%d", i)},
-			Scope: fmt.Sprintf("sess_%d/turn_1", i), State: dispatch.TurnCollecting, CreatedAt: now,
-			ExpiresAt: now.Add(20 * time.Minute), Deadline: now.Add(10*time.Minute + time.Duration(i%540)*time.Second),
-			Calls: []dispatch.TurnCall{{ID: "call_1", Name: "get_order", Key: key.Call("call_1"), Team: "orders", Arguments: json.RawMessage(`{}`)}}}
-		b, _ := json.Marshal(&t)
-		if _, err := js.PublishAsync(provision.TimerSubjectPrefix+".sched."+string(key), []byte(key)); err != nil {
-			tb.Fatal(err)
-		}
-		if _, err := js.PublishAsync("$KV."+provision.TurnBucket+"."+string(key), b); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(30 * time.Second):
-		tb.Fatal("writing turn records took over 30s")
-	}
-}
 
 // kvScan reads every turn record the way a request without the index
 // would: list the keys, get each.
@@ -81,7 +51,7 @@ func scaleDispatcher(tb testing.TB, n int) (string, jetstream.KeyValue) {
 	go func() { done <- d.Run(ctx) }()
 	tb.Cleanup(func() { cancel(); <-done })
 	testutil.WaitFor(tb, 20*time.Second, d.Ready) // provisioned: the records can be written
-	openTurns(tb, js, n)
+	turnfixture.Open(tb, js, n)
 	hs := httptest.NewServer(d.Handler())
 	tb.Cleanup(hs.Close)
 	var list dispatch.TurnList
