@@ -2,7 +2,6 @@ package console_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -73,13 +72,7 @@ func TestConsoleHTTP(t *testing.T) {
 	get := func(path string) (int, string) {
 		req, _ := http.NewRequest(http.MethodGet, s.url+path, nil)
 		req.AddCookie(cookie)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return send(t, req)
 	}
 	t.Run("the cookie serves pages and the API, scoped to its team", func(t *testing.T) {
 		status, body := get("/ui/functions")
@@ -116,13 +109,7 @@ func TestConsoleHTTP(t *testing.T) {
 			if header != "" {
 				req.Header.Set(console.ConsoleHeader, header)
 			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode, string(b)
+			return send(t, req)
 		}
 		if status, _ := replay(s.tokens["admin"], ""); status != http.StatusForbidden {
 			t.Errorf("replay without %s: %d, want 403", console.ConsoleHeader, status)

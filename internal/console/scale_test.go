@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/console"
-	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/internal/turnfixture"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -47,18 +46,7 @@ func BenchmarkTurnsPage(b *testing.B) {
 // loopback clients only) over n open turns, once its index holds them.
 func consoleOver(tb testing.TB, n int) string {
 	tb.Helper()
-	srv := natstest.Start(tb)
-	_, js := srv.Connect(tb)
-	d, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(tb), SweepInterval: time.Hour})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	tb.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(tb, 20*time.Second, d.Ready)
-	turnfixture.Open(tb, js, n)
+	d, js := turnfixture.Dispatcher(tb, n)
 	ui, err := console.New(d, js, console.Options{Logger: testutil.Logger(tb)})
 	if err != nil {
 		tb.Fatal(err)
@@ -69,7 +57,7 @@ func consoleOver(tb testing.TB, n int) string {
 	hs := httptest.NewServer(mux)
 	tb.Cleanup(hs.Close)
 	testutil.WaitFor(tb, 30*time.Second, func() bool {
-		list, err := d.InspectTurns(ctx, dispatch.Caller{Admin: true}, dispatch.TurnQuery{OpenOnly: true, Limit: 1})
+		list, err := d.InspectTurns(context.Background(), dispatch.Caller{Admin: true}, dispatch.TurnQuery{OpenOnly: true, Limit: 1})
 		return err == nil && list.OpenTotal == n
 	})
 	return hs.URL
@@ -77,9 +65,19 @@ func consoleOver(tb testing.TB, n int) string {
 
 func getPage(tb testing.TB, url string) (int, string) {
 	tb.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return send(tb, req)
+}
+
+// send sends req and returns the status and body of the answer.
+func send(tb testing.TB, req *http.Request) (int, string) {
+	tb.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

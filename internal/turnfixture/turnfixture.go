@@ -4,6 +4,7 @@
 package turnfixture
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -11,7 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -49,4 +52,25 @@ func Open(tb testing.TB, js jetstream.JetStream, n int) {
 	case <-time.After(30 * time.Second):
 		tb.Fatal("turnfixture: writing turn records took over 30s")
 	}
+}
+
+// Dispatcher starts a dispatcher on its own JetStream server, with no
+// platform (none is needed to read turns) and no sweep while the test
+// runs, and writes n open turns (Open) once it is ready. It stops when the
+// test ends.
+func Dispatcher(tb testing.TB, n int) (*dispatch.Dispatcher, jetstream.JetStream) {
+	tb.Helper()
+	srv := natstest.Start(tb)
+	_, js := srv.Connect(tb)
+	d, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(tb), SweepInterval: time.Hour})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(tb, 20*time.Second, d.Ready) // provisioned: the records can be written
+	Open(tb, js, n)
+	return d, js
 }

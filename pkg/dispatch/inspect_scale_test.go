@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/internal/turnfixture"
@@ -39,26 +38,14 @@ func kvScan(tb testing.TB, kv jetstream.KeyValue) int {
 // the turn bucket once the index holds all n.
 func scaleDispatcher(tb testing.TB, n int) (string, jetstream.KeyValue) {
 	tb.Helper()
-	srv := natstest.Start(tb)
-	_, js := srv.Connect(tb)
-	// No sweep while the test runs: these turns have no calls anywhere.
-	d, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(tb), SweepInterval: time.Hour})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	tb.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(tb, 20*time.Second, d.Ready) // provisioned: the records can be written
-	turnfixture.Open(tb, js, n)
+	d, js := turnfixture.Dispatcher(tb, n)
 	hs := httptest.NewServer(d.Handler())
 	tb.Cleanup(hs.Close)
 	var list dispatch.TurnList
 	testutil.WaitFor(tb, 30*time.Second, func() bool {
 		return getAs(tb, hs.URL+"/v1/turns?open=1&limit=1", "", &list) == http.StatusOK && list.OpenTotal == n
 	})
-	kv, err := js.KeyValue(ctx, provision.TurnBucket)
+	kv, err := js.KeyValue(context.Background(), provision.TurnBucket)
 	if err != nil {
 		tb.Fatal(err)
 	}
