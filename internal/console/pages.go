@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -22,7 +23,8 @@ type turnsData struct {
 	// Stream is the query of GET /v1/turns/stream with the page's filters.
 	Stream  string
 	List    *dispatch.TurnList
-	Hidden  int // open turns beyond the page's limit
+	Limit   int // most open turns the page shows
+	Hidden  int // open turns beyond it
 	Teams   []string
 	Funcs   []string
 	Outcome []string
@@ -54,8 +56,8 @@ func (c *Console) turnsPage(w http.ResponseWriter, r *http.Request) {
 	stream := r.URL.Query()
 	stream.Del("open")
 	stream.Del("outcome")
-	stream.Set("limit", "200")
-	data := turnsData{Query: q, Stream: stream.Encode(), List: list, Hidden: list.OpenTotal - len(list.Open),
+	stream.Set("limit", strconv.Itoa(pageOpenTurns))
+	data := turnsData{Query: q, Stream: stream.Encode(), List: list, Limit: pageOpenTurns, Hidden: list.OpenTotal - len(list.Open),
 		Outcome: []string{"open", "submitted", "cut_off", "failed"}}
 	for _, f := range c.d.InspectFunctions(ctx, caller) {
 		if !slices.Contains(data.Teams, f.Team) {

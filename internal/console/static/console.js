@@ -80,9 +80,16 @@
     return row;
   }
 
+  // hidden counts the open turns the table leaves out: it shows at most
+  // data-limit rows, the nearest deadlines.
+  let hidden = 0;
   function countOpen() {
-    const n = open.tBodies[0].rows.length;
-    const hidden = Number(($("#hidden") || {}).textContent || 0);
+    const body = open.tBodies[0];
+    const limit = Number(open.dataset.limit || 200);
+    while (body.rows.length > limit) { body.deleteRow(-1); hidden++; }
+    const n = body.rows.length;
+    const more = $("#hidden");
+    if (more) more.textContent = String(hidden);
     $("#open-count").textContent = String(n + hidden);
     $("#open-empty").hidden = n > 0;
   }
@@ -104,6 +111,7 @@
       }
     } else {
       if (existing) existing.remove();
+      else if (hidden > 0) hidden--; // it was open beyond the table's limit
       if (recent) {
         const rb = recent.tBodies[0];
         const old = rb.querySelector('tr[data-key="' + CSS.escape(t.key) + '"]');
@@ -120,13 +128,13 @@
     skew = Date.parse(list.now) - Date.now();
     const body = open.tBodies[0];
     body.replaceChildren(...list.open.map(openRow));
-    const hidden = $("#hidden");
-    if (hidden) hidden.textContent = String(Math.max(0, list.open_total - list.open.length));
+    hidden = Math.max(0, list.open_total - list.open.length);
     countOpen();
   }
 
   if (open) {
     skew = Number(open.dataset.now) - Date.now();
+    hidden = Number(($("#hidden") || {}).textContent || 0);
     const live = $("#live");
     const es = new EventSource(open.dataset.stream);
     es.addEventListener("open", () => { live.textContent = "Live."; live.dataset.state = "live"; });
