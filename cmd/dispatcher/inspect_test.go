@@ -48,8 +48,9 @@ func TestInspectionCommands(t *testing.T) {
 		return strings.TrimSpace(out.String())
 	}
 	admin, shipping := token("-name", "ops", "-admin"), token("-name", "shipping", "-teams", "shipping")
-	w.executor("exec-1", "-demo")
+	// The dispatcher first: executors declare their functions through it.
 	d := w.dispatcher("dispatcher", "TOOLRELAY_API_TOKENS_FILE="+tokens)
+	w.executor("exec-1", "-demo")
 	addr := "http://" + d.addr
 
 	t.Setenv(APITokenEnv, "")

@@ -7,6 +7,7 @@
 //	dispatcher simulator serve the platform simulator alone (for trying the service locally)
 //	dispatcher tools     print the registry as a platform's tool definitions
 //	dispatcher token     make a bearer token for the HTTP API (TOOLRELAY_API_TOKENS_FILE)
+//	dispatcher nats-config  write the NATS server configuration for a set of teams
 //	dispatcher turns     open and recently closed turns, from a running dispatcher's API
 //	dispatcher turn      one turn and each call's result
 //	dispatcher functions functions, their executors, queues and figures
@@ -62,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return toolsCmd(ctx, args, stdout, stderr)
 	case "token":
 		return tokenCmd(ctx, args, stdout, stderr)
+	case "nats-config":
+		return natsConfigCmd(args, stdout, stderr)
 	case "turns":
 		return turnsCmd(ctx, args, stdout, stderr)
 	case "turn":
@@ -81,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token|turns|turn|functions|watches] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token|nats-config|turns|turn|functions|watches] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
@@ -90,6 +93,8 @@ func usage(w io.Writer) {
   simulator   serve the platform simulator alone, to try the service without OpenAI
   tools       print the functions executors serve as a platform's tool definitions
   token       make a bearer token for the HTTP API and the line for TOOLRELAY_API_TOKENS_FILE
+  nats-config write the NATS server configuration, NKEY users and env files for a set of
+              teams, one account each (run it again to add a team)
 
 Inspecting a running dispatcher through its HTTP API (-addr, default http://127.0.0.1:8080;
 the bearer token from TOOLRELAY_API_TOKEN; -json prints the API's JSON):

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -33,7 +34,11 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("settings: %w", err)
 	}
 	connect := func() (jetstream.JetStream, func(), error) {
-		nc, err := nats.Connect(cfg.NATSURL, nats.Name("toolrelay-dlq"))
+		auth, err := cliutil.NATSAuth(cfg.NATSNKey, cfg.NATSCreds)
+		if err != nil {
+			return nil, nil, err
+		}
+		nc, err := nats.Connect(cfg.NATSURL, append([]nats.Option{nats.Name("toolrelay-dlq")}, auth...)...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
 		}

@@ -88,7 +88,7 @@ func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (sto
 				return false
 			}
 		}
-		h.results, err = h.js.Stream(context.Background(), protocol.ResultStream)
+		h.results, err = h.js.Stream(context.Background(), protocol.ResultStream(team))
 		return err == nil
 	})
 	return stop
