@@ -47,13 +47,20 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: dispatch.SessionCookie, Value: token, Path: "/", MaxAge: int(c.opts.SessionMaxAge.Seconds()),
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: overTLS(r)})
 	c.log.InfoContext(r.Context(), "console login", "caller", caller)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: dispatch.SessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		SameSite: http.SameSiteStrictMode, Secure: overTLS(r)})
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+}
+
+// overTLS reports whether the browser reached the console over TLS: here,
+// or at a proxy in front that says so. A cookie marked Secure is then never
+// sent over plain HTTP.
+func overTLS(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
