@@ -203,6 +203,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	if traceLink == "" {
 		t.Error("the turn's page has no link to its trace")
 	}
+	b.screenshot("console-turn")
 
 	// Dead letters: replay one from the page and see how it went.
 	s.session(t, "export the ledger")
