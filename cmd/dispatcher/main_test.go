@@ -18,7 +18,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 		if err := run(t.Context(), args, &out, &errOut); err != nil {
 			t.Fatalf("%v: %v", args, err)
 		}
-		for _, want := range []string{"serve", "demo", "simulator", "tools", "token", "TOOLRELAY_SHUTDOWN_TIMEOUT", "TOOLRELAY_API_TOKENS_FILE"} {
+		for _, want := range []string{"serve", "demo", "simulator", "tools", "token", "turns", "turn", "functions", "watches", "TOOLRELAY_API_TOKEN", "TOOLRELAY_SHUTDOWN_TIMEOUT", "TOOLRELAY_API_TOKENS_FILE"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("%v does not mention %s:\n%s", args, want, out.String())
 			}

@@ -148,6 +148,7 @@ type Dispatcher struct {
 	gather       *gatherer
 	limiter      *limiter
 	tel          *telemetry
+	inspect      *inspector // what the inspection API and the console read
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -232,6 +233,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.gather = newGatherer(d)
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
+	d.inspect = newInspector(d)
 	return d, nil
 }
 

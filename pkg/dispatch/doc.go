@@ -74,4 +74,13 @@
 // the window (time left at submission) and which function is slow or
 // failing. [Options] takes the providers; the globals are the default.
 // [Dispatcher.Handler] serves the HTTP API.
+//
+// What is happening now — open turns and their deadlines, recently closed
+// turns, functions and their executors, watches — is read from an index
+// each replica keeps of the turn and watch buckets, built on first use and
+// kept current by watching them: [Dispatcher.InspectTurns],
+// [Dispatcher.InspectTurn], [Dispatcher.InspectFunctions] and
+// [Dispatcher.InspectWatches], served as GET /v1/turns (and its event
+// stream), /v1/functions and /v1/watches, and read by the console
+// (internal/console) and the dispatcher command's inspection commands.
 package dispatch

@@ -135,6 +135,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	g.d.tel.result(ctx, st.turn, res)
+	g.d.inspect.stats.record(st.turn, res)
 	crashpoint.Reached(crashpoint.Gather, string(turnKey))
 	if g.add(st, res) {
 		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
