@@ -31,6 +31,8 @@ type result struct {
 	effects map[string]int
 	drained bool
 	t0      time.Time
+	corpus  []corpusResult
+	crashed []string
 }
 
 // judge waits until the platform has every call answered and every run
@@ -109,6 +111,14 @@ func (r *result) violations() []string {
 		if f.err != nil {
 			add("fault %s on %s at %.1fs: %v", f.kind, f.target, f.at.Seconds(), f.err)
 		}
+	}
+	for _, c := range r.corpus {
+		if !c.ok {
+			add("bad input %q at %s: got %s", c.input, c.door, c.got)
+		}
+	}
+	for _, p := range r.crashed {
+		add("%s stopped while the bad-input corpus was thrown", p)
 	}
 	if !r.drained {
 		add("the fleet did not finish within %s of the load's end", drainTimeout)
@@ -273,6 +283,15 @@ func (r *result) writeReport(path string) error {
 		return err
 	}
 	fmt.Fprintf(&b, "![calls answered per second and p50 latency over time; faults marked](%s)\n\n", plotName)
+	b.WriteString("## Bad input\n\nThrown at the running deployment while turns ran, before the first fault. Every one got a\nrefusal or a clean failed call, and no process stopped:\n\n| door | input | answer |\n|---|---|---|\n")
+	for _, c := range r.corpus {
+		mark := ""
+		if !c.ok {
+			mark = " **(violation)**"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s%s |\n", c.door, c.input, strings.ReplaceAll(c.got, "|", "\\|"), mark)
+	}
+	b.WriteString("\n")
 	b.WriteString("## Not covered\n\n")
 	b.WriteString("- Signed webhooks and the Agents event stream as intake (the soak hands every object to a\n  dispatcher with `POST /v1/watch`); MCP calls; a Go function with a `Reconcile` hook (the\n  executors here run functions files only).\n")
 	b.WriteString("- Network partitions (processes die or stop; links do not fail), disks that lie about fsync,\n  clock skew between machines (one machine, one clock).\n")

@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -87,10 +88,20 @@ func run(ctx context.Context, cfg config) error {
 	load := newLoad(f, rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())))
 	lctx, stopLoad := context.WithTimeout(ctx, cfg.duration)
 	defer stopLoad()
-	faultsDone := make(chan []faultRecord, 1)
-	go func() { faultsDone <- f.injectFaults(lctx, rng, cfg.faults) }()
-	load.run(lctx, cfg.rate)
-	faults := <-faultsDone
+	loadDone := make(chan struct{})
+	go func() { load.run(lctx, cfg.rate); close(loadDone) }()
+	// The bad-input corpus goes first, while turns run and before any
+	// fault, so that whatever breaks is its doing.
+	corpus := f.throwCorpus(lctx, bins)
+	var crashed []string
+	for _, p := range f.all() {
+		if !p.running() {
+			crashed = append(crashed, fmt.Sprintf("%s (exit %d; its log ends: %s)", p.name, p.exitCode(), tailOf(p.log, 600)))
+		}
+	}
+	fmt.Printf("chaos: bad-input corpus: %d inputs thrown, %d crashed processes\n", len(corpus), len(crashed))
+	faults := f.injectFaults(lctx, rng, cfg.faults)
+	<-loadDone
 	if ctx.Err() != nil {
 		return errors.New("interrupted")
 	}
@@ -99,6 +110,7 @@ func run(ctx context.Context, cfg config) error {
 	f.restoreAll(ctx)
 	res := judge(ctx, f, load, drainTimeout)
 	res.seed, res.faults, res.elapsed, res.cfg = cfg.seed, faults, time.Since(started), cfg
+	res.corpus, res.crashed = corpus, crashed
 	res.print(os.Stdout)
 	if cfg.report != "" {
 		if err := res.writeReport(cfg.report); err != nil {
@@ -114,6 +126,15 @@ func run(ctx context.Context, cfg config) error {
 	}
 	fmt.Println("chaos: every invariant held")
 	return nil
+}
+
+// tailOf returns the end of a log file, on one line.
+func tailOf(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", " | ")
 }
 
 // drainTimeout bounds the wait for the last conversations once load and
