@@ -14,7 +14,7 @@ type Ledger struct {
 	Calls map[string]string
 	// Asked is when each call was emitted, Answered when each output was
 	// accepted (in the order of Outputs).
-	Asked    map[string]time.Time
+	Asked map[string]time.Time
 	// Platform is the API each call was made on: agents, assistants or
 	// responses.
 	Platform map[string]string
