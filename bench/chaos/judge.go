@@ -33,6 +33,39 @@ type result struct {
 	t0      time.Time
 	corpus  []corpusResult
 	crashed []string
+	quiet   quietPhase
+}
+
+// quietPhase is the soak's workload without faults, and the floor.
+type quietPhase struct {
+	from, to   time.Time
+	throughput *floorResult
+	latency    *floorResult
+}
+
+// quietFigures returns the calls asked in the quiet phase, answered per
+// second, and their latencies.
+func (r *result) quietFigures() (calls int, perSec float64, lat []time.Duration) {
+	if r.quiet.throughput == nil {
+		return 0, 0, nil
+	}
+	var last time.Time
+	for id, at := range r.ledger.Asked {
+		if at.Before(r.quiet.from) || at.After(r.quiet.to) || len(r.ledger.Answered[id]) == 0 {
+			continue
+		}
+		calls++
+		ans := r.ledger.Answered[id][0]
+		lat = append(lat, ans.Sub(at))
+		if ans.After(last) {
+			last = ans
+		}
+	}
+	slices.Sort(lat)
+	if calls > 0 {
+		perSec = float64(calls) / last.Sub(r.quiet.from).Seconds()
+	}
+	return calls, perSec, lat
 }
 
 // judge waits until the platform has every call answered and every run
@@ -40,14 +73,6 @@ type result struct {
 func judge(ctx context.Context, f *fleet, l *load, timeout time.Duration) *result {
 	deadline := time.Now().Add(timeout)
 	res := &result{convs: l.conversations()}
-	if len(res.convs) > 0 {
-		res.t0 = res.convs[0].started
-		for _, c := range res.convs {
-			if c.started.Before(res.t0) {
-				res.t0 = c.started
-			}
-		}
-	}
 	var stableSince time.Time
 	lastCalls := -1
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -220,6 +245,17 @@ func (r *result) writeReport(path string) error {
 	b.WriteString("- functions: `charge` (HTTP, side effects), `lookup` and `slow` (commands), `quote`\n  (command), `flaky` (HTTP answering 503 to a third of attempts: retried), `refuse` (a\n  command failing: the model reads the error).\n\n")
 	fmt.Fprintf(&b, "Seed **%d**; %s of load at %.1f conversations/s, a fault every %s on average; %s in all.\n\n",
 		r.seed, r.cfg.duration, r.cfg.rate, r.cfg.faults, r.elapsed.Round(time.Second))
+	if calls, perSec, lat := r.quietFigures(); calls > 0 {
+		tp, lt := r.quiet.throughput, r.quiet.latency
+		floorRate := float64(tp.calls) / tp.elapsed.Seconds()
+		b.WriteString("## Throughput on the cluster, without faults\n\n")
+		fmt.Fprintf(&b, "The soak's workload alone for %s (%.0f conversations/s offered), then the raw JetStream\npipeline on the same three nodes and replication (R3: call to a work queue, a worker taking it and\npublishing a result, the caller consuming it):\n\n", r.quiet.to.Sub(r.quiet.from).Round(time.Second), r.cfg.quietRate)
+		b.WriteString("| | calls | calls/s | latency p50 | p99 |\n|---|---|---|---|---|\n")
+		fmt.Fprintf(&b, "| toolrelay, the soak's workload (model → platform output, through functions that sleep up to 1.5 s) | %d | %.1f | %s | %s |\n", calls, perSec, pct(lat, .5), pct(lat, .99))
+		fmt.Fprintf(&b, "| raw JetStream R3 floor, 256 in flight | %d | %.0f | %s | %s |\n", tp.calls, floorRate, pct(tp.rtts, .5), pct(tp.rtts, .99))
+		fmt.Fprintf(&b, "| raw JetStream R3 floor, one at a time | %d | %.0f | %s | %s |\n\n", lt.calls, float64(lt.calls)/lt.elapsed.Seconds(), pct(lt.rtts, .5), pct(lt.rtts, .99))
+		b.WriteString("The soak's rate is what its driver offers, not toolrelay's ceiling (see docs/benchmarks.md for\nthat, on one node); its latency includes the functions' own time and the platform's model\nsteps, so it is an end-to-end figure beside the floor's bare round trip.\n\n")
+	}
 	b.WriteString("## Invariants (from the platform's ledger and the effect log)\n\n| invariant | count |\n|---|---|\n")
 	unanswered, dup, effectsOver, chargedMismatch := 0, 0, 0, 0
 	for id := range r.ledger.Calls {
@@ -308,7 +344,7 @@ func (r *result) flags() string {
 func (r *result) plot(path string) error {
 	p := plot.New()
 	p.Title.Text = "toolrelay under faults (seed " + fmt.Sprint(r.seed) + ")"
-	p.X.Label.Text = "seconds since the load started"
+	p.X.Label.Text = "seconds since the faults began (before: the quiet phase and the bad-input corpus)"
 	p.Y.Label.Text = "calls answered per second; p50 latency (ms / 10)"
 	perSec := map[int]int{}
 	lat := map[int][]time.Duration{}
