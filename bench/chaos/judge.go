@@ -34,6 +34,8 @@ type result struct {
 	corpus  []corpusResult
 	crashed []string
 	quiet   quietPhase
+	// mcpOK, mcpFailed and mcpWrong count the tools/call outcomes.
+	mcpOK, mcpFailed, mcpWrong int
 }
 
 // quietPhase is the soak's workload without faults, and the floor.
@@ -73,6 +75,9 @@ func (r *result) quietFigures() (calls int, perSec float64, lat []time.Duration)
 func judge(ctx context.Context, f *fleet, l *load, timeout time.Duration) *result {
 	deadline := time.Now().Add(timeout)
 	res := &result{convs: l.conversations()}
+	l.mu.Lock()
+	res.mcpOK, res.mcpFailed, res.mcpWrong = l.mcpOK, l.mcpFailed, l.mcpWrong
+	l.mu.Unlock()
 	var stableSince time.Time
 	lastCalls := -1
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -123,6 +128,9 @@ func (r *result) violations() []string {
 				add("call %s reported charged but the effect log has %d runs", id, n)
 			}
 		}
+	}
+	if r.mcpWrong > 0 {
+		add("%d MCP calls succeeded with the wrong output", r.mcpWrong)
 	}
 	if n := r.ledger.Runs["expired"]; n > 0 {
 		add("%d Assistants runs expired", n)
@@ -229,8 +237,8 @@ func (r *result) print(w io.Writer) {
 		total(fg.convs), fg.convs, total(fg.turns), total(fg.calls), fg.calls, r.elapsed.Round(time.Second), len(r.faults))
 	fmt.Fprintf(w, "chaos: call latency (asked → answered, platform's clock) quiet p50 %s p99 %s; during faults p50 %s p99 %s\n",
 		pct(fg.quiet, .5), pct(fg.quiet, .99), pct(fg.faulty, .5), pct(fg.faulty, .99))
-	fmt.Fprintf(w, "chaos: side effects run %d, calls reported charged %d; failed calls (read by the model) %d\n",
-		fg.sideEffects, fg.charged, fg.failedCalls)
+	fmt.Fprintf(w, "chaos: side effects run %d, calls reported charged %d; failed calls (read by the model) %d; MCP calls ok %d, failed %d, wrong %d\n",
+		fg.sideEffects, fg.charged, fg.failedCalls, r.mcpOK, r.mcpFailed, r.mcpWrong)
 }
 
 // writeReport writes the markdown report and its plot beside it.
@@ -289,6 +297,7 @@ func (r *result) writeReport(path string) error {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d |\n", p, fg.convs[p], fg.turns[p], fg.calls[p])
 	}
 	fmt.Fprintf(&b, "| all | %d | %d | %d |\n\n", total(fg.convs), total(fg.turns), total(fg.calls))
+	fmt.Fprintf(&b, "MCP `tools/call` through `/mcp` (the official client, a dispatcher chosen at random): %d answered\nright, %d failed (a transport error or `isError`, as when the dispatcher holding the request\nis killed), %d answered wrong.\n\n", r.mcpOK, r.mcpFailed, r.mcpWrong)
 	fmt.Fprintf(&b, "Side effects run: %d; calls reported charged: %d; calls failed to the model (`refuse`, and any\nstraggler cut off at its deadline): %d.\n\n", fg.sideEffects, fg.charged, fg.failedCalls)
 	b.WriteString("## Latency of a call, from the model asking to the platform accepting its output\n\n| | calls | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| quiet | %d | %s | %s | %s | %s |\n", len(fg.quiet), pct(fg.quiet, .5), pct(fg.quiet, .9), pct(fg.quiet, .99), pct(fg.quiet, 1))
@@ -329,7 +338,7 @@ func (r *result) writeReport(path string) error {
 	}
 	b.WriteString("\n")
 	b.WriteString("## Not covered\n\n")
-	b.WriteString("- Signed webhooks and the Agents event stream as intake (the soak hands every object to a\n  dispatcher with `POST /v1/watch`); MCP calls; a Go function with a `Reconcile` hook (the\n  executors here run functions files only).\n")
+	b.WriteString("- The Agents event stream as intake (objects reach the dispatchers by `POST /v1/watch` and,\n  for half the Agents sessions, by signed webhooks alone); a Go function with a `Reconcile`\n  hook (the executors here run functions files only); the MCP calls' side effects (they call\n  `lookup`, which has none: a client retrying a call MCP gives no idempotency key for).\n")
 	b.WriteString("- Network partitions (processes die or stop; links do not fail), disks that lie about fsync,\n  clock skew between machines (one machine, one clock).\n")
 	b.WriteString("- A node's store deleted (restarts keep it); two faults at once (they come one after another).\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
