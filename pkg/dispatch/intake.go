@@ -54,7 +54,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 			return nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
 		}
 		seen[c.ID] = true
-		if cerr := d.resolve(ctx, &tc); cerr != nil {
+		if cerr := d.resolve(ctx, &tc, d.opts.ServeGrace); cerr != nil {
 			failures[tc.Key] = cerr
 			tc.Rejected = true
 		}
