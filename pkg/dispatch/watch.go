@@ -382,13 +382,24 @@ func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Wa
 	return t, true, nil
 }
 
+// While a turn is open, awaitClosed asks the platform whether it still
+// waits for it after closedPollFirst, then less and less often, down to
+// every closedPollMax: the platform ending a run early is rare, and its
+// answer only saves the turn's wait for the deadline. It reads the turn's
+// record every recordReadEvery.
+const (
+	closedPollFirst = 2 * time.Second
+	closedPollMax   = 10 * time.Second
+	recordReadEvery = time.Second
+)
+
 // awaitClosed waits until a turn is submitted or failed, polling the
 // platform meanwhile: if the platform stops waiting for the turn (the run
 // was cancelled, expired or finished), it returns that observation.
 //
 // A KV watch on the record brings the news at once; the record is also read
-// every second, so a watch lost with a server (it is an ordered consumer)
-// costs a second, not the turn.
+// every recordReadEvery, so a watch lost with a server (it is an ordered
+// consumer) costs a second, not the turn.
 func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref) (*Turn, *Observation, error) {
 	var updates <-chan jetstream.KeyValueEntry
 	if kw, err := d.turns.kv.Watch(ctx, string(key)); err == nil {
@@ -396,10 +407,10 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 		updates = kw.Updates()
 	}
 	closed := func(t *Turn) bool { return t.State == TurnSubmitted || t.State == TurnFailed }
-	every := 2 * time.Second
-	poll := time.NewTimer(every)
+	polls := backoff.Backoff{Initial: closedPollFirst, Max: closedPollMax}
+	poll := time.NewTimer(polls.Next())
 	defer poll.Stop()
-	read := time.NewTicker(time.Second)
+	read := time.NewTicker(recordReadEvery)
 	defer read.Stop()
 	for {
 		select {
@@ -430,8 +441,7 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 				}
 				return nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
 			}
-			every = min(every*2, 10*time.Second)
-			poll.Reset(every)
+			poll.Reset(polls.Next())
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		}
