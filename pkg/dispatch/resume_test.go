@@ -12,6 +12,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // A replica that stops right after recording a turn (SIGTERM during
@@ -65,5 +66,37 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	turn, err := d2.Turn(context.Background(), w.Turns[0])
 	if err != nil || turn.CutOff {
 		t.Errorf("turn = %+v, %v; want it closed by its results, not cut off at the deadline", turn, err)
+	}
+}
+
+// A replica that stops leaves the watches it drove to the others at once,
+// not after the minute a silent driver is given: a rolling restart does not
+// hold up the conversations in flight.
+func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
+	e := newEnv(t, weatherScenario("handover", "handover weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	release := make(chan struct{})
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) {
+		<-release // the result comes only after the first replica is gone
+		return "sunny", false
+	})
+	d2, _ := e.dispatcher(dispatch.Options{SweepInterval: 200 * time.Millisecond})
+	d1, stop1 := e.dispatcher(dispatch.Options{})
+	w, err := d1.Watch(context.Background(), e.response("handover weather"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		w, err = d1.WatchStatus(context.Background(), w.ID)
+		return err == nil && len(w.Turns) == 1
+	})
+	stop1()
+	close(release)
+	testutil.WaitFor(t, 15*time.Second, func() bool {
+		w, err = d2.WatchStatus(context.Background(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after the handover: watch %s %q %s", w.State, w.Answer, w.Error)
 	}
 }

@@ -52,6 +52,9 @@ type Watch struct {
 	// Trace is the W3C context the watch request carried; its turns'
 	// spans are its children.
 	Trace map[string]string `json:"trace,omitempty"`
+	// Released says the replica driving the watch stopped and left it for
+	// any other to take at its next sweep.
+	Released bool `json:"released,omitempty"`
 }
 
 // existsCheckTimeout bounds how long Watch waits for the platform to say
@@ -492,6 +495,9 @@ func (d *Dispatcher) startDriver(w *Watch) bool {
 			d.driversMu.Unlock()
 		}()
 		d.drive(ctx, w)
+		if w.State == WatchActive { // the dispatcher is stopping
+			d.releaseWatch(ctx, w)
+		}
 	})
 	if !ok {
 		d.driversMu.Lock()
@@ -499,6 +505,26 @@ func (d *Dispatcher) startDriver(w *Watch) bool {
 		d.driversMu.Unlock()
 	}
 	return ok
+}
+
+// releaseWatch marks a watch whose driver stopped with the dispatcher as
+// free to take, so another replica's sweep drives it at once instead of
+// waiting watchStaleAfter. It changes nothing if another replica took the
+// watch meanwhile (its claim saved a later UpdatedAt).
+func (d *Dispatcher) releaseWatch(ctx context.Context, w *Watch) {
+	e, err := d.watches.Get(ctx, w.ID)
+	if err != nil {
+		return
+	}
+	var have Watch
+	if json.Unmarshal(e.Value(), &have) != nil || have.State != WatchActive || have.UpdatedAt.After(w.UpdatedAt) {
+		return
+	}
+	have.Released = true
+	b, _ := json.Marshal(&have)
+	if _, err := d.watches.Update(ctx, w.ID, b, e.Revision()); err == nil {
+		d.log.Info("watch left to the other replicas", "watch", w.ID)
+	}
 }
 
 // driving reports whether this replica drives the watch.
