@@ -7,6 +7,9 @@
 //	dispatcher simulator serve the platform simulator alone (for trying the service locally)
 //	dispatcher tools     print the registry as a platform's tool definitions
 //	dispatcher token     make a bearer token for the HTTP API (TOOLRELAY_API_TOKENS_FILE)
+//
+// It is wiring only (settings from the environment, then pkg/dispatch's
+// constructors and Run under a signal context) and may import anything.
 package main
 
 import (

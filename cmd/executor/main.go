@@ -1,6 +1,9 @@
 // Command executor serves functions to toolrelay's dispatcher through NATS
 // JetStream: the seed examples (-demo), or the functions a config file
 // declares (-config), each run as a command or forwarded to an HTTP endpoint.
+//
+// It is wiring only (settings from the environment, then pkg/exec's
+// constructors and Run under a signal context) and may import anything.
 package main
 
 import (

@@ -1,5 +1,8 @@
 // Package natsembed runs a JetStream-enabled nats-server inside the process:
 // the default when NATS_URL is empty, and the server of the tests.
+//
+// It may import only nats-server; the dispatcher command, the demo and
+// internal/natstest use it.
 package natsembed
 
 import (
