@@ -36,7 +36,9 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Durati
 	}
 	ok, err := d.served.served(ctx, c.Team, c.Name, grace)
 	if err != nil {
-		d.log.Warn("cannot tell whether executors serve the function; publishing anyway", "fn", c.Name, "err", err)
+		if ctx.Err() == nil {
+			d.log.Warn("cannot tell whether executors serve the function; publishing anyway", "fn", c.Name, "err", err)
+		}
 		return nil
 	}
 	if !ok {

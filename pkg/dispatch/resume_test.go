@@ -2,8 +2,10 @@ package dispatch_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,5 +100,63 @@ func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
 	})
 	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
 		t.Fatalf("after the handover: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+}
+
+// stopOnAction is a platform whose required action, once a watch's driver
+// polls it, stops the dispatcher: the poll returns it only once the
+// driver's context has ended, as when SIGTERM arrives while a turn is being
+// taken in. (Watch's own first poll, which checks the object exists, passes.)
+type stopOnAction struct {
+	dispatch.Platform
+	stop  func()
+	polls atomic.Int32
+}
+
+func (p *stopOnAction) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Observation, error) {
+	obs, err := p.Platform.Poll(ctx, ref)
+	if err == nil && obs.State == dispatch.ObjectRequiresAction && p.polls.Add(1) == 2 {
+		p.stop()
+		<-ctx.Done()
+	}
+	return obs, err
+}
+
+// A dispatcher stopped while it takes a turn in logs no error: nothing
+// failed, and the sweep of another replica or the restart resumes the turn.
+func TestStoppingMidIntakeLogsNoError(t *testing.T) {
+	e := newEnv(t, weatherScenario("stop", "stop weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	_, js := e.srv.Connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var platforms []dispatch.Platform
+	for _, p := range openaiplatform.New(e.client) {
+		if p.Name() == protocol.PlatformResponses {
+			p = &stopOnAction{Platform: p, stop: cancel}
+		}
+		platforms = append(platforms, p)
+	}
+	var logs testutil.Buffer
+	d, err := dispatch.New(js, platforms, dispatch.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	testutil.WaitFor(t, 10*time.Second, d.Ready)
+	if _, err := d.Watch(context.Background(), e.response("stop weather")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("stopping logged errors:\n%s", logs.String())
 	}
 }

@@ -292,6 +292,9 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			obs.Turn.Channel = "poll"
 			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace)), obs.Turn, w)
 			if err != nil {
+				if ctx.Err() != nil {
+					return // stopping: the watch is released, and the turn resumed wherever it is taken
+				}
 				log.Error("intake failed; retrying", "err", err)
 				wait()
 				continue
