@@ -160,3 +160,72 @@ func TestStoppingMidIntakeLogsNoError(t *testing.T) {
 		t.Errorf("stopping logged errors:\n%s", logs.String())
 	}
 }
+
+// blockSubmit is a platform whose submissions hang until their context
+// ends, as a platform that stopped answering would.
+type blockSubmit struct {
+	dispatch.Platform
+	started chan struct{}
+	once    sync.Once
+}
+
+func (p *blockSubmit) Submit(ctx context.Context, turn *dispatch.Turn, outputs []dispatch.Output) (*dispatch.Submission, error) {
+	p.once.Do(func() { close(p.started) })
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A submission still hanging when the shutdown timeout ends is cancelled
+// without an error logged and without marking the turn failed: the turn
+// stays in submitting, and the restart submits it again.
+func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
+	e := newEnv(t, weatherScenario("hang", "hang weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
+	_, js := e.srv.Connect(t)
+	hang := &blockSubmit{started: make(chan struct{})}
+	var platforms []dispatch.Platform
+	for _, p := range openaiplatform.New(e.client) {
+		if p.Name() == protocol.PlatformResponses {
+			hang.Platform = p
+			p = hang
+		}
+		platforms = append(platforms, p)
+	}
+	var logs testutil.Buffer
+	d1, err := dispatch.New(js, platforms, dispatch.Options{ShutdownTimeout: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- d1.Run(ctx) }()
+	testutil.WaitFor(t, 10*time.Second, d1.Ready)
+	w, err := d1.Watch(context.Background(), e.response("hang weather"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hang.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the turn was never submitted")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("a submission cut off by the shutdown logged errors:\n%s", logs.String())
+	}
+
+	d2, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 15*time.Second, func() bool {
+		w, err = d2.WatchStatus(context.Background(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after the restart: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+}
