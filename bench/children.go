@@ -242,21 +242,9 @@ func memoryOnce(ctx context.Context, env *natsEnv, self string, n int) (memory, 
 	if err != nil {
 		return memory{}, err
 	}
-	reg, err := provision.KeyValue(ctx, js, provision.RegistryBucketConfig(provision.Options{}))
-	if err != nil {
-		return memory{}, err
-	}
 	hold := protocol.FunctionSpec{Version: protocol.Version, Name: "hold", Team: benchTeam,
 		Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()}
-	spec, _ := protocol.EncodeFunctionSpec(&hold)
-	if _, err := reg.Put(ctx, "hold", spec); err != nil {
-		return memory{}, err
-	}
-	decls, err := provision.KeyValue(ctx, js, provision.DeclarationBucketConfig(provision.Options{}))
-	if err != nil {
-		return memory{}, err
-	}
-	keeper, err := lease.Declare(ctx, decls, []*protocol.Declaration{{Version: protocol.Version, Spec: hold,
+	keeper, err := lease.Declare(ctx, js.Conn(), benchTeam, []*protocol.Declaration{{Version: protocol.Version, Spec: hold,
 		Instance: "bench-hold", Executor: "bench", StartedAt: time.Now()}}, nil)
 	if err != nil {
 		return memory{}, err

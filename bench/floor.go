@@ -33,7 +33,7 @@ func newFloor(ctx context.Context, env *natsEnv) (*floor, error) {
 	if err != nil {
 		return nil, err
 	}
-	results, err := js.CreateStream(ctx, provision.ResultStreamConfig(provision.Options{}))
+	results, err := js.CreateStream(ctx, provision.ResultStreamConfig("bench", 0, provision.Options{}))
 	if err != nil {
 		return nil, err
 	}

@@ -132,7 +132,7 @@ func TestBuiltBinariesOnAClusterSurviveAServerKill(t *testing.T) {
 
 	_, js := natstest.Connect(t, c.URL())
 	ctx := context.Background()
-	for _, name := range []string{protocol.ResultStream, protocol.CallStream("demo")} {
+	for _, name := range []string{protocol.ResultStream("demo"), protocol.CallStream("demo")} {
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -141,7 +141,7 @@ func TestBuiltBinariesOnAClusterSurviveAServerKill(t *testing.T) {
 			t.Fatalf("stream %s has %d replicas, want 3", name, r)
 		}
 	}
-	results, err := js.Stream(ctx, protocol.ResultStream)
+	results, err := js.Stream(ctx, protocol.ResultStream("demo"))
 	if err != nil {
 		t.Fatal(err)
 	}

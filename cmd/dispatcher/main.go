@@ -7,6 +7,7 @@
 //	dispatcher simulator serve the platform simulator alone (for trying the service locally)
 //	dispatcher tools     print the registry as a platform's tool definitions
 //	dispatcher token     make a bearer token for the HTTP API (TOOLRELAY_API_TOKENS_FILE)
+//	dispatcher nats-config  write the NATS server configuration for a set of teams
 //
 // It is wiring only (settings from the environment, then pkg/dispatch's
 // constructors and Run under a signal context) and may import anything.
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return toolsCmd(ctx, args, stdout, stderr)
 	case "token":
 		return tokenCmd(ctx, args, stdout, stderr)
+	case "nats-config":
+		return natsConfigCmd(args, stdout, stderr)
 	case "help":
 		usage(stdout)
 		fmt.Fprintln(stdout, "\nSettings of serve (environment variables):")
@@ -72,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token|nats-config] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
@@ -81,6 +84,8 @@ func usage(w io.Writer) {
   simulator   serve the platform simulator alone, to try the service without OpenAI
   tools       print the functions executors serve as a platform's tool definitions
   token       make a bearer token for the HTTP API and the line for TOOLRELAY_API_TOKENS_FILE
+  nats-config write the NATS server configuration, NKEY users and env files for a set of
+              teams, one account each (run it again to add a team)
 
 "dispatcher <command> -h" lists a command's flags and settings.
 `)

@@ -31,6 +31,8 @@ import (
 // config is the dispatcher service's settings, read from the environment.
 type config struct {
 	NATSURL       string        `envconfig:"NATS_URL" desc:"NATS servers to use; empty starts an embedded JetStream server"`
+	NATSNKey      string        `envconfig:"NATS_NKEY" desc:"NKEY seed file of the dispatcher's NATS user (dispatcher nats-config writes dispatcher.nk)"`
+	NATSCreds     string        `envconfig:"NATS_CREDS" desc:"JWT credentials file of the dispatcher's NATS user, instead of NATS_NKEY"`
 	NATSListen    string        `envconfig:"TOOLRELAY_NATS_LISTEN" default:"127.0.0.1:4222" desc:"client address of the embedded server"`
 	DataDir       string        `envconfig:"TOOLRELAY_DATA_DIR" default:"./toolrelay-data" desc:"where the embedded server stores"`
 	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1/watch, /healthz, /readyz, /metrics)"`
@@ -44,6 +46,8 @@ type config struct {
 	MaxPerTeam    int           `envconfig:"TOOLRELAY_MAX_INFLIGHT_PER_TEAM" default:"1024" desc:"one team's share of them"`
 	Replicas      int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams and buckets (3 on a cluster)"`
 	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	ResultBytes   int64         `envconfig:"TOOLRELAY_TEAM_RESULT_BYTES" default:"268435456" desc:"size limit of each team's result stream, so one team's flood fills only its own"`
+	MaxDecls      int           `envconfig:"TOOLRELAY_MAX_DECLARATIONS_PER_TEAM" default:"4096" desc:"live declarations (function × executor process) one team may have"`
 	Shutdown      time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"after SIGTERM, how long submissions in progress may finish before they are left to another replica or the restart"`
 	OpenAIAPIKey  secret        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
 	OpenAIBaseURL string        `envconfig:"OPENAI_BASE_URL" desc:"platform base URL; Foundry: {project endpoint}/openai/v1"`
@@ -104,7 +108,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		natsURL = s.ClientURL()
 		log.Info("embedded JetStream server started", "url", natsURL, "data_dir", cfg.DataDir)
 	}
-	nc, err := cliutil.ConnectNATS(ctx, natsURL, "toolrelay-dispatcher", log)
+	natsAuth, err := cliutil.NATSAuth(cfg.NATSNKey, cfg.NATSCreds)
+	if err != nil {
+		return err
+	}
+	nc, err := cliutil.ConnectNATS(ctx, natsURL, "toolrelay-dispatcher", log, natsAuth)
 	if err != nil {
 		return err
 	}
@@ -126,6 +134,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
 		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
+		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls,
 		Authenticator: auth,
 	}
 	if cfg.WebhookSecret != "" {

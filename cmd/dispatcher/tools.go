@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -108,7 +109,11 @@ func natsURLForTools() string {
 }
 
 func connectTo(url, name string) (jetstream.JetStream, func(), error) {
-	nc, err := nats.Connect(url, nats.Name(name))
+	auth, err := cliutil.NATSAuth(os.Getenv("NATS_NKEY"), os.Getenv("NATS_CREDS"))
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Name(name)}, auth...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}

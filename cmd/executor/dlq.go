@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -33,21 +34,25 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	switch args[0] {
 	case "list":
-		return dlqList(ctx, cfg.NATSURL, args[1:], stdout, stderr)
+		return dlqList(ctx, cfg, args[1:], stdout, stderr)
 	case "replay":
-		return dlqReplay(ctx, cfg.NATSURL, args[1:], stdout, stderr)
+		return dlqReplay(ctx, cfg, args[1:], stdout, stderr)
 	}
 	return errDLQUsage
 }
 
 var errDLQUsage = errors.New("usage: executor dlq list [-team T] [-json] | executor dlq replay [-timeout 5m] <call-key>")
 
-// dlqConnect connects the dlq commands to NATS at url, once: they are
-// one-shot, so they neither wait for the server nor reconnect.
-func dlqConnect(url string) (jetstream.JetStream, func(), error) {
-	nc, err := nats.Connect(url, nats.Name("toolrelay-dlq"))
+// dlqConnect connects the dlq commands to NATS, once: they are one-shot,
+// so they neither wait for the server nor reconnect.
+func dlqConnect(cfg config) (jetstream.JetStream, func(), error) {
+	auth, err := cliutil.NATSAuth(cfg.NATSNKey, cfg.NATSCreds)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(cfg.NATSURL, append([]nats.Option{nats.Name("toolrelay-dlq")}, auth...)...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -58,7 +63,7 @@ func dlqConnect(url string) (jetstream.JetStream, func(), error) {
 }
 
 // dlqList prints the dead letters, one a row (or a JSON line).
-func dlqList(ctx context.Context, url string, args []string, stdout, stderr io.Writer) error {
+func dlqList(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("executor dlq list", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	team := fs.String("team", "", "only this team's dead letters")
@@ -66,7 +71,7 @@ func dlqList(ctx context.Context, url string, args []string, stdout, stderr io.W
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	js, closeNC, err := dlqConnect(url)
+	js, closeNC, err := dlqConnect(cfg)
 	if err != nil {
 		return err
 	}
@@ -98,7 +103,7 @@ func dlqList(ctx context.Context, url string, args []string, stdout, stderr io.W
 }
 
 // dlqReplay queues one dead letter's call again, with a fresh deadline.
-func dlqReplay(ctx context.Context, url string, args []string, stdout, stderr io.Writer) error {
+func dlqReplay(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("executor dlq replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	timeout := fs.Duration("timeout", exec.DefaultReplayTimeout, "deadline of the replayed call, from now")
@@ -112,7 +117,7 @@ func dlqReplay(ctx context.Context, url string, args []string, stdout, stderr io
 	if err != nil {
 		return err
 	}
-	js, closeNC, err := dlqConnect(url)
+	js, closeNC, err := dlqConnect(cfg)
 	if err != nil {
 		return err
 	}

@@ -84,7 +84,7 @@ func (c *cluster) result(call *protocol.Call) *protocol.Result {
 	c.t.Helper()
 	var res *protocol.Result
 	testutil.WaitFor(c.t, 30*time.Second, func() bool {
-		s, err := c.js.Stream(context.Background(), protocol.ResultStream)
+		s, err := c.js.Stream(context.Background(), protocol.ResultStream(call.Team))
 		if err != nil {
 			return false
 		}
@@ -99,7 +99,7 @@ func (c *cluster) result(call *protocol.Call) *protocol.Result {
 }
 
 func (c *cluster) results(call *protocol.Call) uint64 {
-	s, err := c.js.Stream(context.Background(), protocol.ResultStream)
+	s, err := c.js.Stream(context.Background(), protocol.ResultStream(call.Team))
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -30,6 +30,9 @@ import (
 // config is the executor's settings, read from the environment.
 type config struct {
 	NATSURL         string        `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS servers to connect to"`
+	NATSNKey        string        `envconfig:"NATS_NKEY" desc:"NKEY seed file of the team's NATS user (dispatcher nats-config writes <team>.nk)"`
+	NATSCreds       string        `envconfig:"NATS_CREDS" desc:"JWT credentials file of the team's NATS user, instead of NATS_NKEY"`
+	ControlPrefix   string        `envconfig:"TOOLRELAY_CONTROL_API_PREFIX" desc:"where the team's account reaches the control plane's JetStream API ($JS.toolrelay.API with dispatcher nats-config); empty: one shared account"`
 	Name            string        `envconfig:"TOOLRELAY_EXECUTOR_NAME" desc:"name of this process in results and logs (default: host-random)"`
 	ShutdownTimeout time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"how long running calls may finish after SIGTERM"`
 	AckWait         time.Duration `envconfig:"TOOLRELAY_ACK_WAIT" default:"30s" desc:"a call whose executor goes silent this long is redelivered (heartbeats every third of it)"`
@@ -98,7 +101,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	nc, js, err := exec.Connect(ctx, cfg.NATSURL, exec.ConnectOptions{Name: "toolrelay-executor", Logger: log})
+	auth, err := cliutil.NATSAuth(cfg.NATSNKey, cfg.NATSCreds)
+	if err != nil {
+		return err
+	}
+	nc, js, err := exec.Connect(ctx, cfg.NATSURL, exec.ConnectOptions{Name: "toolrelay-executor", Logger: log, NATS: auth})
 	if err != nil {
 		return err
 	}
@@ -115,6 +122,7 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 	for team, funcs := range teams {
 		ex, err := exec.New(js, team, exec.Options{
 			Logger: log, Name: cfg.Name, ShutdownTimeout: cfg.ShutdownTimeout, Replicas: cfg.Replicas, AckWait: cfg.AckWait,
+			ControlAPIPrefix: cfg.ControlPrefix,
 		})
 		if err != nil {
 			return err

@@ -181,7 +181,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 		t.Fatalf("watch %s %q, want failed because the run was cancelled", w.State, w.Error)
 	}
 	// The executor stopped the running command and recorded why.
-	s, _ := p.js.Stream(ctx, protocol.ResultStream)
+	s, _ := p.js.Stream(ctx, protocol.ResultStream("reports"))
 	var res *protocol.Result
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		m, err := s.GetLastMsgForSubject(ctx, protocol.ResultSubject("reports", turn.Calls[0].Key))

@@ -8,8 +8,11 @@ package cliutil
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"text/tabwriter"
 
 	"github.com/kelseyhightower/envconfig"
@@ -44,8 +47,30 @@ func Logger(w io.Writer, level string) *slog.Logger {
 // are not up yet (started at the same time, or restarting), it keeps
 // trying with backoff until ctx ends, and once connected it reconnects
 // forever. It is [exec.Connect], the one implementation, which library
-// users' executors call too.
-func ConnectNATS(ctx context.Context, url, name string, log *slog.Logger) (*nats.Conn, error) {
-	nc, _, err := exec.Connect(ctx, url, exec.ConnectOptions{Name: name, Logger: log})
+// users' executors call too. auth carries the credentials (see NATSAuth).
+func ConnectNATS(ctx context.Context, url, name string, log *slog.Logger, auth []nats.Option) (*nats.Conn, error) {
+	nc, _, err := exec.Connect(ctx, url, exec.ConnectOptions{Name: name, Logger: log, NATS: auth})
 	return nc, err
+}
+
+// NATSAuth returns the connection options of the credentials the commands'
+// NATS_NKEY (an NKEY seed file, as dispatcher nats-config writes) and
+// NATS_CREDS (a JWT credentials file) settings name; both empty: none.
+func NATSAuth(nkeyFile, credsFile string) ([]nats.Option, error) {
+	switch {
+	case nkeyFile != "" && credsFile != "":
+		return nil, errors.New("settings: set NATS_NKEY or NATS_CREDS, not both")
+	case nkeyFile != "":
+		opt, err := nats.NkeyOptionFromSeed(nkeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("settings: NATS_NKEY=%s: %w", nkeyFile, err)
+		}
+		return []nats.Option{opt}, nil
+	case credsFile != "":
+		if _, err := os.Stat(credsFile); err != nil {
+			return nil, fmt.Errorf("settings: NATS_CREDS: %w", err)
+		}
+		return []nats.Option{nats.UserCredentials(credsFile)}, nil
+	}
+	return nil, nil
 }

@@ -118,7 +118,7 @@ func TestExecutorOnTheContractAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name := range x.functions {
-		if _, err := decls.Get(t.Context(), protocol.DeclarationKey(name, x.instance)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if _, err := decls.Get(t.Context(), protocol.DeclarationKey(team, name, x.instance)); !errors.Is(err, jetstream.ErrKeyNotFound) {
 			t.Errorf("declaration of %s after withdrawal: %v, want it gone", name, err)
 		}
 	}
@@ -151,33 +151,12 @@ func (x *executor) start(ctx context.Context) (withdraw func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	results, err := x.js.Stream(ctx, protocol.ResultStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	registry, err := x.js.KeyValue(ctx, protocol.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	declarations, err := x.js.KeyValue(ctx, protocol.DeclarationBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-
 	started := time.Now().UTC()
 	var decls []*protocol.Declaration
 	var consumers []jetstream.ConsumeContext
 	for name, run := range x.functions {
 		spec := protocol.FunctionSpec{Version: protocol.Version, Name: name, Team: team, Parameters: json.RawMessage(schema),
 			MaxConcurrency: 4, UpdatedAt: started}
-		// Claim: create, since nobody owns the name yet.
-		data, err := protocol.EncodeFunctionSpec(&spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := registry.Create(ctx, name, data); err != nil {
-			t.Fatal(err)
-		}
 		var ccfg jetstream.ConsumerConfig
 		fromAPIJSON(t, consumerAPI(protocol.FunctionConsumerSpec(team, name, spec.MaxConcurrency, ackWait)), &ccfg)
 		cons, err := stream.CreateOrUpdateConsumer(ctx, ccfg)
@@ -186,7 +165,7 @@ func (x *executor) start(ctx context.Context) (withdraw func()) {
 		}
 		// Consume keeps a pull request waiting, so the dispatcher sees the
 		// function served.
-		cc, err := cons.Consume(func(msg jetstream.Msg) { x.handle(ctx, results, name, run, msg) },
+		cc, err := cons.Consume(func(msg jetstream.Msg) { x.handle(ctx, name, run, msg) },
 			jetstream.PullMaxMessages(spec.MaxConcurrency))
 		if err != nil {
 			t.Fatal(err)
@@ -196,20 +175,39 @@ func (x *executor) start(ctx context.Context) (withdraw func()) {
 			Executor: "conformance", StartedAt: started})
 	}
 
-	// Declare, and renew every LeaseRenewal.
+	// Declare, and renew every LeaseRenewal: a request to the dispatchers,
+	// which own the registry, answered with what they stored.
+	request := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe}
+	for _, d := range decls {
+		request.Declarations = append(request.Declarations, *d)
+	}
+	send := func(op protocol.DeclareOp) error {
+		request.Op = op
+		body, err := json.Marshal(&request)
+		if err != nil {
+			return err
+		}
+		m, err := x.nc.Request(protocol.DeclareSubject(team), body, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		var reply protocol.DeclareReply
+		if err := json.Unmarshal(m.Data, &reply); err != nil {
+			return err
+		}
+		if reply.Error != "" || len(reply.Refused) > 0 || len(reply.Accepted) != len(decls) {
+			return fmt.Errorf("declare %s: %+v", op, reply)
+		}
+		return nil
+	}
 	put := func() {
-		for _, d := range decls {
-			data, err := protocol.EncodeDeclaration(d)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if _, err := declarations.Put(ctx, protocol.DeclarationKey(d.Spec.Name, d.Instance), data); err != nil {
-				t.Logf("renewing a declaration: %v", err)
-			}
+		if err := send(protocol.DeclareServe); err != nil {
+			t.Logf("renewing the declarations: %v", err)
 		}
 	}
-	put()
+	if err := send(protocol.DeclareServe); err != nil {
+		t.Fatal(err)
+	}
 	renew, stopRenewing := context.WithCancel(ctx)
 	renewed := make(chan struct{})
 	go func() {
@@ -230,10 +228,8 @@ func (x *executor) start(ctx context.Context) (withdraw func()) {
 		once.Do(func() {
 			stopRenewing()
 			<-renewed
-			for _, d := range decls {
-				if err := declarations.Delete(context.Background(), protocol.DeclarationKey(d.Spec.Name, d.Instance)); err != nil {
-					t.Errorf("withdraw %s: %v", d.Spec.Name, err)
-				}
+			if err := send(protocol.DeclareWithdraw); err != nil {
+				t.Errorf("withdraw: %v", err)
 			}
 			for _, cc := range consumers {
 				cc.Stop()
@@ -246,7 +242,7 @@ func (x *executor) start(ctx context.Context) (withdraw func()) {
 }
 
 // handle follows "Handling a delivery" in docs/protocol.md.
-func (x *executor) handle(ctx context.Context, results jetstream.Stream, name string, run func(*protocol.Call, int) (string, bool, bool), msg jetstream.Msg) {
+func (x *executor) handle(ctx context.Context, name string, run func(*protocol.Call, int) (string, bool, bool), msg jetstream.Msg) {
 	t := x.t
 	call, err := protocol.DecodeCall(msg.Data())
 	if err == nil && (call.Team != team || call.Function != name) {
@@ -280,7 +276,10 @@ func (x *executor) handle(ctx context.Context, results jetstream.Stream, name st
 	x.mu.Unlock()
 
 	if attempt > 1 {
-		if _, err := results.GetLastMsgForSubject(ctx, call.ResultSubject()); err == nil {
+		// A direct get of the result subject: a reply without a Status
+		// header is the recorded result.
+		m, err := x.nc.RequestWithContext(ctx, protocol.ResultGetSubject(protocol.DefaultAPIPrefix, team, call.Key), nil)
+		if err == nil && m.Header.Get("Status") == "" {
 			_ = msg.Ack() // answered already: must not run again
 			return
 		}

@@ -15,6 +15,7 @@ package firstwins
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,4 +57,24 @@ func Lost(err error) bool {
 		return true
 	}
 	return false
+}
+
+// Recorded reports whether a result of key, owned by team, is recorded. It
+// asks by direct get under apiPrefix (protocol.DefaultAPIPrefix, or
+// protocol.ControlAPIPrefix from a team's own account), so it needs no
+// stream handle: a team's credentials reach this one subject of the
+// control plane's API and nothing else.
+func Recorded(ctx context.Context, nc *nats.Conn, apiPrefix, team string, key protocol.CallKey) (bool, error) {
+	m, err := nc.RequestWithContext(ctx, protocol.ResultGetSubject(apiPrefix, team, key), nil)
+	if err != nil {
+		return false, fmt.Errorf("firstwins: look up the result of %s: %w", key, err)
+	}
+	switch status := m.Header.Get("Status"); {
+	case status == "" && m.Header.Get("Nats-Sequence") != "":
+		return true, nil
+	case status == "404":
+		return false, nil
+	default:
+		return false, fmt.Errorf("firstwins: look up the result of %s: status %s %s", key, status, m.Header.Get("Description"))
+	}
 }

@@ -44,7 +44,7 @@ func TestFirstResultWins(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			js := tc.js(t)
 			ctx := t.Context()
-			stream, err := provision.Stream(ctx, js, provision.ResultStreamConfig(provision.Options{Replicas: tc.replicas}))
+			stream, err := provision.Stream(ctx, js, provision.ResultStreamConfig("orders", 0, provision.Options{Replicas: tc.replicas}))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,72 +1,124 @@
-// Package lease keeps an executor process's declarations alive in the
-// declaration bucket: the one writer of declarations, used by executors
-// and by tests and benchmarks that stand in for them.
+// Package lease keeps an executor process's declarations alive: the one
+// sender of declarations (protocol.DeclareRequest), used by executors and by
+// tests and benchmarks that stand in for them.
 //
-// Each declaration is a lease. The bucket's age limit is
-// protocol.LeaseTTL and the keeper renews every protocol.LeaseRenewal, so
-// the declaration of a process that dies or is cut off disappears (the
-// server removes it and tells watchers with a marker) at most LeaseTTL
-// after its last renewal; a process that stops cleanly withdraws its own
-// at once.
+// Each declaration is a lease. Dispatchers store it in the declaration
+// bucket, whose age limit is protocol.LeaseTTL, and the keeper renews it
+// every protocol.LeaseRenewal, so the declaration of a process that dies or
+// is cut off disappears at most LeaseTTL after its last renewal; a process
+// that stops cleanly withdraws its own at once.
 package lease
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// Keeper holds the declarations of one process.
-type Keeper struct {
-	kv    jetstream.KeyValue
-	log   *slog.Logger
-	keys  []string
-	datas [][]byte
-	every time.Duration
+// requestTimeout bounds one exchange with a dispatcher.
+const requestTimeout = 2 * time.Second
+
+// retryAfterFailure is how soon a failed renewal is tried again.
+const retryAfterFailure = 500 * time.Millisecond
+
+// RefusedError says a dispatcher refused some declarations: another team
+// owns the name, or the team has too many.
+type RefusedError struct {
+	Refusals []protocol.Refusal
 }
 
-// Declare writes every declaration once and returns the keeper that renews
-// them. A declaration that cannot be written is an error: the process must
-// not serve what it has not declared. With a write error the keeper is
-// returned too, so that what was written can be withdrawn.
-func Declare(ctx context.Context, kv jetstream.KeyValue, decls []*protocol.Declaration, log *slog.Logger) (*Keeper, error) {
+func (e *RefusedError) Error() string {
+	parts := make([]string, len(e.Refusals))
+	for i, r := range e.Refusals {
+		parts[i] = r.Function + ": " + r.Reason
+	}
+	return "lease: declarations refused: " + strings.Join(parts, "; ")
+}
+
+// Keeper holds the declarations of one process of a team.
+type Keeper struct {
+	nc    *nats.Conn
+	team  string
+	log   *slog.Logger
+	serve []byte // the encoded DeclareRequest, renewed as it is
+	stop  []byte // its withdrawal
+	every time.Duration
+	// unanswered: no dispatcher answered the first declaration, so the
+	// first renewal comes soon.
+	unanswered bool
+}
+
+// Declare sends every declaration once and returns the keeper that renews
+// them. A refusal is a *RefusedError, returned with the keeper so that what
+// was accepted can be withdrawn. No dispatcher answering is not an error:
+// none may be running yet, and the keeper's renewals reach the first that
+// starts.
+func Declare(ctx context.Context, nc *nats.Conn, team string, decls []*protocol.Declaration, log *slog.Logger) (*Keeper, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	k := &Keeper{kv: kv, log: log, every: protocol.LeaseRenewal}
+	req := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe}
 	for _, d := range decls {
-		data, err := protocol.EncodeDeclaration(d)
-		if err != nil {
-			return nil, err
-		}
-		k.keys = append(k.keys, d.Key())
-		k.datas = append(k.datas, data)
+		req.Declarations = append(req.Declarations, *d)
 	}
-	return k, k.renew(ctx)
+	serve, err := protocol.EncodeDeclareRequest(team, &req)
+	if err != nil {
+		return nil, err
+	}
+	req.Op = protocol.DeclareWithdraw
+	stop, _ := json.Marshal(&req)
+	k := &Keeper{nc: nc, team: team, log: log, serve: serve, stop: stop, every: protocol.LeaseRenewal}
+	err = k.send(ctx, k.serve)
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		log.Warn("no dispatcher answered this executor's declarations; declaring again until one does", "err", err)
+		k.unanswered = true
+		return k, nil
+	}
+	return k, err
 }
 
-func (k *Keeper) renew(ctx context.Context) error {
-	var errs []error
-	for i, key := range k.keys {
-		if _, err := k.kv.Put(ctx, key, k.datas[i]); err != nil {
-			errs = append(errs, fmt.Errorf("lease: declare %s: %w", key, err))
-		}
+// send makes one exchange with a dispatcher.
+func (k *Keeper) send(ctx context.Context, body []byte) error {
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	m, err := k.nc.RequestWithContext(rctx, protocol.DeclareSubject(k.team), body)
+	if err != nil {
+		return fmt.Errorf("lease: declare: %w", err)
 	}
-	return errors.Join(errs...)
+	reply, err := protocol.DecodeDeclareReply(m.Data)
+	if err != nil {
+		return fmt.Errorf("lease: declare: %w", err)
+	}
+	if reply.Error != "" {
+		return fmt.Errorf("lease: declare: dispatcher: %s", reply.Error)
+	}
+	if len(reply.Refused) > 0 {
+		return &RefusedError{Refusals: reply.Refused}
+	}
+	return nil
 }
+
+// Renew sends the declarations once now.
+func (k *Keeper) Renew(ctx context.Context) error { return k.send(ctx, k.serve) }
 
 // Run renews the declarations every protocol.LeaseRenewal until ctx ends.
 // A renewal that fails is logged and tried again a second later: while it
 // fails, the declarations lapse and the dispatchers count this process out,
 // as they should for a process they cannot hear from.
 func (k *Keeper) Run(ctx context.Context) {
-	t := time.NewTimer(k.every)
+	first := k.every
+	if k.unanswered {
+		first = retryAfterFailure
+	}
+	t := time.NewTimer(first)
 	defer t.Stop()
 	for {
 		select {
@@ -74,26 +126,26 @@ func (k *Keeper) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, k.every)
-		err := k.renew(rctx)
-		cancel()
+		err := k.send(ctx, k.serve)
 		next := k.every
 		if err != nil && ctx.Err() == nil {
-			k.log.Warn("renewing this executor's declarations failed; retrying", "err", err)
-			next = time.Second
+			var refused *RefusedError
+			if errors.As(err, &refused) {
+				k.log.Error("dispatchers refuse declarations of this executor; no calls of them will arrive", "err", err)
+			} else {
+				k.log.Warn("renewing this executor's declarations failed; retrying", "err", err)
+				next = retryAfterFailure
+			}
 		}
 		t.Reset(next)
 	}
 }
 
-// Withdraw deletes the declarations, so dispatchers stop counting this
+// Withdraw removes the declarations, so dispatchers stop counting this
 // process at once instead of when its leases lapse.
 func (k *Keeper) Withdraw(ctx context.Context) error {
-	var errs []error
-	for _, key := range k.keys {
-		if err := k.kv.Delete(ctx, key); err != nil {
-			errs = append(errs, fmt.Errorf("lease: withdraw %s: %w", key, err))
-		}
+	if err := k.send(ctx, k.stop); err != nil {
+		return fmt.Errorf("lease: withdraw: %w", err)
 	}
-	return errors.Join(errs...)
+	return nil
 }

@@ -3,10 +3,11 @@ package lease
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
@@ -19,70 +20,104 @@ func declaration(instance string) *protocol.Declaration {
 			Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()}}
 }
 
-// A renewed lease outlives the bucket's age limit; one whose keeper stopped
-// (its process died) is removed by the server, and a watcher sees it go; a
-// withdrawn one goes at once. The bucket here has a 2s age limit, so the
-// test takes seconds instead of protocol.LeaseTTL.
-func TestLeasesLiveWhileRenewedAndLapseWhenNot(t *testing.T) {
-	_, js := natstest.Start(t).Connect(t)
-	ctx := t.Context()
-	const ttl = 2 * time.Second
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", History: 1, TTL: ttl, LimitMarkerTTL: ttl})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	gone := make(chan string, 4)
-	go func() {
-		for e := range w.Updates() {
-			if e != nil && e.Operation() != jetstream.KeyValuePut {
-				gone <- e.Key()
-			}
+// dispatcher stands in for the dispatchers' side of the exchange: it hands
+// each request to the test and answers with what answer returns.
+func dispatcher(t *testing.T, nc *nats.Conn, answer func(*protocol.DeclareRequest) protocol.DeclareReply) <-chan *protocol.DeclareRequest {
+	t.Helper()
+	got := make(chan *protocol.DeclareRequest, 16)
+	sub, err := nc.Subscribe(protocol.DeclareSubject("orders"), func(m *nats.Msg) {
+		req, err := protocol.DecodeDeclareRequest("orders", m.Data)
+		if err != nil {
+			t.Errorf("malformed request: %v", err)
+			return
 		}
-	}()
-
-	renewed, err := Declare(ctx, kv, []*protocol.Declaration{declaration("renewed")}, testutil.Logger(t))
+		reply := answer(req)
+		b, _ := json.Marshal(&reply)
+		_ = m.Respond(b)
+		got <- req
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	renewed.every = ttl / 4
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return got
+}
+
+func accept(req *protocol.DeclareRequest) protocol.DeclareReply {
+	reply := protocol.DeclareReply{Version: protocol.Version}
+	for _, d := range req.Declarations {
+		reply.Accepted = append(reply.Accepted, d.Spec.Name)
+	}
+	return reply
+}
+
+func next(t *testing.T, got <-chan *protocol.DeclareRequest) *protocol.DeclareRequest {
+	t.Helper()
+	select {
+	case req := <-got:
+		return req
+	case <-time.After(10 * time.Second):
+		t.Fatal("no request reached the dispatcher")
+		return nil
+	}
+}
+
+// Declare sends the declarations, Run renews them, Withdraw takes them back.
+func TestDeclareRenewWithdraw(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	got := dispatcher(t, nc, accept)
+	k, err := Declare(ctx, nc, "orders", []*protocol.Declaration{declaration("one")}, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req := next(t, got); req.Op != protocol.DeclareServe || req.Declarations[0].Key() != protocol.DeclarationKey("orders", "get_order", "one") {
+		t.Fatalf("first request %+v, want a declaration of orders.get_order.one", req)
+	}
+	k.every = 50 * time.Millisecond
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { k.Run(rctx); close(done) }()
+	if req := next(t, got); req.Op != protocol.DeclareServe {
+		t.Fatalf("renewal %+v, want a declaration again", req)
+	}
+	stop()
+	<-done
+	if err := k.Withdraw(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for req := next(t, got); req.Op != protocol.DeclareWithdraw; req = next(t, got) {
+	}
+}
+
+// A refusal (another team owns the name) is an error the executor can name.
+func TestRefusalIsReported(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	dispatcher(t, nc, func(req *protocol.DeclareRequest) protocol.DeclareReply {
+		return protocol.DeclareReply{Version: protocol.Version,
+			Refused: []protocol.Refusal{{Function: "get_order", Owner: "billing", Reason: "get_order is owned by team \"billing\""}}}
+	})
+	_, err := Declare(t.Context(), nc, "orders", []*protocol.Declaration{declaration("one")}, testutil.Logger(t))
+	var refused *RefusedError
+	if !errors.As(err, &refused) || refused.Refusals[0].Owner != "billing" {
+		t.Fatalf("err = %v, want a RefusedError naming billing", err)
+	}
+}
+
+// With no dispatcher running, Declare does not fail: the keeper declares
+// again soon, and the first dispatcher to start gets the declaration.
+func TestNoDispatcherYet(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	k, err := Declare(ctx, nc, "orders", []*protocol.Declaration{declaration("early")}, testutil.Logger(t))
+	if err != nil {
+		t.Fatalf("Declare without a dispatcher: %v, want nil", err)
+	}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go renewed.Run(rctx)
-	dead, err := Declare(ctx, kv, []*protocol.Declaration{declaration("dead")}, testutil.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = dead // never renewed, as if its process was killed
-
-	select {
-	case key := <-gone:
-		if key != protocol.DeclarationKey("get_order", "dead") {
-			t.Fatalf("%s went first; want the unrenewed lease", key)
-		}
-	case <-time.After(ttl + 10*time.Second):
-		t.Fatal("the unrenewed lease was not removed")
-	}
-	// Both were declared at once, more than the age limit ago: the renewed
-	// one is still there.
-	if _, err := kv.Get(ctx, protocol.DeclarationKey("get_order", "renewed")); err != nil {
-		t.Fatalf("the renewed lease: %v", err)
-	}
-
-	stop()
-	if err := renewed.Withdraw(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case key := <-gone:
-		if key != protocol.DeclarationKey("get_order", "renewed") {
-			t.Fatalf("%s went; want the withdrawn lease", key)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the withdrawn lease did not go")
+	go k.Run(rctx)
+	got := dispatcher(t, nc, accept)
+	if req := next(t, got); req.Declarations[0].Instance != "early" {
+		t.Fatalf("request %+v, want the early declaration", req)
 	}
 }

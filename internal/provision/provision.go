@@ -72,6 +72,7 @@ func StreamConfig(spec protocol.StreamSpec, o Options) jetstream.StreamConfig {
 		DiscardNewPerSubject: spec.DiscardNewPerSubject,
 		MaxAge:               spec.MaxAge,
 		Duplicates:           spec.Duplicates,
+		MaxBytes:             maxBytesOrNone(spec.MaxBytes),
 		MaxMsgSize:           spec.MaxMsgSize,
 		AllowMsgTTL:          spec.AllowMsgTTL,
 		AllowDirect:          spec.AllowDirect,
@@ -80,6 +81,14 @@ func StreamConfig(spec protocol.StreamSpec, o Options) jetstream.StreamConfig {
 		Storage:              jetstream.FileStorage,
 		Replicas:             o.replicas(),
 	}
+}
+
+// maxBytesOrNone is JetStream's spelling of a size limit: -1 for none.
+func maxBytesOrNone(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 // KeyValueConfig translates a bucket of the wire contract.
@@ -154,9 +163,13 @@ func CallStreamConfig(team string, o Options) jetstream.StreamConfig {
 	return c
 }
 
-// ResultStreamConfig holds every result; one per call, the first wins.
-func ResultStreamConfig(o Options) jetstream.StreamConfig {
-	return StreamConfig(protocol.ResultStreamSpec(), o)
+// ResultStreamConfig holds team's results, at most maxBytes of them
+// (0: protocol.DefaultResultStreamBytes); one per call, the first wins.
+func ResultStreamConfig(team string, maxBytes int64, o Options) jetstream.StreamConfig {
+	if maxBytes <= 0 {
+		maxBytes = protocol.DefaultResultStreamBytes
+	}
+	return StreamConfig(protocol.ResultStreamSpec(team, maxBytes), o)
 }
 
 // DeadLetterStreamConfig keeps dead letters for two weeks, one per call.

@@ -16,7 +16,7 @@ import (
 func TestStreamIsIdempotent(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	for i := range 2 {
-		if _, err := Stream(t.Context(), js, ResultStreamConfig(Options{})); err != nil {
+		if _, err := Stream(t.Context(), js, ResultStreamConfig("geo", 0, Options{})); err != nil {
 			t.Fatalf("attempt %d: %v", i, err)
 		}
 		if _, err := Stream(t.Context(), js, CallStreamConfig("geo", Options{})); err != nil {
@@ -33,11 +33,11 @@ func TestStreamIsIdempotent(t *testing.T) {
 
 func TestIncompatibleStreamIsReportedNotReplaced(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
-	theirs := jetstream.StreamConfig{Name: protocol.ResultStream, Subjects: []string{"fnresult.>"}, Retention: jetstream.InterestPolicy}
+	theirs := jetstream.StreamConfig{Name: protocol.ResultStream("geo"), Subjects: []string{"fnresult.geo.>"}, Retention: jetstream.InterestPolicy}
 	if _, err := js.CreateStream(t.Context(), theirs); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Stream(t.Context(), js, ResultStreamConfig(Options{}))
+	_, err := Stream(t.Context(), js, ResultStreamConfig("geo", 0, Options{}))
 	var inc *IncompatibleError
 	if !errors.As(err, &inc) {
 		t.Fatalf("err = %v, want IncompatibleError", err)
@@ -45,7 +45,7 @@ func TestIncompatibleStreamIsReportedNotReplaced(t *testing.T) {
 	if !strings.Contains(err.Error(), "retention") || !strings.Contains(err.Error(), "max_msgs_per_subject") {
 		t.Errorf("error does not name the differences: %v", err)
 	}
-	s, err := js.Stream(t.Context(), protocol.ResultStream)
+	s, err := js.Stream(t.Context(), protocol.ResultStream("geo"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,12 +105,12 @@ func TestConfigsMatchProtocolSpecs(t *testing.T) {
 		cfg  jetstream.StreamConfig
 	}{
 		{protocol.CallStreamSpec("geo"), CallStreamConfig("geo", o)},
-		{protocol.ResultStreamSpec(), ResultStreamConfig(o)},
+		{protocol.ResultStreamSpec("geo", protocol.DefaultResultStreamBytes), ResultStreamConfig("geo", 0, o)},
 		{protocol.DeadLetterStreamSpec(), DeadLetterStreamConfig(o)},
 		{protocol.CancelStreamSpec(), CancelStreamConfig(o)},
 	}
-	if len(streams) != len(protocol.ExecutorStreams("geo")) {
-		t.Fatalf("test covers %d streams, protocol.ExecutorStreams lists %d", len(streams), len(protocol.ExecutorStreams("geo")))
+	if n := len(protocol.ExecutorStreams("geo")) + len(protocol.ControlStreams("geo", 0)); len(streams) != n {
+		t.Fatalf("test covers %d streams, protocol.ExecutorStreams and ControlStreams list %d", len(streams), n)
 	}
 	for _, tc := range streams {
 		t.Run("stream "+tc.spec.Name, func(t *testing.T) {
@@ -136,8 +136,8 @@ func TestConfigsMatchProtocolSpecs(t *testing.T) {
 		{protocol.DeclarationBucketSpec(), DeclarationBucketConfig(o)},
 		{protocol.AttemptBucketSpec(), AttemptBucketConfig(o)},
 	}
-	if len(buckets) != len(protocol.ExecutorBuckets()) {
-		t.Fatalf("test covers %d buckets, protocol.ExecutorBuckets lists %d", len(buckets), len(protocol.ExecutorBuckets()))
+	if n := len(protocol.ExecutorBuckets()) + len(protocol.ControlBuckets()); len(buckets) != n {
+		t.Fatalf("test covers %d buckets, protocol.ExecutorBuckets and ControlBuckets list %d", len(buckets), n)
 	}
 	for _, tc := range buckets {
 		t.Run("bucket "+tc.spec.Name, func(t *testing.T) {
@@ -194,7 +194,7 @@ func streamSpecOf(c jetstream.StreamConfig) protocol.StreamSpec {
 		Name: c.Name, Description: c.Description, Subjects: c.Subjects,
 		Retention: protocol.Retention(jsonName(c.Retention)), Discard: protocol.Discard(jsonName(c.Discard)),
 		MaxMsgsPerSubject: max(c.MaxMsgsPerSubject, 0), DiscardNewPerSubject: c.DiscardNewPerSubject,
-		MaxAge: c.MaxAge, Duplicates: c.Duplicates, MaxMsgSize: max(c.MaxMsgSize, 0),
+		MaxAge: c.MaxAge, Duplicates: c.Duplicates, MaxBytes: max(c.MaxBytes, 0), MaxMsgSize: max(c.MaxMsgSize, 0),
 		AllowMsgTTL: c.AllowMsgTTL, AllowDirect: c.AllowDirect, AllowMsgSchedules: c.AllowMsgSchedules, AllowRollup: c.AllowRollup,
 	}
 }

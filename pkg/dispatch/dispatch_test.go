@@ -138,7 +138,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 	if turn, err := d.Turn(context.Background(), w.Turns[0]); err != nil || turn.State != dispatch.TurnSubmitted || len(turn.TimedOut) != 1 {
 		t.Errorf("after the late result: turn = %+v, %v; want it still submitted with the call timed out", turn, err)
 	}
-	s, err := e.js.Stream(context.Background(), protocol.ResultStream)
+	s, err := e.js.Stream(context.Background(), protocol.ResultStream(res.Team))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,8 +320,9 @@ func TestResumeAfterRestart(t *testing.T) {
 
 func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
 	e := newEnv(t, weatherScenario("orphan", "orphan weather", `{"location":"Oslo"}`))
-	e.register("geo", "get_weather", weatherSchema) // announced, but its executors are gone
 	d, _ := e.dispatcher(dispatch.Options{ServeGrace: 200 * time.Millisecond})
+	// Claimed by geo's executor, which is gone again.
+	e.declare("geo", "get_weather", weatherSchema, "test-executor", "gone")()
 	w := finish(t, d, e.response("orphan weather"), 10*time.Second)
 	if !strings.Contains(w.Answer, `"type":"unavailable"`) || !strings.Contains(w.Answer, "no executor is serving it") {
 		t.Fatalf("answer = %q, want an unavailable error", w.Answer)

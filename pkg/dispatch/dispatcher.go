@@ -32,6 +32,9 @@ const (
 	DefaultMaxInFlightPublishes = 4096
 	DefaultMaxInFlightPerTeam   = 1024
 	DefaultSweepInterval        = 10 * time.Second
+	// DefaultMaxDeclarationsPerTeam bounds the live declarations (one per
+	// function and executor process) a team may have at once.
+	DefaultMaxDeclarationsPerTeam = 4096
 )
 
 // Options configures a Dispatcher. The zero value is valid.
@@ -71,6 +74,12 @@ type Options struct {
 	// orphaned watches (a replica died mid-way) and repairs them.
 	// Default: 10s.
 	SweepInterval time.Duration
+	// ResultStreamBytes bounds each team's result stream, so one team's
+	// flood fills only its own. Default: protocol.DefaultResultStreamBytes.
+	ResultStreamBytes int64
+	// MaxDeclarationsPerTeam bounds a team's live declarations; more are
+	// refused. Default: DefaultMaxDeclarationsPerTeam.
+	MaxDeclarationsPerTeam int
 	// ShutdownTimeout is how long Run waits, once its context ends, for
 	// submissions in progress before cancelling them (another replica, or
 	// this one restarted, then repeats them). Default: 10s.
@@ -128,11 +137,9 @@ type Dispatcher struct {
 	// webhooksSeen and responses back the webhook intake.
 	webhooksSeen jetstream.KeyValue
 	responses    jetstream.KeyValue
-	results      jetstream.Stream
 	timers       jetstream.Stream
 	registry     *registry
 	gather       *gatherer
-	served       *servedCache
 	limiter      *limiter
 	tel          *telemetry
 
@@ -190,6 +197,12 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = DefaultSweepInterval
 	}
+	if opts.ResultStreamBytes <= 0 {
+		opts.ResultStreamBytes = protocol.DefaultResultStreamBytes
+	}
+	if opts.MaxDeclarationsPerTeam <= 0 {
+		opts.MaxDeclarationsPerTeam = DefaultMaxDeclarationsPerTeam
+	}
 	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{},
 		unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
@@ -205,7 +218,6 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	}
 	d.tel = tel
 	d.gather = newGatherer(d)
-	d.served = newServedCache(js)
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
 	return d, nil
@@ -276,6 +288,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: serve the watch API on NATS: %w", err)
 	}
 	defer stopNATS()
+	stopDeclarations, err := d.serveDeclarations(rctx)
+	if err != nil {
+		return fmt.Errorf("dispatch: serve executors' declarations: %w", err)
+	}
+	defer stopDeclarations()
 	defer d.tel.endAll()
 	wg.Go(func() { d.refreshGaugesEvery(rctx, gaugeInterval) })
 	d.resume(bctx)
@@ -287,15 +304,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	return nil
 }
 
-// provision creates (or checks) the streams and buckets the dispatcher
-// uses, and those executors share, so that executors locked down to their
-// team's subjects (deploy/nats) only have to look them up.
+// provision creates (or checks) the streams and buckets the dispatchers
+// own: turn state, timers, watches, the registry and the teams' result
+// streams (those as teams appear). What a team's executors keep in their own
+// account (calls, cancellations, dead letters, attempt marks) they create.
 func (d *Dispatcher) provision(ctx context.Context) error {
 	popts := provision.Options{Replicas: d.opts.Replicas}
 	var err error
-	if d.results, err = provision.Stream(ctx, d.js, provision.ResultStreamConfig(popts)); err != nil {
-		return err
-	}
 	if d.timers, err = provision.Stream(ctx, d.js, provision.TimerStreamConfig(popts)); err != nil {
 		return err
 	}
@@ -306,15 +321,6 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 	d.turns = turnStore{kv: kv}
 
 	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
-		return err
-	}
-	if _, err := provision.Stream(ctx, d.js, provision.CancelStreamConfig(popts)); err != nil {
-		return err
-	}
-	if _, err := provision.Stream(ctx, d.js, provision.DeadLetterStreamConfig(popts)); err != nil {
-		return err
-	}
-	if _, err := provision.KeyValue(ctx, d.js, provision.AttemptBucketConfig(popts)); err != nil {
 		return err
 	}
 	if d.webhooksSeen, err = provision.KeyValue(ctx, d.js, provision.WebhookBucketConfig(popts)); err != nil {

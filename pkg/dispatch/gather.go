@@ -23,7 +23,8 @@ import (
 // last result always finds it complete then. With one replica no re-check
 // ever finds anything missing, and the deadline timer is the backstop.
 type gatherer struct {
-	d *Dispatcher
+	d       *Dispatcher
+	streams *resultStreams
 
 	mu    sync.Mutex
 	turns map[protocol.TurnKey]*gathering
@@ -38,14 +39,13 @@ type gathering struct {
 }
 
 const (
-	resultsConsumer = "toolrelay_dispatcher"
-	gatherWorkers   = 16
-	recheckDelay    = 25 * time.Millisecond
-	recheckTimeout  = 10 * time.Second
+	gatherWorkers  = 16
+	recheckDelay   = 25 * time.Millisecond
+	recheckTimeout = 10 * time.Second
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
-	return &gatherer{d: d, turns: map[protocol.TurnKey]*gathering{}}
+	return &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}}
 }
 
 // start consumes results until the returned stop is called. Results of one
@@ -61,25 +61,19 @@ func (g *gatherer) start(ctx context.Context) (stop func(), err error) {
 			}
 		})
 	}
-	stopConsuming, err := g.d.consume(ctx, g.d.results, jetstream.ConsumerConfig{
-		Durable:       resultsConsumer,
-		Description:   "toolrelay dispatchers gathering results",
-		FilterSubject: protocol.ResultSubjectPrefix + ".>",
-		MaxAckPending: 20000,
-	}, 1024, func(msg jetstream.Msg) { queues[shard(msg.Subject())] <- msg })
-	if err != nil {
+	stopAll := func() {
+		g.streams.stop()
 		for _, q := range queues {
 			close(q)
 		}
 		wg.Wait()
+	}
+	if err := g.streams.start(ctx, func(msg jetstream.Msg) { queues[shard(msg.Subject())] <- msg }); err != nil {
+		stopAll()
 		return nil, err
 	}
 	return func() {
-		stopConsuming()
-		for _, q := range queues {
-			close(q)
-		}
-		wg.Wait()
+		stopAll()
 		g.stopRechecks()
 	}, nil
 }
@@ -244,16 +238,22 @@ func (g *gatherer) present(ctx context.Context, t *Turn) (int, error) {
 	return len(rec), err
 }
 
-// recorded returns the calls of t whose result is in the stream.
+// recorded returns the calls of t whose result is in its team's stream.
 func (g *gatherer) recorded(ctx context.Context, t *Turn) (map[protocol.CallKey]bool, error) {
-	info, err := g.d.results.Info(ctx, jetstream.WithSubjectFilter(protocol.TurnResultsFilter(t.Key)))
-	if err != nil {
-		return nil, err
-	}
 	rec := map[protocol.CallKey]bool{}
-	for i := range t.Calls {
-		if info.State.Subjects[t.Calls[i].resultSubject()] > 0 {
-			rec[t.Calls[i].Key] = true
+	for _, team := range t.teams() {
+		s, err := g.streams.stream(ctx, team)
+		if err != nil {
+			return nil, err
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.TurnResultsFilter(t.Key)))
+		if err != nil {
+			return nil, err
+		}
+		for i := range t.Calls {
+			if t.Calls[i].Team == team && info.State.Subjects[t.Calls[i].resultSubject()] > 0 {
+				rec[t.Calls[i].Key] = true
+			}
 		}
 	}
 	return rec, nil
@@ -279,7 +279,11 @@ func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.
 	if res != nil {
 		return res, nil
 	}
-	m, err := g.d.results.GetLastMsgForSubject(ctx, c.resultSubject())
+	s, err := g.streams.stream(ctx, c.Team)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, c.resultSubject())
 	if err != nil {
 		return nil, err
 	}

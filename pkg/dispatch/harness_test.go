@@ -3,14 +3,17 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -43,6 +46,10 @@ type env struct {
 	// hook receives the simulator's webhooks and hands them to hookTo.
 	hook   *httptest.Server
 	hookTo atomic.Pointer[http.Handler]
+	// keepers are the stand-in executors' declarations, sent again to
+	// each dispatcher that starts so a test needs not wait for a renewal.
+	keepersMu sync.Mutex
+	keepers   []*lease.Keeper
 }
 
 const testWebhookSecret = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
@@ -124,7 +131,21 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 	}
 	e.t.Cleanup(stop)
 	testutil.WaitFor(e.t, 10*time.Second, d.Ready)
+	e.redeclare()
 	return d, stop
+}
+
+// redeclare sends every stand-in executor's declarations again, as their
+// renewals would, to a dispatcher that has just become ready.
+func (e *env) redeclare() {
+	e.t.Helper()
+	e.keepersMu.Lock()
+	defer e.keepersMu.Unlock()
+	for _, k := range e.keepers {
+		if err := k.Renew(context.Background()); err != nil {
+			e.t.Fatalf("declaring to the new dispatcher: %v", err)
+		}
+	}
 }
 
 // register announces a function in the registry as an executor does: the
@@ -141,38 +162,31 @@ func (e *env) register(team, name, schema string) {
 func (e *env) declare(team, name, schema, executor, instance string) (stop func()) {
 	e.t.Helper()
 	ctx := context.Background()
-	claims, err := provision.KeyValue(ctx, e.js, provision.RegistryBucketConfig(provision.Options{}))
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	spec := protocol.FunctionSpec{
 		Version: protocol.Version, Name: name, Team: team, Parameters: json.RawMessage(schema), UpdatedAt: time.Now(),
 	}
-	b, err := protocol.EncodeFunctionSpec(&spec)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if _, err := claims.Put(ctx, name, b); err != nil {
-		e.t.Fatal(err)
-	}
-	decls, err := provision.KeyValue(ctx, e.js, provision.DeclarationBucketConfig(provision.Options{}))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	keeper, err := lease.Declare(ctx, decls, []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
+	keeper, err := lease.Declare(ctx, e.js.Conn(), team, []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
 		Instance: instance, Executor: executor, StartedAt: time.Now()}}, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.keepersMu.Lock()
+	e.keepers = append(e.keepers, keeper)
+	e.keepersMu.Unlock()
 	kctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { keeper.Run(kctx); close(done) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
+			e.keepersMu.Lock()
+			e.keepers = slices.DeleteFunc(e.keepers, func(k *lease.Keeper) bool { return k == keeper })
+			e.keepersMu.Unlock()
 			cancel()
 			<-done
-			if err := keeper.Withdraw(ctx); err != nil {
+			// With the dispatcher stopped already nobody answers, and
+			// the lease lapses instead.
+			if err := keeper.Withdraw(ctx); err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) {
 				e.t.Errorf("withdraw %s: %v", name, err)
 			}
 		})
@@ -211,7 +225,7 @@ func (e *env) serveWith(team string, functions []string, fn func(c *protocol.Cal
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(provision.Options{})); err != nil {
+	if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(team, 0, provision.Options{})); err != nil {
 		e.t.Fatal(err)
 	}
 	var ran atomic.Int32

@@ -23,12 +23,12 @@ import (
 func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
-	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(provision.Options{}))
+	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(protocol.SystemTeam, 0, provision.Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := results.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "toolrelay_dispatcher",
-		FilterSubject: protocol.ResultSubjectPrefix + ".someone.>", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		FilterSubject: protocol.ResultSubjectPrefix + "." + protocol.SystemTeam + ".someone.>", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
 	_, js := e.srv.Connect(t)

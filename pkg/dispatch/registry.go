@@ -40,13 +40,24 @@ type registry struct {
 
 	mu      sync.RWMutex
 	owners  map[string]*protocol.FunctionSpec
-	live    map[string]map[string]*declared // function → instance → declaration
+	live    map[string]map[string]*declared // function → declaration key → declaration
 	schemas map[string]*schema.Schema       // function/digest → compiled
 	// disagree holds the functions whose live declarations have more than
 	// one schema, as reported.
 	disagree map[string]int
+	// refusals are the declarations refused lately, by team/function.
+	refusals map[string]refusal
 	changed  chan struct{} // closed and replaced on every change
 }
+
+// refusal is a declaration the dispatcher refused, as reported.
+type refusal struct {
+	team, function, reason string
+	at                     time.Time
+}
+
+// refusalQuiet is how long a refusal is not logged again.
+const refusalQuiet = time.Minute
 
 // declared is a live declaration.
 type declared struct {
@@ -69,7 +80,7 @@ type function struct {
 
 func newRegistry(log *slog.Logger) *registry {
 	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, live: map[string]map[string]*declared{},
-		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, changed: make(chan struct{})}
+		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, refusals: map[string]refusal{}, changed: make(chan struct{})}
 }
 
 // watch keeps the cache current until ctx ends. ready is closed once both
@@ -128,21 +139,21 @@ func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
 }
 
 func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
-	name, instance, err := protocol.ParseDeclarationKey(e.Key())
+	team, name, instance, err := protocol.ParseDeclarationKey(e.Key())
 	if err != nil {
 		r.log.Error("ignoring a declaration under a malformed key", "key", e.Key(), "err", err)
 		return
 	}
 	if e.Operation() != jetstream.KeyValuePut {
 		r.mu.Lock()
-		delete(r.live[name], instance)
+		delete(r.live[name], e.Key())
 		r.checkAgreement(name)
 		r.notify()
 		r.mu.Unlock()
 		return
 	}
 	decl, err := protocol.DecodeDeclaration(e.Value())
-	if err == nil && (decl.Spec.Name != name || decl.Instance != instance) {
+	if err == nil && (decl.Spec.Team != team || decl.Spec.Name != name || decl.Instance != instance) {
 		err = errors.New("declaration does not match its key")
 	}
 	if err != nil {
@@ -163,7 +174,7 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 	if r.live[name] == nil {
 		r.live[name] = map[string]*declared{}
 	}
-	r.live[name][instance] = &declared{decl: decl, schema: s, digest: digest, expires: time.Now().Add(protocol.LeaseTTL)}
+	r.live[name][e.Key()] = &declared{decl: decl, schema: s, digest: digest, expires: time.Now().Add(protocol.LeaseTTL)}
 	r.checkAgreement(name)
 	r.notify()
 }
@@ -199,6 +210,81 @@ func (r *registry) checkAgreement(name string) {
 func (r *registry) notify() {
 	close(r.changed)
 	r.changed = make(chan struct{})
+}
+
+// claim returns the team owning spec's function, making spec's team the
+// owner if no team is yet: the first team to declare a name owns it. Claims
+// are created by compare-and-set, so of two dispatchers (or two teams)
+// racing for a name one wins and both report the same owner.
+func (r *registry) claim(ctx context.Context, spec *protocol.FunctionSpec) (string, error) {
+	r.mu.RLock()
+	owner := r.owners[spec.Name]
+	r.mu.RUnlock()
+	if owner != nil {
+		return owner.Team, nil
+	}
+	data, err := protocol.EncodeFunctionSpec(spec)
+	if err != nil {
+		return "", err
+	}
+	if _, err = r.claims.Create(ctx, spec.Name, data); err == nil {
+		r.log.InfoContext(ctx, "function claimed", "fn", spec.Name, "team", spec.Team)
+		r.mu.Lock()
+		r.owners[spec.Name] = spec
+		r.mu.Unlock()
+		return spec.Team, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return "", fmt.Errorf("dispatch: claim %s: %w", spec.Name, err)
+	}
+	f, err := r.lookup(ctx, spec.Name)
+	if err != nil {
+		return "", err
+	}
+	if f == nil {
+		return "", fmt.Errorf("dispatch: claim %s: claimed and gone again; try again", spec.Name)
+	}
+	return f.team, nil
+}
+
+// declarationsOf counts team's live declarations other than those in
+// also (which a request renews).
+func (r *registry) declarationsOf(team string, also []protocol.Declaration) int {
+	renewed := make(map[string]bool, len(also))
+	for i := range also {
+		renewed[also[i].Key()] = true
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n := 0
+	for _, byKey := range r.live {
+		for key, d := range byKey {
+			if d.decl.Spec.Team == team && !renewed[key] {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// declared reports whether decl's key is live in the cache already.
+func (r *registry) declared(decl *protocol.Declaration) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	_, ok := r.live[decl.Spec.Name][decl.Key()]
+	return ok
+}
+
+// noteRefusal records a refused declaration and reports whether it is
+// news (not refused for the same reason within refusalQuiet).
+func (r *registry) noteRefusal(decl *protocol.Declaration, reason string) bool {
+	key := decl.Spec.Team + "/" + decl.Spec.Name
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	last, seen := r.refusals[key]
+	r.refusals[key] = refusal{team: decl.Spec.Team, function: decl.Spec.Name, reason: reason, at: now}
+	return !seen || last.reason != reason || now.Sub(last.at) > refusalQuiet
 }
 
 // lookup returns the function, or nil if no team owns the name. The claim

@@ -27,22 +27,22 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Durati
 	}
 	c.Team = f.team
 	// Arguments are checked against what live executors declare; with none
-	// alive there is nothing to run them, so wait a moment for one.
+	// alive there is nothing to run them, so wait a moment for one. A live
+	// declaration is a lease its process renews, so it is also the answer
+	// to "is anyone serving this?".
 	if f = d.registry.awaitLive(ctx, f, grace); len(f.live) == 0 {
 		return notServed(c.Name)
 	}
 	if msg := f.validate(c.Arguments); msg != "" {
 		return &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: msg}
 	}
-	ok, err := d.served.served(ctx, c.Team, c.Name, grace)
-	if err != nil {
-		if ctx.Err() == nil {
-			d.log.Warn("cannot tell whether executors serve the function; publishing anyway", "fn", c.Name, "err", err)
-		}
-		return nil
-	}
-	if !ok {
-		return notServed(c.Name)
+	// The team's result stream must exist before its executors can record
+	// a result (it does once the team has declared, unless an operator
+	// removed it since).
+	if _, err := d.gather.streams.stream(ctx, c.Team); err != nil {
+		d.log.Warn("cannot provision the team's result stream", "team", c.Team, "err", err)
+		return &protocol.CallError{Code: protocol.CodeUnavailable,
+			Message: fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", c.Name)}
 	}
 	return nil
 }

@@ -76,6 +76,7 @@ type telemetry struct {
 	redeliveries metric.Int64Counter
 	webhooks     metric.Int64Counter
 	takenIn      metric.Int64Counter
+	refused      metric.Int64Counter
 
 	mu    sync.Mutex
 	spans map[protocol.TurnKey]trace.Span
@@ -125,6 +126,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	t.webhooks, e = m.Int64Counter("toolrelay.webhooks", metric.WithDescription("Webhooks received, by event type and outcome (accepted, ignored, duplicate, rejected, error)."))
 	must(e)
 	t.takenIn, e = m.Int64Counter("toolrelay.turns.taken_in", metric.WithDescription("Turns taken in, by platform and by the channel that saw them first (poll, stream, webhook, api)."))
+	must(e)
+	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many): a team serving a name another owns, or over its quota."))
 	must(e)
 	must(t.observe(m, fleet))
 	return t, err

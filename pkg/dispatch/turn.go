@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -70,6 +71,18 @@ type TurnCall struct {
 
 // resultSubject is where this call's result is recorded.
 func (c *TurnCall) resultSubject() string { return protocol.ResultSubject(c.Team, c.Key) }
+
+// teams lists the teams whose result streams hold the turn's results, each
+// once.
+func (t *Turn) teams() []string {
+	var teams []string
+	for i := range t.Calls {
+		if !slices.Contains(teams, t.Calls[i].Team) {
+			teams = append(teams, t.Calls[i].Team)
+		}
+	}
+	return teams
+}
 
 // Open reports whether the turn still waits for results.
 func (t *Turn) Open() bool { return t.State == TurnCollecting || t.State == TurnSubmitting }

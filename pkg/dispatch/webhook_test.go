@@ -172,6 +172,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 	go func() { done <- d.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	testutil.WaitFor(t, 10*time.Second, d.Ready)
+	e.redeclare()
 	r, err := foundry.Responses.New(context.Background(), responses.ResponseNewParams{
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("my horoscope")},
 	}, option.WithJSONSet("agent_reference", map[string]any{"type": "agent_reference", "name": "order-desk", "version": "3"}))

@@ -406,7 +406,7 @@ func TestResultIsKeptUntilItCanBeStored(t *testing.T) {
 	h := start(t, "team-a", exec.Options{AckWait: 3 * time.Second}, fn)
 	ctx := context.Background()
 	cfg := h.results.CachedInfo().Config
-	if err := h.js.DeleteStream(ctx, protocol.ResultStream); err != nil {
+	if err := h.js.DeleteStream(ctx, protocol.ResultStream("team-a")); err != nil {
 		t.Fatal(err)
 	}
 	c := h.call("team-a", "issue_refund", `{}`, time.Now().Add(time.Minute))

@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -44,8 +46,46 @@ func start(t *testing.T, team string, opts exec.Options, fns ...exec.Function) *
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	h := &harness{t: t, srv: srv, js: js}
+	registrar(t, js)
 	h.stopFirst = h.run(team, opts, fns...)
 	return h
+}
+
+// registrar stands in for the dispatchers' side of declarations (which
+// pkg/exec must not import): it stores each declare request's declarations
+// in the declaration bucket, or deletes them on withdrawal, and accepts.
+func registrar(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	kv, err := provision.KeyValue(t.Context(), js, provision.DeclarationBucketConfig(provision.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := js.Conn().Subscribe(protocol.DeclareSubjectPrefix+".*", func(m *nats.Msg) {
+		team, err := protocol.ParseDeclareSubject(m.Subject)
+		var req *protocol.DeclareRequest
+		if err == nil {
+			req, err = protocol.DecodeDeclareRequest(team, m.Data)
+		}
+		reply := protocol.DeclareReply{Version: protocol.Version}
+		if err != nil {
+			reply.Error = err.Error()
+		}
+		for i := 0; req != nil && i < len(req.Declarations); i++ {
+			d := &req.Declarations[i]
+			if req.Op == protocol.DeclareWithdraw {
+				_ = kv.Delete(context.Background(), d.Key())
+			} else if data, err := protocol.EncodeDeclaration(d); err == nil {
+				_, _ = kv.Put(context.Background(), d.Key(), data)
+			}
+			reply.Accepted = append(reply.Accepted, d.Spec.Name)
+		}
+		b, _ := json.Marshal(&reply)
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 }
 
 // run starts one more executor process on the same server.
@@ -88,7 +128,7 @@ func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (sto
 				return false
 			}
 		}
-		h.results, err = h.js.Stream(context.Background(), protocol.ResultStream)
+		h.results, err = h.js.Stream(context.Background(), protocol.ResultStream(team))
 		return err == nil
 	})
 	return stop
@@ -212,21 +252,6 @@ func TestHandlerErrorReachesTheModel(t *testing.T) {
 	}
 }
 
-func TestOtherTeamCannotClaimAFunction(t *testing.T) {
-	h := start(t, "team-a", exec.Options{}, echo())
-	e, err := exec.New(h.js, "team-b", exec.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Register(echo()); err != nil {
-		t.Fatal(err)
-	}
-	err = e.Run(t.Context())
-	if !errors.Is(err, exec.ErrOwnedByOtherTeam) || !strings.Contains(err.Error(), `"team-a"`) {
-		t.Fatalf("Run = %v, want ErrOwnedByOtherTeam naming team-a", err)
-	}
-}
-
 func TestRegisterRejectsBadFunctions(t *testing.T) {
 	e, err := exec.New(nil, "team-a", exec.Options{})
 	if err != nil {
@@ -276,14 +301,4 @@ func TestMiddlewareOrderAndInvocationContext(t *testing.T) {
 	if strings.Join(order, ",") != "outer,inner" {
 		t.Errorf("middleware order = %v", order)
 	}
-}
-
-// registry is the function registry bucket.
-func (h *harness) registry(t *testing.T) jetstream.KeyValue {
-	t.Helper()
-	kv, err := h.js.KeyValue(t.Context(), protocol.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kv
 }

@@ -43,6 +43,13 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// Replicas of the streams and buckets the executor creates. Default: 1.
 	Replicas int
+	// ControlAPIPrefix is where this team's account reaches the control
+	// plane's JetStream API (to look its own results up) in a deployment
+	// with an account per team: protocol.ControlAPIPrefix there (the
+	// executor command's TOOLRELAY_CONTROL_API_PREFIX). Empty: the control
+	// plane shares this account, and the executor creates its team's result
+	// stream itself if no dispatcher has yet.
+	ControlAPIPrefix string
 	// Retry is how retryable errors are retried; a Function may override
 	// it. Default: 3 attempts, backoff from 200ms doubling to 10s.
 	Retry RetryPolicy
@@ -60,8 +67,8 @@ type Options struct {
 // executor is shutting down; the call is redelivered to another replica.
 var ErrShutdown = errors.New("exec: executor shutting down")
 
-// ErrOwnedByOtherTeam is returned by Run when a function is registered by a
-// different team; the error names the owner.
+// ErrOwnedByOtherTeam is returned by Run when the dispatchers refuse a
+// function because another team owns its name; the error names the owner.
 var ErrOwnedByOtherTeam = errors.New("exec: function owned by another team")
 
 // Executor serves the functions of one team from JetStream. Many executor
@@ -147,7 +154,7 @@ func (e *Executor) Run(ctx context.Context) error {
 		return errors.New("exec: no functions registered")
 	}
 
-	workers, declarations, stopCancels, err := e.setUp(ctx, funcs)
+	workers, stopCancels, err := e.setUp(ctx, funcs)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting
@@ -180,7 +187,10 @@ func (e *Executor) Run(ctx context.Context) error {
 		decls = append(decls, &protocol.Declaration{Version: protocol.Version, Spec: *f.spec(e.team, started),
 			Instance: instance, Executor: e.opts.Name, StartedAt: started})
 	}
-	keeper, err := lease.Declare(ctx, declarations, decls, e.log)
+	keeper, err := lease.Declare(ctx, e.js.Conn(), e.team, decls, e.log)
+	if refused := (*lease.RefusedError)(nil); errors.As(err, &refused) {
+		err = fmt.Errorf("%w: %w", ErrOwnedByOtherTeam, err)
+	}
 	if err != nil {
 		// Stopped while starting (ctx ended) is a clean stop; anything else
 		// is a failure to start. Either way nothing stays declared.
@@ -193,6 +203,9 @@ func (e *Executor) Run(ctx context.Context) error {
 		wg.Wait()
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, ErrOwnedByOtherTeam) {
+			return err
 		}
 		return fmt.Errorf("exec: declare functions: %w", err)
 	}
@@ -232,36 +245,32 @@ func (e *Executor) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// setUp provisions the team's stream, the results stream, the registry,
-// declaration and attempt buckets and one consumer per function, claims
-// the functions for the team, follows the team's cancellations (stop with
-// stopCancels) and returns a worker per function.
-func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, jetstream.KeyValue, func(), error) {
+// setUp provisions what the team keeps in its own account (its call
+// stream with one consumer per function, dead letters, attempt marks; the
+// results stream too when the control plane shares the account), follows
+// the team's cancellations (stop with stopCancels) and returns a worker per
+// function.
+func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, func(), error) {
 	popts := provision.Options{Replicas: e.opts.Replicas}
 	stream, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(e.team, popts))
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(popts))
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	registry, err := provision.KeyValue(ctx, e.js, provision.RegistryBucketConfig(popts))
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	declarations, err := provision.KeyValue(ctx, e.js, provision.DeclarationBucketConfig(popts))
-	if err != nil {
-		return nil, nil, nil, err
+	apiPrefix := e.opts.ControlAPIPrefix
+	if apiPrefix == "" {
+		apiPrefix = protocol.DefaultAPIPrefix
+		if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(e.team, 0, popts)); err != nil {
+			return nil, nil, err
+		}
 	}
 	if _, err := provision.Stream(ctx, e.js, provision.DeadLetterStreamConfig(popts)); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	var marks attempts
 	for _, f := range funcs {
 		if f.SideEffects && marks.kv == nil {
 			if marks.kv, err = provision.KeyValue(ctx, e.js, provision.AttemptBucketConfig(popts)); err != nil {
-				return nil, nil, nil, err
+				return nil, nil, err
 			}
 		}
 	}
@@ -269,18 +278,14 @@ func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, jet
 	cancelled := newCancels()
 	stopCancels, err := cancelled.follow(ctx, e.js, e.team, popts)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	workers := make([]*worker, 0, len(funcs))
 	for _, f := range funcs {
-		if err := e.announce(ctx, registry, f); err != nil {
-			stopCancels()
-			return nil, nil, nil, err
-		}
 		cons, err := provision.Consumer(ctx, stream, e.consumerConfig(f))
 		if err != nil {
 			stopCancels()
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		retry := e.opts.Retry
 		if f.Retry != nil {
@@ -291,14 +296,14 @@ func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, jet
 			mws = append([]Middleware{Tracing(e.opts.TracerProvider), Metrics(e.opts.MeterProvider)}, mws...)
 		}
 		workers = append(workers, &worker{
-			e: e, fn: f, cons: cons, results: results, attempts: marks, cancels: cancelled,
+			e: e, fn: f, cons: cons, apiPrefix: apiPrefix, attempts: marks, cancels: cancelled,
 			retry:   retry.withDefaults(),
 			handler: chain(f.Handler, mws),
 			tel:     tel,
 			log:     e.log.With("fn", f.Name),
 		})
 	}
-	return workers, declarations, stopCancels, nil
+	return workers, stopCancels, nil
 }
 
 // withdrawTimeout bounds the deletion of declarations at shutdown.
@@ -306,38 +311,4 @@ const withdrawTimeout = 2 * time.Second
 
 func (e *Executor) consumerConfig(f *Function) jetstream.ConsumerConfig {
 	return provision.FunctionConsumerConfig(e.team, f.Name, f.MaxConcurrency, e.opts.AckWait)
-}
-
-// announce records the function in the registry, refusing a name another
-// team owns. Create and Update are compare-and-set, so two teams racing for
-// one name cannot both win.
-func (e *Executor) announce(ctx context.Context, registry jetstream.KeyValue, f *Function) error {
-	data, err := protocol.EncodeFunctionSpec(f.spec(e.team, time.Now()))
-	if err != nil {
-		return err
-	}
-	for {
-		entry, err := registry.Get(ctx, f.Name)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			_, err = registry.Create(ctx, f.Name, data)
-			if errors.Is(err, jetstream.ErrKeyExists) {
-				continue // someone registered it meanwhile: check the owner
-			}
-		case err == nil:
-			have, derr := protocol.DecodeFunctionSpec(entry.Value())
-			if derr == nil && have.Team != e.team {
-				return fmt.Errorf("%w: %s is owned by team %q; team %q cannot serve it (pick another name, or ask %q to hand it over)",
-					ErrOwnedByOtherTeam, f.Name, have.Team, e.team, have.Team)
-			}
-			_, err = registry.Update(ctx, f.Name, data, entry.Revision())
-			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-				continue
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("exec: announce %s: %w", f.Name, err)
-		}
-		return nil
-	}
 }

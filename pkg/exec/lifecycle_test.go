@@ -11,6 +11,28 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
+// declared returns the live declarations of team's function.
+func (h *harness) declared(team, function string) []*protocol.Declaration {
+	h.t.Helper()
+	kv, err := h.js.KeyValue(context.Background(), protocol.DeclarationBucket)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	keys, err := kv.ListKeysFiltered(context.Background(), team+"."+function+".*")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []*protocol.Declaration
+	for k := range keys.Keys() {
+		if e, err := kv.Get(context.Background(), k); err == nil {
+			if d, err := protocol.DecodeDeclaration(e.Value()); err == nil {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
 // declarations lists the live declarations of function, by executor name.
 func (h *harness) declarations(function string) []string {
 	h.t.Helper()
@@ -18,7 +40,7 @@ func (h *harness) declarations(function string) []string {
 	if err != nil {
 		return nil
 	}
-	keys, err := kv.ListKeysFiltered(context.Background(), function+".*")
+	keys, err := kv.ListKeysFiltered(context.Background(), "*."+function+".*")
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -108,17 +108,10 @@ func TestTypedHandlerThroughAnExecutor(t *testing.T) {
 	if ran.Load() != before {
 		t.Errorf("handler ran for arguments the schema refuses")
 	}
-	entry, err := h.registry(t).Get(t.Context(), "get_order")
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := protocol.DecodeFunctionSpec(entry.Value())
-	if err != nil {
-		t.Fatal(err)
-	}
 	want, _ := exec.SchemaFor[orderArgs]()
-	if string(spec.Parameters) != string(want) {
-		t.Errorf("registered parameters = %s, want %s", spec.Parameters, want)
+	declared := h.declared("team-a", "get_order")
+	if len(declared) != 1 || string(declared[0].Spec.Parameters) != string(want) {
+		t.Errorf("declared %+v, want one declaration with parameters %s", declared, want)
 	}
 }
 

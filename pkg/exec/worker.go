@@ -24,16 +24,18 @@ import (
 // its free slots (so AckWait clocks do not run on buffered calls) and runs
 // each under the call's deadline.
 type worker struct {
-	e        *Executor
-	fn       *Function
-	cons     jetstream.Consumer
-	results  jetstream.Stream
-	attempts attempts
-	cancels  *cancels
-	retry    RetryPolicy
-	handler  Handler
-	tel      *telemetry
-	log      *slog.Logger
+	e    *Executor
+	fn   *Function
+	cons jetstream.Consumer
+	// apiPrefix reaches the control plane's JetStream API, where the
+	// team's results are looked up.
+	apiPrefix string
+	attempts  attempts
+	cancels   *cancels
+	retry     RetryPolicy
+	handler   Handler
+	tel       *telemetry
+	log       *slog.Logger
 }
 
 func (w *worker) serve(ctx, hctx context.Context) error {
@@ -356,7 +358,13 @@ func outcomeOf(res *protocol.Result) string {
 	return "ok"
 }
 
+// resultRecorded reports whether the call's result is recorded already. A
+// lookup that fails counts as not recorded: the call runs (or, for a side
+// effect, its attempt mark decides).
 func (w *worker) resultRecorded(ctx context.Context, call *protocol.Call) bool {
-	_, err := w.results.GetLastMsgForSubject(ctx, call.ResultSubject())
-	return err == nil
+	ok, err := firstwins.Recorded(ctx, w.e.js.Conn(), w.apiPrefix, call.Team, call.Key)
+	if err != nil {
+		w.log.WarnContext(ctx, "cannot tell whether the call's result is recorded; running it", "call", call.Key, "err", err)
+	}
+	return ok
 }

@@ -113,7 +113,7 @@ func renderValues() string {
 		{"max envelope size", fmt.Sprint(MaxEnvelopeSize), "bytes of an encoded envelope"},
 		{"max output size", fmt.Sprint(MaxOutputSize), "bytes of a result's `output`"},
 		{"lease TTL", LeaseTTL.String(), "a declaration not renewed within it is removed by the server"},
-		{"lease renewal", LeaseRenewal.String(), "how often an executor re-puts each declaration"},
+		{"lease renewal", LeaseRenewal.String(), "how often an executor sends its declarations again"},
 		{"cancel memory", CancelMemory.String(), "how long cancellations are kept, and how far back an executor reads them"},
 		{"default ack wait", DefaultAckWait.String(), "report progress (`+WPI`) every third of it"},
 	}
@@ -149,22 +149,34 @@ func renderCodes() string {
 
 func renderStreams() string {
 	var b strings.Builder
-	b.WriteString("| stream | subjects | retention | discard | max msgs per subject | discard new per subject | max age | duplicates window | max msg size | allow msg TTL | allow direct |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| stream | created by | subjects | retention | discard | max msgs per subject | discard new per subject | max age | max bytes | duplicates window | max msg size | allow msg TTL | allow direct |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	row := func(s StreamSpec, by string) {
+		fmt.Fprintf(&b, "| `%s` | %s | `%s` | %s | %s | %s | %t | %s | %s | %s | %s | %t | %t |\n",
+			s.Name, by, strings.Join(s.Subjects, "`, `"), s.Retention, s.Discard, limit(s.MaxMsgsPerSubject),
+			s.DiscardNewPerSubject, s.MaxAge, limit(s.MaxBytes), s.Duplicates, limit(int64(s.MaxMsgSize)), s.AllowMsgTTL, s.AllowDirect)
+	}
 	for _, s := range ExecutorStreams("<team>") {
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s | %t | %s | %s | %s | %t | %t |\n",
-			s.Name, strings.Join(s.Subjects, "`, `"), s.Retention, s.Discard, limit(s.MaxMsgsPerSubject),
-			s.DiscardNewPerSubject, s.MaxAge, s.Duplicates, limit(int64(s.MaxMsgSize)), s.AllowMsgTTL, s.AllowDirect)
+		row(s, "executors")
+	}
+	for _, s := range ControlStreams("<team>", DefaultResultStreamBytes) {
+		row(s, "dispatchers")
 	}
 	return b.String()
 }
 
 func renderBuckets() string {
 	var b strings.Builder
-	b.WriteString("| bucket (stream) | history | TTL | limit marker TTL | holds |\n")
-	b.WriteString("|---|---|---|---|---|\n")
+	b.WriteString("| bucket (stream) | written by | history | TTL | limit marker TTL | holds |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
+	row := func(k BucketSpec, by string) {
+		fmt.Fprintf(&b, "| `%s` (`KV_%s`) | %s | %d | %s | %s | %s |\n", k.Name, k.Name, by, k.History, duration(k.TTL), duration(k.LimitMarkerTTL), k.Description)
+	}
 	for _, k := range ExecutorBuckets() {
-		fmt.Fprintf(&b, "| `%s` (`KV_%s`) | %d | %s | %s | %s |\n", k.Name, k.Name, k.History, duration(k.TTL), duration(k.LimitMarkerTTL), k.Description)
+		row(k, "executors")
+	}
+	for _, k := range ControlBuckets() {
+		row(k, "dispatchers only")
 	}
 	return b.String()
 }

@@ -95,17 +95,20 @@ type Declaration struct {
 	StartedAt time.Time `json:"started_at"`
 }
 
-// DeclarationKey is the key of instance's declaration of function in the
-// DeclarationBucket: <function>.<instance>.
-func DeclarationKey(function, instance string) string { return function + "." + instance }
+// DeclarationKey is the key of instance's declaration of team's function
+// in the DeclarationBucket: <team>.<function>.<instance>. The team comes
+// first so that a deployment can scope a team to its own keys.
+func DeclarationKey(team, function, instance string) string {
+	return team + "." + function + "." + instance
+}
 
 // ParseDeclarationKey splits a DeclarationKey.
-func ParseDeclarationKey(key string) (function, instance string, err error) {
-	function, instance, ok := strings.Cut(key, ".")
-	if !ok || ValidateFunctionName(function) != nil || ValidateInstance(instance) != nil {
-		return "", "", fmt.Errorf("%w: declaration key %q: want <function>.<instance>", ErrMalformed, key)
+func ParseDeclarationKey(key string) (team, function, instance string, err error) {
+	parts := strings.Split(key, ".")
+	if len(parts) != 3 || ValidateTeamName(parts[0]) != nil || ValidateFunctionName(parts[1]) != nil || ValidateInstance(parts[2]) != nil {
+		return "", "", "", fmt.Errorf("%w: declaration key %q: want <team>.<function>.<instance>", ErrMalformed, key)
 	}
-	return function, instance, nil
+	return parts[0], parts[1], parts[2], nil
 }
 
 // ValidateInstance checks an executor instance ID: 1 to 64 letters,
@@ -135,7 +138,7 @@ func (d *Declaration) Validate() error {
 }
 
 // Key is d's key in the DeclarationBucket.
-func (d *Declaration) Key() string { return DeclarationKey(d.Spec.Name, d.Instance) }
+func (d *Declaration) Key() string { return DeclarationKey(d.Spec.Team, d.Spec.Name, d.Instance) }
 
 // EncodeDeclaration validates and encodes d.
 func EncodeDeclaration(d *Declaration) ([]byte, error) {

@@ -59,6 +59,9 @@ type StreamSpec struct {
 	// Duplicates is the window in which a repeated Nats-Msg-Id is
 	// dropped (tunable, never shorter).
 	Duplicates time.Duration
+	// MaxBytes bounds the stream's size; 0 means no bound but the
+	// account's (tunable).
+	MaxBytes int64
 	// MaxMsgSize bounds one message; 0 means the server's max_payload.
 	MaxMsgSize int32
 	// AllowMsgTTL lets publishers set Nats-TTL per message (semantic).
@@ -139,6 +142,10 @@ const (
 	CancelDuplicateWindow = time.Minute
 	// AttemptTTL is how long an attempt mark is kept: longer than a turn.
 	AttemptTTL = 2 * time.Hour
+	// DefaultResultStreamBytes is the size limit of each team's result
+	// stream unless the dispatcher is given another: about 256k results
+	// of 1 KiB, far more than any team has in flight within ResultMaxAge.
+	DefaultResultStreamBytes = 256 << 20
 	// DefaultAckWait is the function consumers' AckWait unless an
 	// executor chooses another; running calls report progress every
 	// AckWait/3.
@@ -166,22 +173,26 @@ func CallStreamSpec(team string) StreamSpec {
 	}
 }
 
-// ResultStreamSpec holds every result. MaxMsgsPerSubject 1 with
+// ResultStreamSpec holds team's results. MaxMsgsPerSubject 1 with
 // DiscardNewPerSubject makes the server refuse a second result on a call's
 // subject: the first result recorded wins, whoever writes it (an executor,
 // or the dispatcher failing a call). Writers also publish with
 // Nats-Expected-Last-Subject-Sequence: 0, and a repeat of the same
-// publication is dropped by its Nats-Msg-Id within Duplicates.
-func ResultStreamSpec() StreamSpec {
+// publication is dropped by its Nats-Msg-Id within Duplicates. MaxBytes
+// bounds what one team can store (the dispatcher's setting; see
+// DefaultResultStreamBytes): a team that floods its results stream only
+// fills its own.
+func ResultStreamSpec(team string, maxBytes int64) StreamSpec {
 	return StreamSpec{
-		Name:                 ResultStream,
-		Description:          "toolrelay results, first result per call wins",
-		Subjects:             []string{ResultSubjectPrefix + ".>"},
+		Name:                 ResultStream(team),
+		Description:          "toolrelay results of team " + team + ", first result per call wins",
+		Subjects:             ResultStreamSubjects(team),
 		Retention:            RetentionLimits,
 		Discard:              DiscardNew,
 		MaxMsgsPerSubject:    1,
 		DiscardNewPerSubject: true,
 		MaxAge:               ResultMaxAge,
+		MaxBytes:             maxBytes,
 		Duplicates:           DuplicateWindow,
 		MaxMsgSize:           MaxEnvelopeSize,
 		AllowDirect:          true,
@@ -219,9 +230,10 @@ func CancelStreamSpec() StreamSpec {
 }
 
 // RegistryBucketSpec holds each function's claim: the FunctionSpec of its
-// owning team, under the function's name. Claims are written by
-// compare-and-set (create, or update at the revision read), so two teams
-// racing for a name cannot both win.
+// owning team, under the function's name. Only dispatchers write claims, by
+// compare-and-set (create, or update at the revision read): the first team
+// to declare a name owns it, and two teams racing for a name cannot both
+// win. Executors never touch this bucket.
 func RegistryBucketSpec() BucketSpec {
 	return BucketSpec{Name: RegistryBucket, Description: "toolrelay function registry", History: 5}
 }
@@ -229,7 +241,8 @@ func RegistryBucketSpec() BucketSpec {
 // DeclarationBucketSpec holds executors' live declarations, each a lease:
 // its TTL is LeaseTTL, so a declaration its process stopped renewing is
 // removed by the server, which leaves a marker (LimitMarkerTTL) so that
-// dispatchers watching the bucket see it go.
+// dispatchers watching the bucket see it go. Only dispatchers write it, on
+// an executor's DeclareRequest.
 func DeclarationBucketSpec() BucketSpec {
 	return BucketSpec{
 		Name:           DeclarationBucket,
@@ -270,10 +283,23 @@ func FunctionConsumerSpec(team, function string, maxAckPending int, ackWait time
 // for operators provisioning ahead of executors (deploy/nats) and for
 // executors in other languages.
 func ExecutorStreams(team string) []StreamSpec {
-	return []StreamSpec{CallStreamSpec(team), ResultStreamSpec(), DeadLetterStreamSpec(), CancelStreamSpec()}
+	return []StreamSpec{CallStreamSpec(team), DeadLetterStreamSpec(), CancelStreamSpec()}
 }
 
-// ExecutorBuckets lists the KV buckets an executor uses.
+// ExecutorBuckets lists the KV buckets an executor uses in its own account.
 func ExecutorBuckets() []BucketSpec {
-	return []BucketSpec{RegistryBucketSpec(), DeclarationBucketSpec(), AttemptBucketSpec()}
+	return []BucketSpec{AttemptBucketSpec()}
+}
+
+// ControlStreams and ControlBuckets list what the dispatchers own, for team
+// (results) and for everyone (the registry and the declarations): in a
+// deployment with an account per team they live in the control account,
+// which teams reach only through the subjects DESIGN.md's tenancy names.
+func ControlStreams(team string, resultBytes int64) []StreamSpec {
+	return []StreamSpec{ResultStreamSpec(team, resultBytes)}
+}
+
+// ControlBuckets lists the KV buckets only dispatchers write.
+func ControlBuckets() []BucketSpec {
+	return []BucketSpec{RegistryBucketSpec(), DeclarationBucketSpec()}
 }

@@ -11,18 +11,20 @@ const (
 	CallSubjectPrefix   = "fncall"
 	ResultSubjectPrefix = "fnresult"
 
-	// ResultStream holds every result; the first result of a call wins
-	// (see ResultStreamSpec).
-	ResultStream = "FNRESULTS"
+	// resultStreamPrefix + team is the stream of a team's results; the
+	// first result of a call wins (see ResultStreamSpec).
+	resultStreamPrefix = "FNRESULTS_"
 	// callStreamPrefix + team is a team's work-queue stream of calls.
 	callStreamPrefix = "FNCALLS_"
 
 	// RegistryBucket maps function names to the claim of the team that
-	// owns them: the FunctionSpec its executors last announced. A claim
+	// owns them: the FunctionSpec its executors last declared. A claim
 	// outlives executors; what is served now is in DeclarationBucket.
+	// Dispatchers alone write both.
 	RegistryBucket = "toolrelay_functions"
 	// DeclarationBucket holds one Declaration per function and executor
-	// process, under DeclarationKey, each a lease that process renews.
+	// process, under DeclarationKey, each a lease that process renews by
+	// DeclareRequest.
 	DeclarationBucket = "toolrelay_declarations"
 )
 
@@ -53,6 +55,26 @@ func ParseCallSubject(subject string) (team, function string, err error) {
 		return "", "", fmt.Errorf("protocol: call subject %q: %w", subject, err)
 	}
 	return parts[1], parts[2], nil
+}
+
+// ResultStream returns the name of the stream of team's results. Each
+// team has its own, so that its size limit, its duplicate window and its
+// direct gets concern that team alone.
+func ResultStream(team string) string { return resultStreamPrefix + team }
+
+// ResultStreamSubjects returns the subjects of team's result stream.
+func ResultStreamSubjects(team string) []string {
+	return []string{ResultSubjectPrefix + "." + team + ".>"}
+}
+
+// ResultStreamTeam returns the team of a result stream's name, and whether
+// name is one.
+func ResultStreamTeam(name string) (string, bool) {
+	team, ok := strings.CutPrefix(name, resultStreamPrefix)
+	if !ok || validResultTeam(team) != nil {
+		return "", false
+	}
+	return team, true
 }
 
 // ResultSubject returns the subject of the result of a call owned by team.

@@ -1,0 +1,385 @@
+// Package natsdeploy checks the NATS configuration toolrelay deploys with a
+// real server: the files in deploy/nats parse with the accounts `dispatcher
+// nats-config` generates, and under that configuration one team, attacking
+// another the ways docs/security.md lists, gets a refusal or a limit while
+// the victim's turns complete.
+package natsdeploy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/tenancy"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// The node files of deploy/nats include the accounts.conf the generator
+// writes; with it beside them, each parses and stores with fsync always.
+func TestConfigsParse(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := tenancy.Write(dir, tenancy.Options{Teams: []string{"orders", "billing"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"single.conf", "n1.conf", "n2.conf", "n3.conf"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		opts, err := server.ProcessConfigFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if !opts.JetStream || !opts.SyncAlways {
+			t.Errorf("%s: jetstream %v, sync always %v", f, opts.JetStream, opts.SyncAlways)
+		}
+	}
+}
+
+// deployment is a real server on the generated configuration, a dispatcher
+// as the control plane and an executor of the victim team, billing.
+type deployment struct {
+	t      *testing.T
+	dir    string
+	srv    *server.Server
+	sim    *platformsim.Server
+	client openai.Client
+	d      *dispatch.Dispatcher
+	djs    jetstream.JetStream
+	ran    atomic.Int32 // billing's function runs
+}
+
+const (
+	secretOutput   = "billing-secret-7f3a"
+	horoscopeParam = `{"type":"object","properties":{"sign":{"type":"string"}},"required":["sign"]}`
+	resultBytes    = 256 << 10 // each team's result stream, small so a flood hits it quickly
+	teamMaxFile    = 8 << 20
+	maxDecls       = 8
+)
+
+func deploy(t *testing.T) *deployment {
+	t.Helper()
+	x := &deployment{t: t, dir: t.TempDir()}
+	res, err := tenancy.Write(x.dir, tenancy.Options{Teams: []string{"orders", "billing"},
+		Limits: tenancy.Limits{MaxFile: teamMaxFile, MaxStreams: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(res.Servers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Port, opts.StoreDir, opts.NoLog, opts.NoSigs = -1, t.TempDir(), true, true
+	if x.srv, err = server.NewServer(opts); err != nil {
+		t.Fatal(err)
+	}
+	go x.srv.Start()
+	if !x.srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { x.srv.Shutdown(); x.srv.WaitForShutdown() })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	x.sim = platformsim.New(platformsim.Options{Model: &platformsim.Model{Scenarios: []platformsim.Scenario{platformsim.HoroscopeScenario}}})
+	hs := httptest.NewServer(x.sim)
+	t.Cleanup(func() { hs.CloseClientConnections(); x.sim.Close(); hs.Close() })
+	x.client = openai.NewClient(option.WithBaseURL(hs.URL+"/v1"), option.WithAPIKey("k"))
+
+	_, x.djs = x.connect("dispatcher")
+	x.d, err = dispatch.New(x.djs, openaiplatform.New(x.client), dispatch.Options{Logger: testutil.Logger(t),
+		ResultStreamBytes: resultBytes, MaxDeclarationsPerTeam: maxDecls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { _ = x.d.Run(ctx) })
+	testutil.WaitFor(t, 20*time.Second, x.d.Ready)
+
+	_, bjs := x.connect("billing")
+	x.serve(ctx, &wg, bjs, "billing", "get_horoscope", func() { x.ran.Add(1) })
+	return x
+}
+
+// connect connects as a user of the generated configuration, with its seed.
+func (x *deployment) connect(user string, more ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	x.t.Helper()
+	auth, err := nats.NkeyOptionFromSeed(filepath.Join(x.dir, user+".nk"))
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	return natstest.Connect(x.t, x.srv.ClientURL(), append([]nats.Option{auth}, more...)...)
+}
+
+// serve runs team's executor of fn, as the executor command would with the
+// env file the generator wrote, and waits until the dispatcher counts it.
+func (x *deployment) serve(ctx context.Context, wg *sync.WaitGroup, js jetstream.JetStream, team, fn string, ran func()) {
+	x.t.Helper()
+	ex, err := exec.New(js, team, exec.Options{Logger: testutil.Logger(x.t), ControlAPIPrefix: protocol.ControlAPIPrefix})
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	if err := ex.Register(exec.Function{Name: fn, Parameters: json.RawMessage(horoscopeParam),
+		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+			ran()
+			return []byte(secretOutput), nil
+		})}); err != nil {
+		x.t.Fatal(err)
+	}
+	runErr := make(chan error, 1)
+	wg.Go(func() { runErr <- ex.Run(ctx) })
+	testutil.WaitFor(x.t, 20*time.Second, func() bool {
+		select {
+		case err := <-runErr:
+			x.t.Fatalf("%s's executor could not start under the generated configuration: %v", team, err)
+		default:
+		}
+		fns, err := dispatch.Registry(context.Background(), x.djs)
+		for _, f := range fns {
+			if f.Spec.Name == fn && f.Spec.Team == team && f.Served() {
+				return true
+			}
+		}
+		_ = err
+		return false
+	})
+}
+
+// turn plays the horoscope scenario and returns the watch once it ended.
+func (x *deployment) turn() *dispatch.Watch {
+	x.t.Helper()
+	r, err := x.client.Responses.New(context.Background(), responses.ResponseNewParams{Model: "m",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("my horoscope")}})
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	w, err := x.d.Watch(context.Background(), dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: r.ID})
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	testutil.WaitFor(x.t, 30*time.Second, func() bool {
+		w, err = x.d.WatchStatus(context.Background(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	return w
+}
+
+func (x *deployment) victimCompletes() {
+	x.t.Helper()
+	before := x.ran.Load()
+	if w := x.turn(); w.State != dispatch.WatchCompleted || w.Answer != "Your horoscope: "+secretOutput {
+		x.t.Fatalf("billing's turn: watch %s %q %s; want it completed with billing's answer", w.State, w.Answer, w.Error)
+	}
+	if n := x.ran.Load() - before; n != 1 {
+		x.t.Fatalf("billing's function ran %d times for one call, want 1", n)
+	}
+}
+
+// refused reports whether err is what a team gets for reaching outside its
+// account: nobody answers there (no responders, a timeout), the server
+// refuses (permissions), or JetStream has no such stream in its account.
+func refused(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+func short(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestTeamsCannotReachEachOther runs every attack of docs/security.md as
+// team orders against team billing, on the generated configuration, and
+// checks each fails while billing's turns complete with billing's answer.
+func TestTeamsCannotReachEachOther(t *testing.T) {
+	x := deploy(t)
+	x.victimCompletes()
+
+	// Orders listens to everything its account can see while billing works
+	// (its own attempts on billing's subjects included, so only billing's
+	// data counts as a leak).
+	onc, ojs := x.connect("orders")
+	var leaked atomic.Value
+	for _, subj := range []string{">", "_INBOX.>", "$JS.>", "$KV.>"} {
+		if _, err := onc.Subscribe(subj, func(m *nats.Msg) {
+			if strings.Contains(string(m.Data), secretOutput) {
+				leaked.Store(m.Subject)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("mirror, source and republish streams", func(t *testing.T) {
+		for _, cfg := range []jetstream.StreamConfig{
+			{Name: "STEAL_RESULTS", Mirror: &jetstream.StreamSource{Name: protocol.ResultStream("billing")}},
+			{Name: "STEAL_TURNS", Mirror: &jetstream.StreamSource{Name: "KV_toolrelay_turns"}},
+			{Name: "STEAL_CALLS", Sources: []*jetstream.StreamSource{{Name: protocol.CallStream("billing"),
+				External: &jetstream.ExternalStream{APIPrefix: "$JS.toolrelay.API"}}}},
+		} {
+			s, err := ojs.CreateStream(short(t), cfg)
+			if err != nil {
+				continue // refused outright
+			}
+			// Created, it mirrors a stream of orders' own account, which
+			// has no such stream: it stays empty.
+			if info, err := s.Info(short(t)); err != nil || info.State.Msgs != 0 {
+				t.Errorf("%s: %+v, %v; want it empty", cfg.Name, info.State, err)
+			}
+		}
+		// A republish onto billing's subjects publishes inside orders'
+		// account, where nothing imports them.
+		s, err := ojs.CreateStream(short(t), jetstream.StreamConfig{Name: "FORGE", Subjects: []string{"forge.>"},
+			RePublish: &jetstream.RePublish{Source: ">", Destination: "fnresult.billing.x.y"}})
+		if err == nil {
+			if _, err := ojs.Publish(short(t), "forge.1", []byte(`{"forged":true}`)); err != nil {
+				t.Fatal(err)
+			}
+			_ = s
+		}
+	})
+
+	t.Run("registry and declarations", func(t *testing.T) {
+		for _, subj := range []string{"$KV.toolrelay_functions.get_horoscope", "$KV.toolrelay_declarations.billing.get_horoscope.x"} {
+			_, err := ojs.Publish(short(t), subj, []byte(`{"team":"orders"}`))
+			if !refused(err) {
+				t.Errorf("put %s as orders: %v, want it refused", subj, err)
+			}
+			m := nats.NewMsg(subj)
+			m.Header.Set("Nats-Rollup", "all")
+			if _, err := ojs.PublishMsg(short(t), m); !refused(err) {
+				t.Errorf("roll-up of %s as orders: %v, want it refused", subj, err)
+			}
+		}
+		// Declaring as billing: orders cannot reach billing's subject.
+		if _, err := onc.Request(protocol.DeclareSubject("billing"), []byte(`{}`), time.Second); !refused(err) {
+			t.Errorf("declare on billing's subject as orders: %v, want no responders", err)
+		}
+		// Declaring billing's function on orders' own subject: refused by
+		// the dispatcher, which owns the registry.
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		ex, err := exec.New(ojs, "orders", exec.Options{Logger: testutil.Logger(t), ControlAPIPrefix: protocol.ControlAPIPrefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ex.Register(exec.Function{Name: "get_horoscope", Parameters: json.RawMessage(`{"type":"object"}`),
+			Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte("squatted"), nil })}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ex.Run(ctx); !errors.Is(err, exec.ErrOwnedByOtherTeam) || !strings.Contains(err.Error(), `"billing"`) {
+			t.Errorf("orders serving billing's function: %v, want ErrOwnedByOtherTeam naming billing", err)
+		}
+		// A flood of declarations stops at the team's quota.
+		var req protocol.DeclareRequest
+		req.Version, req.Op = protocol.Version, protocol.DeclareServe
+		for i := range maxDecls + 4 {
+			req.Declarations = append(req.Declarations, protocol.Declaration{Version: protocol.Version, Instance: "flood",
+				StartedAt: time.Now(), Spec: protocol.FunctionSpec{Version: protocol.Version, Name: fmt.Sprintf("flood_%d", i),
+					Team: "orders", Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()}})
+		}
+		body, _ := json.Marshal(&req)
+		m, err := onc.Request(protocol.DeclareSubject("orders"), body, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply, err := protocol.DecodeDeclareReply(m.Data)
+		if err != nil || len(reply.Accepted) > maxDecls || len(reply.Refused) < 4 {
+			t.Errorf("declaration flood: %+v, %v; want at most %d accepted", reply, err, maxDecls)
+		}
+	})
+
+	t.Run("results: forged, suppressed, read", func(t *testing.T) {
+		key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_x", []string{"call_1"}).Call("call_1")
+		forged := &protocol.Result{Version: protocol.Version, Key: key, CallID: "call_1", Team: "billing",
+			Function: "get_horoscope", Output: "forged", FinishedAt: time.Now()}
+		data, _ := protocol.EncodeResult(forged)
+		if _, err := ojs.Publish(short(t), forged.Subject(), data); !refused(err) {
+			t.Errorf("publishing on billing's result subject: %v, want it refused", err)
+		}
+		// Orders' own result subjects with billing's message ID: a
+		// different stream, so billing's results are not suppressed.
+		if _, err := ojs.Publish(short(t), protocol.ResultSubject("orders", key), data,
+			jetstream.WithMsgID(protocol.ResultMsgID(key))); err != nil {
+			t.Errorf("orders' own result subject: %v", err)
+		}
+		get := protocol.ResultGetSubject(protocol.ControlAPIPrefix, "billing", key)
+		if _, err := onc.Request(get, nil, time.Second); !refused(err) {
+			t.Errorf("direct get of billing's result: %v, want no responders", err)
+		}
+		for _, subj := range []string{"$JS.API.DIRECT.GET.KV_toolrelay_turns", "$JS.API.DIRECT.GET.KV_toolrelay_attempts.$KV.toolrelay_attempts.x",
+			"$JS.toolrelay.API.STREAM.INFO." + protocol.ResultStream("orders")} {
+			if m, err := onc.Request(subj, []byte(`{"last_by_subj":"$KV.toolrelay_turns.x"}`), time.Second); err == nil && m.Header.Get("Status") == "" {
+				t.Errorf("%s answered %q; want nothing of the control plane", subj, m.Data)
+			}
+		}
+	})
+
+	t.Run("calls: injected, consumers deleted", func(t *testing.T) {
+		call := []byte(`{"v":1}`)
+		if _, err := ojs.Publish(short(t), protocol.CallSubject("billing", "get_horoscope"), call); !refused(err) {
+			t.Errorf("injecting a call into billing's queue: %v, want it refused", err)
+		}
+		if err := ojs.DeleteConsumer(short(t), protocol.CallStream("billing"), "get_horoscope"); !refused(err) {
+			t.Errorf("deleting billing's consumer: %v, want it refused", err)
+		}
+		if err := ojs.DeleteConsumer(short(t), protocol.CancelStream, "x"); err == nil {
+			t.Error("deleted a consumer of a cancel stream orders does not have")
+		}
+	})
+
+	t.Run("storage flood", func(t *testing.T) {
+		// Orders' own result stream fills up and refuses more...
+		big := make([]byte, 32<<10)
+		var full error
+		for i := range 64 {
+			key := protocol.NewTurnKey(protocol.PlatformResponses, fmt.Sprintf("resp_flood_%d", i), []string{"call_1"}).Call("call_1")
+			if _, full = ojs.Publish(short(t), protocol.ResultSubject("orders", key), big); full != nil {
+				break
+			}
+		}
+		if full == nil || !strings.Contains(full.Error(), "maximum bytes") {
+			t.Errorf("flooding orders' result stream: %v, want a limit", full)
+		}
+		// ...and its account cannot take more storage than its quota.
+		if _, err := ojs.CreateStream(short(t), jetstream.StreamConfig{Name: "HOARD", Subjects: []string{"hoard"}, MaxBytes: 1 << 30}); err == nil {
+			t.Error("orders made a stream larger than its account's storage")
+		}
+	})
+
+	// Through all of it billing's turns complete, with billing's answer,
+	// and orders saw nothing of billing's.
+	x.victimCompletes()
+	if s := leaked.Load(); s != nil {
+		t.Errorf("orders received billing's traffic on %v", s)
+	}
+}

@@ -1,0 +1,311 @@
+// Package tenancy writes the NATS server configuration of a toolrelay
+// deployment with one account per team (dispatcher nats-config): accounts,
+// NKEY users, the exports and imports that are the only paths between a
+// team and the control plane, and per-team limits. docs/security.md is the
+// threat model it implements.
+//
+// Accounts:
+//   - TOOLRELAY, the control plane: the dispatchers' user. Turn records,
+//     timers, watches, the registry (claims and declarations) and each
+//     team's result stream (FNRESULTS_<team>) live here.
+//   - TEAM_<team>, one per team: its executors' user. Its call stream,
+//     cancellations, dead letters and attempt marks live here, created by
+//     its executors, bounded by the account's JetStream limits.
+//   - SYS, the system account.
+//
+// Between a team and the control plane there are exactly these paths:
+//
+//	dispatcher → team   fncall.<team>.>      calls into the team's stream
+//	                    fncancel.<team>.>    cancellations
+//	team → dispatcher   fnresult.<team>.>    results, into FNRESULTS_<team>
+//	                    toolrelay.declare.<team>   declarations (request/reply)
+//	                    $JS.API.DIRECT.GET.FNRESULTS_<team>.>, imported as
+//	                    $JS.toolrelay.API.DIRECT.GET.FNRESULTS_<team>.>
+//
+// Each export names the one account that may import it, so no team can
+// import another's subjects; inboxes, streams, mirrors, direct-get groups
+// and message ids are per account, so nothing a team does in its own
+// account reaches another's.
+package tenancy
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// Account names.
+const (
+	ControlAccount = "TOOLRELAY"
+	SystemAccount  = "SYS"
+)
+
+// TeamAccount is the account of team.
+func TeamAccount(team string) string { return "TEAM_" + team }
+
+// Limits bound what one team's account may hold and do. The zero value
+// takes the defaults.
+type Limits struct {
+	// MaxFile bounds the team's file storage (calls, dead letters,
+	// attempts). Default: 1 GiB.
+	MaxFile int64
+	// MaxMemory bounds its memory storage. Default: 64 MiB.
+	MaxMemory int64
+	// MaxStreams and MaxConsumers bound its streams and consumers.
+	// Defaults: 16 and 1024.
+	MaxStreams, MaxConsumers int
+	// MaxAckPending bounds the team's calls in flight (delivered, not yet
+	// acknowledged) across all its consumers. Default: 100000.
+	MaxAckPending int
+	// MaxConnections bounds its connections. Default: 1024.
+	MaxConnections int
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxFile <= 0 {
+		l.MaxFile = 1 << 30
+	}
+	if l.MaxMemory <= 0 {
+		l.MaxMemory = 64 << 20
+	}
+	if l.MaxStreams <= 0 {
+		l.MaxStreams = 16
+	}
+	if l.MaxConsumers <= 0 {
+		l.MaxConsumers = 1024
+	}
+	if l.MaxAckPending <= 0 {
+		l.MaxAckPending = 100000
+	}
+	if l.MaxConnections <= 0 {
+		l.MaxConnections = 1024
+	}
+	return l
+}
+
+// Options shape the generated configuration.
+type Options struct {
+	// Teams to give accounts (required; names as protocol.ValidateTeamName).
+	Teams []string
+	// Cluster is the number of nodes: 0 or 1 writes server.conf, 3 (or
+	// more) n1.conf… for a cluster on the routes below.
+	Cluster int
+	// Host is the address clients and routes use. Default: 127.0.0.1.
+	Host string
+	// ClientPort is the first client port (node i listens on ClientPort+i-1).
+	// Default: 4222.
+	ClientPort int
+	// ClusterPort is the first route port. Default: 6222.
+	ClusterPort int
+	// StoreDir is where node data goes (node i under StoreDir/n<i>).
+	// Default: ./toolrelay-nats.
+	StoreDir string
+	// Limits of each team's account.
+	Limits Limits
+}
+
+// Result says what Write wrote.
+type Result struct {
+	// Servers are the server configuration files, one per node.
+	Servers []string
+	// URL lists every node's client URL, for NATS_URL.
+	URL string
+	// Created lists the seed files made now (others were kept).
+	Created []string
+}
+
+// Write writes the configuration for opts into dir: accounts.conf, the
+// server files, one NKEY seed per user (dispatcher.nk, <team>.nk, sys.nk,
+// mode 0600) and one environment file per user (dispatcher.env,
+// <team>.env) with NATS_URL, NATS_NKEY and, for teams,
+// TOOLRELAY_CONTROL_API_PREFIX. Seeds already in dir are kept, so running
+// it again with one more team leaves every existing credential valid.
+func Write(dir string, opts Options) (*Result, error) {
+	if len(opts.Teams) == 0 {
+		return nil, errors.New("tenancy: no teams given")
+	}
+	teams := slices.Clone(opts.Teams)
+	slices.Sort(teams)
+	teams = slices.Compact(teams)
+	for _, t := range teams {
+		if err := protocol.ValidateTeamName(t); err != nil {
+			return nil, fmt.Errorf("tenancy: %w", err)
+		}
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.ClientPort == 0 {
+		opts.ClientPort = 4222
+	}
+	if opts.ClusterPort == 0 {
+		opts.ClusterPort = 6222
+	}
+	if opts.StoreDir == "" {
+		opts.StoreDir = "./toolrelay-nats"
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("tenancy: %w", err)
+	}
+	res := &Result{}
+	users := map[string]string{} // seed file stem → public key
+	for _, stem := range append([]string{"sys", "dispatcher"}, teams...) {
+		pub, created, err := userKey(filepath.Join(dir, stem+".nk"))
+		if err != nil {
+			return nil, err
+		}
+		if created {
+			res.Created = append(res.Created, stem+".nk")
+		}
+		users[stem] = pub
+	}
+	if err := writeFile(filepath.Join(dir, "accounts.conf"), accounts(teams, users, opts.Limits.withDefaults()), 0o644); err != nil {
+		return nil, err
+	}
+	nodes := max(opts.Cluster, 1)
+	var urls []string
+	for i := 1; i <= nodes; i++ {
+		urls = append(urls, fmt.Sprintf("nats://%s:%d", opts.Host, opts.ClientPort+i-1))
+	}
+	res.URL = strings.Join(urls, ",")
+	for i := 1; i <= nodes; i++ {
+		name := "server.conf"
+		if nodes > 1 {
+			name = fmt.Sprintf("n%d.conf", i)
+		}
+		if err := writeFile(filepath.Join(dir, name), server(i, nodes, opts), 0o644); err != nil {
+			return nil, err
+		}
+		res.Servers = append(res.Servers, filepath.Join(dir, name))
+	}
+	env := func(stem, extra string) error {
+		abs, _ := filepath.Abs(filepath.Join(dir, stem+".nk"))
+		body := fmt.Sprintf("NATS_URL=%s\nNATS_NKEY=%s\n%s", res.URL, abs, extra)
+		if nodes > 1 {
+			body += "TOOLRELAY_REPLICAS=3\n"
+		}
+		return writeFile(filepath.Join(dir, stem+".env"), body, 0o600)
+	}
+	if err := env("dispatcher", ""); err != nil {
+		return nil, err
+	}
+	for _, t := range teams {
+		if err := env(t, "TOOLRELAY_CONTROL_API_PREFIX="+protocol.ControlAPIPrefix+"\n"); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// userKey returns the public key of the user seed in path, making the seed
+// if there is none.
+func userKey(path string) (pub string, created bool, err error) {
+	seed, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return "", false, fmt.Errorf("tenancy: make a key: %w", err)
+		}
+		if seed, err = kp.Seed(); err != nil {
+			return "", false, err
+		}
+		if err := writeFile(path, string(seed)+"\n", 0o600); err != nil {
+			return "", false, err
+		}
+		created = true
+	} else if err != nil {
+		return "", false, fmt.Errorf("tenancy: %w", err)
+	}
+	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
+	if err != nil {
+		return "", false, fmt.Errorf("tenancy: %s is not an NKEY user seed: %w", path, err)
+	}
+	pub, err = kp.PublicKey()
+	return pub, created, err
+}
+
+func writeFile(path, body string, mode os.FileMode) error {
+	if err := os.WriteFile(path, []byte(body), mode); err != nil {
+		return fmt.Errorf("tenancy: %w", err)
+	}
+	return nil
+}
+
+const header = "# Generated by `dispatcher nats-config`; do not edit: run it again to add a team.\n"
+
+func accounts(teams []string, users map[string]string, l Limits) string {
+	var b strings.Builder
+	b.WriteString(header)
+	b.WriteString("# One account per team; the control plane (the dispatchers) in TOOLRELAY. See docs/security.md.\n\n")
+	b.WriteString("accounts {\n")
+	fmt.Fprintf(&b, "  %s: {\n    users: [ { nkey: %s } ]\n  }\n", SystemAccount, users["sys"])
+
+	fmt.Fprintf(&b, "  %s: {\n    jetstream: enabled\n", ControlAccount)
+	fmt.Fprintf(&b, "    users: [ { nkey: %s } ]   # dispatcher.nk\n", users["dispatcher"])
+	b.WriteString("    exports: [\n")
+	for _, t := range teams {
+		to := TeamAccount(t)
+		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.ResultSubjectPrefix+"."+t+".>", to)
+		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.DeclareSubject(t), to)
+		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.DefaultAPIPrefix+".DIRECT.GET."+protocol.ResultStream(t)+".>", to)
+	}
+	b.WriteString("    ]\n    imports: [\n")
+	for _, t := range teams {
+		from := TeamAccount(t)
+		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", from, protocol.CallSubjectPrefix+"."+t+".>")
+		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", from, protocol.CancelSubjectPrefix+"."+t+".>")
+	}
+	b.WriteString("    ]\n  }\n")
+
+	for _, t := range teams {
+		fmt.Fprintf(&b, "  %s: {\n", TeamAccount(t))
+		fmt.Fprintf(&b, "    jetstream: { max_file: %d, max_mem: %d, max_streams: %d, max_consumers: %d, max_ack_pending: %d }\n",
+			l.MaxFile, l.MaxMemory, l.MaxStreams, l.MaxConsumers, l.MaxAckPending)
+		fmt.Fprintf(&b, "    limits: { max_connections: %d }\n", l.MaxConnections)
+		fmt.Fprintf(&b, "    users: [ { nkey: %s } ]   # %s.nk\n", users[t], t)
+		b.WriteString("    exports: [\n")
+		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.CallSubjectPrefix+"."+t+".>", ControlAccount)
+		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.CancelSubjectPrefix+"."+t+".>", ControlAccount)
+		b.WriteString("    ]\n    imports: [\n")
+		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", ControlAccount, protocol.ResultSubjectPrefix+"."+t+".>")
+		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", ControlAccount, protocol.DeclareSubject(t))
+		get := ".DIRECT.GET." + protocol.ResultStream(t) + ".>"
+		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q }, to: %q }\n", ControlAccount, protocol.DefaultAPIPrefix+get, protocol.ControlAPIPrefix+get)
+		b.WriteString("    ]\n  }\n")
+	}
+	b.WriteString("}\n")
+	fmt.Fprintf(&b, "system_account: %s\n", SystemAccount)
+	return b.String()
+}
+
+func server(i, nodes int, o Options) string {
+	var b strings.Builder
+	b.WriteString(header)
+	fmt.Fprintf(&b, "server_name: toolrelay-%d\n", i)
+	fmt.Fprintf(&b, "listen: %s:%d\n", o.Host, o.ClientPort+i-1)
+	store := o.StoreDir
+	if nodes > 1 {
+		store = filepath.Join(o.StoreDir, fmt.Sprintf("n%d", i))
+	}
+	b.WriteString("jetstream {\n")
+	fmt.Fprintf(&b, "  store_dir: %q\n", store)
+	b.WriteString("  sync_interval: always   # fsync every write: acknowledged writes survive a crash\n}\n")
+	if nodes > 1 {
+		b.WriteString("cluster {\n  name: toolrelay\n")
+		fmt.Fprintf(&b, "  listen: %s:%d\n  routes: [\n", o.Host, o.ClusterPort+i-1)
+		for j := 1; j <= nodes; j++ {
+			fmt.Fprintf(&b, "    nats-route://%s:%d\n", o.Host, o.ClusterPort+j-1)
+		}
+		b.WriteString("  ]\n}\n")
+	}
+	b.WriteString("include \"accounts.conf\"\n")
+	return b.String()
+}

@@ -1,0 +1,107 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// resultStreams are the teams' result streams (protocol.ResultStream), each
+// with the consumer the replicas share to gather from it. A team's stream is
+// created the first time the dispatcher needs it (an executor of the team
+// declares, or a call is routed to it) and consumed from then on; at start
+// every existing one is.
+type resultStreams struct {
+	d      *Dispatcher
+	handle jetstream.MessageHandler
+
+	mu      sync.Mutex
+	streams map[string]jetstream.Stream
+	stops   []func()
+	// consuming is the context consumers run under, nil until start and
+	// after stop: a team first seen then gets its stream but no consumer.
+	consuming context.Context
+}
+
+// resultsConsumer is the durable every replica shares on each result stream.
+const (
+	resultsConsumer = "toolrelay_dispatcher"
+	// resultsBatch bounds one replica's buffered results per team.
+	resultsBatch = 512
+	// resultsMaxAckPending bounds a team's results handed out unacked.
+	resultsMaxAckPending = 20000
+)
+
+func newResultStreams(d *Dispatcher) *resultStreams {
+	return &resultStreams{d: d, streams: map[string]jetstream.Stream{}}
+}
+
+// start consumes every existing result stream, and the dispatcher's own,
+// handing results to handle until stop.
+func (r *resultStreams) start(ctx context.Context, handle jetstream.MessageHandler) error {
+	r.mu.Lock()
+	r.handle = handle
+	r.consuming = ctx
+	r.mu.Unlock()
+	teams := []string{protocol.SystemTeam}
+	names := r.d.js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.ResultSubjectPrefix+".>"))
+	for name := range names.Name() {
+		if team, ok := protocol.ResultStreamTeam(name); ok && team != protocol.SystemTeam {
+			teams = append(teams, team)
+		}
+	}
+	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return fmt.Errorf("list result streams: %w", err)
+	}
+	for _, team := range teams {
+		if _, err := r.stream(ctx, team); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stream returns team's result stream, creating it and starting its
+// consumer if this replica has not yet.
+func (r *resultStreams) stream(ctx context.Context, team string) (jetstream.Stream, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.streams[team]; s != nil {
+		return s, nil
+	}
+	popts := provision.Options{Replicas: r.d.opts.Replicas}
+	s, err := provision.Stream(ctx, r.d.js, provision.ResultStreamConfig(team, r.d.opts.ResultStreamBytes, popts))
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: results stream of team %s: %w", team, err)
+	}
+	if r.consuming != nil && r.consuming.Err() == nil {
+		stop, err := r.d.consume(r.consuming, s, jetstream.ConsumerConfig{
+			Durable:       resultsConsumer,
+			Description:   "toolrelay dispatchers gathering results",
+			MaxAckPending: resultsMaxAckPending,
+		}, resultsBatch, r.handle)
+		if err != nil {
+			return nil, fmt.Errorf("dispatch: consume results of team %s: %w", team, err)
+		}
+		r.stops = append(r.stops, stop)
+	}
+	r.streams[team] = s
+	return s, nil
+}
+
+// stop stops every consumer; it returns once no result is being handed out.
+func (r *resultStreams) stop() {
+	r.mu.Lock()
+	stops := r.stops
+	r.stops, r.consuming = nil, nil
+	r.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
+}
