@@ -64,6 +64,13 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		t.Calls = append(t.Calls, tc)
 	}
 
+	// A context that ended while the calls were resolved (the dispatcher
+	// is stopping) may have turned a lookup's cancellation into a
+	// rejection: record nothing, and let the restart or another replica
+	// take the turn in.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
+	}
 	tctx, span := d.tel.startTurn(ctx, t)
 	rev, err := d.record(ctx, t)
 	if errors.Is(err, errConflict) {

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -44,6 +45,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d1.Run(ctx) }()
 	testutil.WaitFor(t, 10*time.Second, d1.Ready)
+	e.redeclare()
 	w, err := d1.Watch(context.Background(), e.response("unknown function"))
 	if err != nil {
 		t.Fatal(err)
@@ -122,11 +124,13 @@ func (p *stopOnAction) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Ob
 	return obs, err
 }
 
-// A dispatcher stopped while it takes a turn in logs no error: nothing
-// failed, and the sweep of another replica or the restart resumes the turn.
+// A dispatcher stopped while it takes a turn in logs no error and records
+// no failure for a call it could not finish resolving: nothing failed, and
+// the restart takes the turn in and runs its call.
 func TestStoppingMidIntakeLogsNoError(t *testing.T) {
 	e := newEnv(t, weatherScenario("stop", "stop weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
 	_, js := e.srv.Connect(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -145,7 +149,9 @@ func TestStoppingMidIntakeLogsNoError(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	testutil.WaitFor(t, 10*time.Second, d.Ready)
-	if _, err := d.Watch(context.Background(), e.response("stop weather")); err != nil {
+	e.redeclare()
+	w, err := d.Watch(context.Background(), e.response("stop weather"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -158,6 +164,15 @@ func TestStoppingMidIntakeLogsNoError(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "level=ERROR") {
 		t.Errorf("stopping logged errors:\n%s", logs.String())
+	}
+
+	d2, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 15*time.Second, func() bool {
+		w, err = d2.WatchStatus(context.Background(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after the restart: watch %s %q %s", w.State, w.Answer, w.Error)
 	}
 }
 
@@ -203,6 +218,7 @@ func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d1.Run(ctx) }()
 	testutil.WaitFor(t, 10*time.Second, d1.Ready)
+	e.redeclare()
 	w, err := d1.Watch(context.Background(), e.response("hang weather"))
 	if err != nil {
 		t.Fatal(err)
@@ -227,5 +243,36 @@ func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
 	})
 	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
 		t.Fatalf("after the restart: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+}
+
+// An intake whose context ends while it resolves its calls (the dispatcher
+// is stopping) records nothing: a call it could not finish resolving must
+// not be stored as rejected, or the restart would fail a call that can run.
+func TestIntakeCancelledWhileResolvingRecordsNothing(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_weather", weatherSchema)
+	d, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 10*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	req := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_cancelled"}, Scope: "resp_cancelled",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: []byte(`{"location":"Oslo"}`)}},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := d.Intake(ctx, req); err == nil {
+		t.Fatal("Intake with an ended context succeeded")
+	}
+	// A turn taken in afterwards on the same connection is stored after
+	// anything the cancelled intake sent.
+	later := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_later"}, Scope: "resp_later",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "no_such_function", Arguments: []byte(`{}`)}},
+	}
+	if _, err := d.Intake(context.Background(), later); err != nil {
+		t.Fatal(err)
+	}
+	if turn, err := d.Turn(context.Background(), req.Key()); !errors.Is(err, dispatch.ErrNotFound) {
+		t.Fatalf("after a cancelled intake: turn %+v, %v; want none recorded", turn, err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 func TestStopWhileNATSIsAway(t *testing.T) {
 	srv := natstest.Start(t)
 	nc, js := srv.Connect(t)
+	registrar(t, js)
 	e, err := exec.New(js, "team-a", exec.Options{Logger: testutil.Logger(t), ShutdownTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
