@@ -69,8 +69,9 @@ func watchID(ref Ref) string {
 	return "w_" + hex.EncodeToString(sum[:12])
 }
 
-// Watch starts driving ref and returns its record. Watching an object that
-// is already watched returns the existing watch.
+// Watch starts driving ref and returns its record, a snapshot: the
+// driver goes on changing its own copy, which WatchStatus reads. Watching
+// an object that is already watched returns the existing watch.
 //
 // The platform is asked for the object first (up to existsCheckTimeout):
 // if it answers 404, Watch returns a *FieldError wrapping
@@ -106,10 +107,11 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 		return have, nil
 	}
 	d.indexResponse(ctx, ref.ResponseID, id)
+	snapshot := *w // the driver owns w from here on
 	if !d.startDriver(w) {
 		return nil, ErrNotRunning
 	}
-	return w, nil
+	return &snapshot, nil
 }
 
 // checkExists polls ref's object once and returns an error wrapping
