@@ -66,6 +66,8 @@ type world struct {
 	simURL string
 	client openai.Client
 	dir    string
+	// dispatchers counts the dispatcher replicas started.
+	dispatchers int
 }
 
 func newWorld(t *testing.T, scenarios ...platformsim.Scenario) *world {
@@ -145,34 +147,65 @@ func (w *world) dispatcher(name string, env ...string) *proc {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+	w.dispatchers++
+	w.waitServed()
 	return p
 }
 
-// executor starts an executor process and waits until it serves
-// every function the registry holds (so none looks unknown or unserved).
+// executor starts an executor process and waits until it serves: its
+// functions are declared (with a dispatcher running: the registry counts
+// them served, so none looks unknown or unserved).
 func (w *world) executor(name string, args ...string) *proc {
 	w.t.Helper()
 	p := w.start(name, bins["executor"], args, "TOOLRELAY_EXECUTOR_NAME="+name)
+	testutil.WaitFor(w.t, 30*time.Second, func() bool {
+		b, _ := os.ReadFile(filepath.Join(w.dir, name+".log"))
+		return strings.Contains(string(b), `"msg":"executor serving"`)
+	})
+	if w.dispatchers > 0 {
+		w.waitServed()
+	}
+	return p
+}
+
+// waitServed waits until every function some executor pulls calls of is
+// served in the registry: executors started before any dispatcher declare
+// again within a second of one answering.
+func (w *world) waitServed() {
+	w.t.Helper()
 	nc, err := nats.Connect(w.natsURL)
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
+	ctx := context.Background()
 	testutil.WaitFor(w.t, 30*time.Second, func() bool {
-		specs, err := dispatch.Functions(context.Background(), js)
-		if err != nil || len(specs) == 0 {
+		fns, err := dispatch.Registry(ctx, js)
+		if err != nil {
 			return false
 		}
-		for _, s := range specs {
-			c, err := js.Consumer(context.Background(), protocol.CallStream(s.Team), s.Name)
-			if err != nil || c.CachedInfo().NumWaiting == 0 {
+		served := map[string]bool{}
+		for _, f := range fns {
+			if f.Served() {
+				served[f.Spec.Team+"/"+f.Spec.Name] = true
+			}
+		}
+		streams := js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.CallSubjectPrefix+".>"))
+		for name := range streams.Name() {
+			team := strings.TrimPrefix(name, protocol.CallStream(""))
+			s, err := js.Stream(ctx, name)
+			if err != nil {
 				return false
+			}
+			for c := range s.ListConsumers(ctx).Info() {
+				if c.NumWaiting > 0 && !served[team+"/"+c.Name] {
+					return false
+				}
 			}
 		}
 		return true
 	})
-	return p
 }
 
 func freeAddr(t *testing.T) string {

@@ -174,20 +174,31 @@ func (x *deployment) serve(ctx context.Context, wg *sync.WaitGroup, js jetstream
 // turn plays the horoscope scenario and returns the watch once it ended.
 func (x *deployment) turn() *dispatch.Watch {
 	x.t.Helper()
+	w, err := x.play()
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	return w
+}
+
+// play is turn for a goroutine: it reports instead of failing the test.
+func (x *deployment) play() (*dispatch.Watch, error) {
 	r, err := x.client.Responses.New(context.Background(), responses.ResponseNewParams{Model: "m",
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("my horoscope")}})
 	if err != nil {
-		x.t.Fatal(err)
+		return nil, err
 	}
 	w, err := x.d.Watch(context.Background(), dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: r.ID})
 	if err != nil {
-		x.t.Fatal(err)
+		return nil, err
 	}
-	testutil.WaitFor(x.t, 30*time.Second, func() bool {
-		w, err = x.d.WatchStatus(context.Background(), w.ID)
-		return err == nil && w.State != dispatch.WatchActive
-	})
-	return w
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		if w, err = x.d.WatchStatus(context.Background(), w.ID); err == nil && w.State != dispatch.WatchActive {
+			return w, nil
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an outcome
+	}
+	return nil, fmt.Errorf("watch %s still active after 30s", w.ID)
 }
 
 func (x *deployment) victimCompletes() {
@@ -238,6 +249,22 @@ func TestTeamsCannotReachEachOther(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// Billing's turns go on while the attacks run.
+	type played struct {
+		w   *dispatch.Watch
+		err error
+	}
+	during := make(chan played, 1)
+	go func() {
+		var p played
+		for range 5 {
+			if p.w, p.err = x.play(); p.err != nil || p.w.Answer != "Your horoscope: "+secretOutput {
+				break
+			}
+		}
+		during <- p
+	}()
 
 	t.Run("mirror, source and republish streams", func(t *testing.T) {
 		for _, cfg := range []jetstream.StreamConfig{
@@ -376,10 +403,30 @@ func TestTeamsCannotReachEachOther(t *testing.T) {
 		}
 	})
 
+	if p := <-during; p.err != nil || p.w.State != dispatch.WatchCompleted || p.w.Answer != "Your horoscope: "+secretOutput {
+		t.Errorf("billing's turn during the attacks: %+v, %v; want it completed with billing's answer", p.w, p.err)
+	}
 	// Through all of it billing's turns complete, with billing's answer,
-	// and orders saw nothing of billing's.
+	// and orders saw nothing of billing's, while billing, listening the same
+	// way in its own account, does see its output go by (so the listener
+	// above would have caught a leak).
+	bnc, _ := x.connect("billing")
+	var seen atomic.Bool
+	if _, err := bnc.Subscribe(">", func(m *nats.Msg) {
+		if strings.Contains(string(m.Data), secretOutput) {
+			seen.Store(true)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	x.victimCompletes()
 	if s := leaked.Load(); s != nil {
 		t.Errorf("orders received billing's traffic on %v", s)
+	}
+	if !seen.Load() {
+		t.Error("billing's own listener did not see its output: the leak check proves nothing")
 	}
 }

@@ -54,6 +54,8 @@ type Keeper struct {
 	// unanswered: no dispatcher answered the first declaration, so the
 	// first renewal comes soon.
 	unanswered bool
+	// failing: renewals fail (logged once, when they start to).
+	failing bool
 }
 
 // Declare sends every declaration once and returns the keeper that renews
@@ -128,14 +130,22 @@ func (k *Keeper) Run(ctx context.Context) {
 		}
 		err := k.send(ctx, k.serve)
 		next := k.every
-		if err != nil && ctx.Err() == nil {
-			var refused *RefusedError
-			if errors.As(err, &refused) {
-				k.log.Error("dispatchers refuse declarations of this executor; no calls of them will arrive", "err", err)
-			} else {
-				k.log.Warn("renewing this executor's declarations failed; retrying", "err", err)
-				next = retryAfterFailure
+		var refused *RefusedError
+		switch {
+		case ctx.Err() != nil:
+		case errors.As(err, &refused):
+			k.log.Error("dispatchers refuse declarations of this executor; no calls of them will arrive", "err", err)
+		case err != nil:
+			// Logged once per outage: while no dispatcher answers the
+			// renewal is retried often, and quietly.
+			if !k.failing {
+				k.log.Warn("renewing this executor's declarations failed; retrying until a dispatcher answers", "err", err)
 			}
+			k.failing = true
+			next = retryAfterFailure
+		case k.failing || k.unanswered:
+			k.log.Info("a dispatcher has this executor's declarations again")
+			k.failing, k.unanswered = false, false
 		}
 		t.Reset(next)
 	}
