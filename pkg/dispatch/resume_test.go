@@ -60,10 +60,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	crashpoint.Set(nil)
 
 	d2, _ := e.dispatcher(dispatch.Options{RunTTL: 10 * time.Minute})
-	testutil.WaitFor(t, 15*time.Second, func() bool {
-		w, err = d2.WatchStatus(context.Background(), w.ID)
-		return err == nil && w.State != dispatch.WatchActive
-	})
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
 	if !strings.Contains(w.Answer, `"type":"unknown_function"`) || !strings.Contains(w.Answer, "no_such_function") {
 		t.Fatalf("answer = %q, want the unknown_function failure decided at intake", w.Answer)
 	}
@@ -96,10 +93,7 @@ func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
 	})
 	stop1()
 	close(release)
-	testutil.WaitFor(t, 15*time.Second, func() bool {
-		w, err = d2.WatchStatus(context.Background(), w.ID)
-		return err == nil && w.State != dispatch.WatchActive
-	})
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
 	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
 		t.Fatalf("after the handover: watch %s %q %s", w.State, w.Answer, w.Error)
 	}
@@ -131,46 +125,24 @@ func TestStoppingMidIntakeLogsNoError(t *testing.T) {
 	e := newEnv(t, weatherScenario("stop", "stop weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
-	_, js := e.srv.Connect(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var platforms []dispatch.Platform
-	for _, p := range openaiplatform.New(e.client) {
-		if p.Name() == protocol.PlatformResponses {
-			p = &stopOnAction{Platform: p, stop: cancel}
-		}
-		platforms = append(platforms, p)
-	}
+	hook := &stopOnAction{}
 	var logs testutil.Buffer
-	d, err := dispatch.New(js, platforms, dispatch.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	testutil.WaitFor(t, 10*time.Second, d.Ready)
-	e.redeclare()
+	d, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { hook.Platform = p; return hook },
+		&logs, dispatch.Options{})
+	hook.stop = cancel
 	w, err := d.Watch(context.Background(), e.response("stop weather"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run = %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return")
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v", err)
 	}
 	if strings.Contains(logs.String(), "level=ERROR") {
 		t.Errorf("stopping logged errors:\n%s", logs.String())
 	}
 
 	d2, _ := e.dispatcher(dispatch.Options{})
-	testutil.WaitFor(t, 15*time.Second, func() bool {
-		w, err = d2.WatchStatus(context.Background(), w.ID)
-		return err == nil && w.State != dispatch.WatchActive
-	})
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
 	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
 		t.Fatalf("after the restart: watch %s %q %s", w.State, w.Answer, w.Error)
 	}
@@ -197,28 +169,10 @@ func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
 	e := newEnv(t, weatherScenario("hang", "hang weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
-	_, js := e.srv.Connect(t)
 	hang := &blockSubmit{started: make(chan struct{})}
-	var platforms []dispatch.Platform
-	for _, p := range openaiplatform.New(e.client) {
-		if p.Name() == protocol.PlatformResponses {
-			hang.Platform = p
-			p = hang
-		}
-		platforms = append(platforms, p)
-	}
 	var logs testutil.Buffer
-	d1, err := dispatch.New(js, platforms, dispatch.Options{ShutdownTimeout: 200 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- d1.Run(ctx) }()
-	testutil.WaitFor(t, 10*time.Second, d1.Ready)
-	e.redeclare()
+	d1, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { hang.Platform = p; return hang },
+		&logs, dispatch.Options{ShutdownTimeout: 200 * time.Millisecond})
 	w, err := d1.Watch(context.Background(), e.response("hang weather"))
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +183,7 @@ func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
 		t.Fatal("the turn was never submitted")
 	}
 	cancel()
-	if err := <-done; err != nil {
+	if err := wait(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
 	if strings.Contains(logs.String(), "level=ERROR") {
@@ -237,10 +191,7 @@ func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
 	}
 
 	d2, _ := e.dispatcher(dispatch.Options{})
-	testutil.WaitFor(t, 15*time.Second, func() bool {
-		w, err = d2.WatchStatus(context.Background(), w.ID)
-		return err == nil && w.State != dispatch.WatchActive
-	})
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
 	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
 		t.Fatalf("after the restart: watch %s %q %s", w.State, w.Answer, w.Error)
 	}
@@ -274,5 +225,54 @@ func TestIntakeCancelledWhileResolvingRecordsNothing(t *testing.T) {
 	}
 	if turn, err := d.Turn(context.Background(), req.Key()); !errors.Is(err, dispatch.ErrNotFound) {
 		t.Fatalf("after a cancelled intake: turn %+v, %v; want none recorded", turn, err)
+	}
+}
+
+// awaitWatch waits until the watch id, read through d, has ended.
+func awaitWatch(t *testing.T, d *dispatch.Dispatcher, id string, within time.Duration) *dispatch.Watch {
+	t.Helper()
+	var w *dispatch.Watch
+	testutil.WaitFor(t, within, func() bool {
+		var err error
+		w, err = d.WatchStatus(context.Background(), id)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	return w
+}
+
+// runWith starts a dispatcher whose Responses platform is wrap's, logging
+// to logs, and declares the test's functions to it; cancel ends its Run's
+// context (it may be called from a platform call) and wait returns what
+// Run returned.
+func runWith(t *testing.T, e *env, wrap func(dispatch.Platform) dispatch.Platform, logs *testutil.Buffer,
+	opts dispatch.Options) (d *dispatch.Dispatcher, cancel func(), wait func() error) {
+	t.Helper()
+	_, js := e.srv.Connect(t)
+	var platforms []dispatch.Platform
+	for _, p := range openaiplatform.New(e.client) {
+		if p.Name() == protocol.PlatformResponses {
+			p = wrap(p)
+		}
+		platforms = append(platforms, p)
+	}
+	opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	d, err := dispatch.New(js, platforms, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	testutil.WaitFor(t, 10*time.Second, d.Ready)
+	e.redeclare()
+	return d, cancel, func() error {
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatal("Run did not return")
+			return nil
+		}
 	}
 }
