@@ -208,8 +208,14 @@ func (d *Dispatcher) markSubmitted(ctx context.Context, t *Turn, rev uint64, cha
 }
 
 // resultReadFor bounds how long reading a recorded result is retried while
-// JetStream is unavailable.
-const resultReadFor = 30 * time.Second
+// JetStream is unavailable; the read also stops submitLeeway before the run
+// expires, so the submission still has time, but is given minResultRead at
+// least.
+const (
+	resultReadFor = 30 * time.Second
+	submitLeeway  = 2 * time.Second
+	minResultRead = time.Second
+)
 
 // outputs lists the result of every call, in the turn's order.
 func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
@@ -231,7 +237,7 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 			// again: the result is recorded, and failing the turn for it
 			// would throw the whole submission away. The run's expiry
 			// bounds the wait.
-			within := min(max(time.Until(t.ExpiresAt)-2*time.Second, time.Second), resultReadFor)
+			within := min(max(time.Until(t.ExpiresAt)-submitLeeway, minResultRead), resultReadFor)
 			res, err = whileUnavailable(ctx, within, func(ctx context.Context) (*protocol.Result, error) {
 				return d.gather.result(ctx, t, &c)
 			})
