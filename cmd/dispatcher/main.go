@@ -8,6 +8,10 @@
 //	dispatcher tools     print the registry as a platform's tool definitions
 //	dispatcher token     make a bearer token for the HTTP API (TOOLRELAY_API_TOKENS_FILE)
 //	dispatcher nats-config  write the NATS server configuration for a set of teams
+//	dispatcher turns     open and recently closed turns, from a running dispatcher's API
+//	dispatcher turn      one turn and each call's result
+//	dispatcher functions functions, their executors, queues and figures
+//	dispatcher watches   active and recently ended watches
 //
 // It is wiring only (settings from the environment, then pkg/dispatch's
 // constructors and Run under a signal context) and may import anything.
@@ -64,6 +68,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return tokenCmd(ctx, args, stdout, stderr)
 	case "nats-config":
 		return natsConfigCmd(args, stdout, stderr)
+	case "turns":
+		return turnsCmd(ctx, args, stdout, stderr)
+	case "turn":
+		return turnCmd(ctx, args, stdout, stderr)
+	case "functions":
+		return functionsCmd(ctx, args, stdout, stderr)
+	case "watches":
+		return watchesCmd(ctx, args, stdout, stderr)
 	case "help":
 		usage(stdout)
 		fmt.Fprintln(stdout, "\nSettings of serve (environment variables):")
@@ -75,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token|nats-config] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token|nats-config|turns|turn|functions|watches] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
@@ -86,6 +98,15 @@ func usage(w io.Writer) {
   token       make a bearer token for the HTTP API and the line for TOOLRELAY_API_TOKENS_FILE
   nats-config write the NATS server configuration, NKEY users and env files for a set of
               teams, one account each (run it again to add a team)
+
+Inspecting a running dispatcher through its HTTP API (-addr, default http://127.0.0.1:8080;
+the bearer token from TOOLRELAY_API_TOKEN; -json prints the API's JSON):
+  turns       open turns racing their deadlines and recently closed ones
+              [-open] [-team T] [-function F] [-platform P] [-outcome O]
+  turn        one turn by key, with each call's result, duration, executor and attempts
+  functions   functions: owner, version, executors, concurrency cap, queue, rate, errors,
+              p50/p99, schema disagreement
+  watches     active and recently ended watches: state, steps, answer
 
 "dispatcher <command> -h" lists a command's flags and settings.
 `)

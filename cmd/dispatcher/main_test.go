@@ -18,7 +18,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 		if err := run(t.Context(), args, &out, &errOut); err != nil {
 			t.Fatalf("%v: %v", args, err)
 		}
-		for _, want := range []string{"serve", "demo", "simulator", "tools", "token", "TOOLRELAY_SHUTDOWN_TIMEOUT", "TOOLRELAY_API_TOKENS_FILE"} {
+		for _, want := range []string{"serve", "demo", "simulator", "tools", "token", "turns", "turn", "functions", "watches", "TOOLRELAY_API_TOKEN", "TOOLRELAY_SHUTDOWN_TIMEOUT", "TOOLRELAY_API_TOKENS_FILE"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("%v does not mention %s:\n%s", args, want, out.String())
 			}
@@ -42,6 +42,7 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_STEPS", cfg.MaxSteps, dispatch.DefaultMaxSteps},
 		{"TOOLRELAY_SERVE_GRACE", cfg.ServeGrace, dispatch.DefaultServeGrace},
 		{"TOOLRELAY_SWEEP_INTERVAL", cfg.SweepInterval, dispatch.DefaultSweepInterval},
+		{"TOOLRELAY_MCP_CALL_TIMEOUT", cfg.MCPTimeout, dispatch.DefaultMCPCallTimeout},
 		{"TOOLRELAY_MAX_INFLIGHT", cfg.MaxInFlight, dispatch.DefaultMaxInFlightPublishes},
 		{"TOOLRELAY_MAX_INFLIGHT_PER_TEAM", cfg.MaxPerTeam, dispatch.DefaultMaxInFlightPerTeam},
 		{"TOOLRELAY_SHUTDOWN_TIMEOUT", cfg.Shutdown, dispatch.DefaultShutdownTimeout},

@@ -20,6 +20,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/apiauth"
 	"github.com/toolrelay/toolrelay/internal/cliutil"
+	"github.com/toolrelay/toolrelay/internal/console"
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformauth"
@@ -35,13 +36,15 @@ type config struct {
 	NATSCreds     string        `envconfig:"NATS_CREDS" desc:"JWT credentials file of the dispatcher's NATS user, instead of NATS_NKEY"`
 	NATSListen    string        `envconfig:"TOOLRELAY_NATS_LISTEN" default:"127.0.0.1:4222" desc:"client address of the embedded server"`
 	DataDir       string        `envconfig:"TOOLRELAY_DATA_DIR" default:"./toolrelay-data" desc:"where the embedded server stores"`
-	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1/watch, /healthz, /readyz, /metrics)"`
-	APITokens     string        `envconfig:"TOOLRELAY_API_TOKENS_FILE" desc:"bearer tokens /v1 needs (hashes, each scoped to admin or teams; see dispatcher token), re-read when it changes; empty: /v1 serves loopback clients only"`
+	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1, /mcp, the console at /ui, /healthz, /readyz, /metrics)"`
+	APITokens     string        `envconfig:"TOOLRELAY_API_TOKENS_FILE" desc:"bearer tokens /v1, /mcp and /ui need (hashes, each scoped to admin or teams; see dispatcher token), re-read when it changes; empty: they serve loopback clients only"`
+	TraceURL      string        `envconfig:"TOOLRELAY_TRACE_URL" desc:"link the console's trace ids to a tracing UI: {trace_id} is replaced by the id (https://jaeger.example/trace/{trace_id})"`
 	SubmitMargin  time.Duration `envconfig:"TOOLRELAY_SUBMIT_MARGIN" default:"30s" desc:"submit this long before a run expires"`
 	RunTTL        time.Duration `envconfig:"TOOLRELAY_RUN_TTL" default:"10m" desc:"expiry assumed where the platform gives none"`
 	MaxSteps      int           `envconfig:"TOOLRELAY_MAX_STEPS" default:"16" desc:"most turns one watch drives"`
 	ServeGrace    time.Duration `envconfig:"TOOLRELAY_SERVE_GRACE" default:"3s" desc:"how long a call waits for an executor of a function nobody serves before failing as unavailable"`
 	SweepInterval time.Duration `envconfig:"TOOLRELAY_SWEEP_INTERVAL" default:"10s" desc:"how often each replica repairs turns and watches a dead replica left"`
+	MCPTimeout    time.Duration `envconfig:"TOOLRELAY_MCP_CALL_TIMEOUT" default:"60s" desc:"longest a tools/call on /mcp may run (a function's own timeout, if shorter, applies)"`
 	MaxInFlight   int           `envconfig:"TOOLRELAY_MAX_INFLIGHT" default:"4096" desc:"calls being published at once"`
 	MaxPerTeam    int           `envconfig:"TOOLRELAY_MAX_INFLIGHT_PER_TEAM" default:"1024" desc:"one team's share of them"`
 	Replicas      int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams and buckets (3 on a cluster)"`
@@ -88,9 +91,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer stopTokens()
 		wg.Go(func() { tokens.Run(tctx) })
 		auth = tokens
-		log.Info("HTTP API: /v1 needs a bearer token", "file", tokens.Path(), "tokens", tokens.Len())
+		log.Info("HTTP API: every request to /v1 and /mcp needs a bearer token", "file", tokens.Path(), "tokens", tokens.Len())
 	} else {
-		log.Warn("HTTP API: /v1 serves loopback clients only; set TOOLRELAY_API_TOKENS_FILE to serve others")
+		log.Warn("HTTP API: /v1 and /mcp serve loopback clients only; set TOOLRELAY_API_TOKENS_FILE to serve others")
 	}
 	tel, err := telemetry.Setup(ctx, telemetry.Options{Service: "toolrelay-dispatcher"})
 	if err != nil {
@@ -132,7 +135,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	client := openai.NewClient(opts...)
 	dopts := dispatch.Options{
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
-		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
+		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval, MCPCallTimeout: cfg.MCPTimeout,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
 		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls,
 		Authenticator: auth,
@@ -159,6 +162,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.Metrics)
 	mux.Handle("/", d.Handler())
+	ui, err := console.New(d, js, console.Options{Logger: log, TraceURL: cfg.TraceURL})
+	if err != nil {
+		return err
+	}
+	ui.Mount(mux) // /ui and /v1/deadletters, behind the API's tokens
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- srv.Serve(ln) }()

@@ -63,6 +63,10 @@ var scenarios = []scenario{
 		[]string{"Seattle, WA", "The Emerald City", "70f"}},
 	{protocol.PlatformResponses, "Responses API (and Foundry agents)", "What is my horoscope? I am an Aquarius.",
 		[]string{"Aquarius: Next Tuesday you will befriend a baby otter."}},
+	// The platform itself calls the fleet, through the dispatcher's MCP
+	// front door: no watch, no function_call items for the client.
+	{protocol.PlatformMCP, "Responses API with the fleet as its remote MCP server (/mcp)", "What's the weather like in my favorite city?",
+		[]string{"Seattle, WA", "The Emerald City", "70f"}},
 }
 
 // Run plays one scenario per platform through a real JetStream server, the
@@ -123,8 +127,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	defer nc.Close()
 	client := openai.NewClient(option.WithBaseURL(baseURL), option.WithAPIKey("sk-demo"))
+	report := reportTurns(out)
+	mcpTurns := &turnLog{}
 	d, err := dispatch.New(js, openaiplatform.New(client), dispatch.Options{
-		Logger: opts.Logger, OnEvent: reportTurns(out), TracerProvider: tp,
+		Logger: opts.Logger, TracerProvider: tp,
+		OnEvent: func(e dispatch.Event) {
+			report(e)
+			if e.Kind == dispatch.EventTurnSubmitted && e.Turn.Ref.Platform == protocol.PlatformMCP {
+				mcpTurns.add(e.Turn.Key)
+			}
+		},
 	})
 	if err != nil {
 		return err
@@ -134,9 +146,25 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := waitReady(ctx, d, js, derr); err != nil {
 		return err
 	}
+	// The dispatcher's HTTP API, for its MCP front door; loopback clients
+	// need no token.
+	api, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("demo: listen for the dispatcher's HTTP API: %w", err)
+	}
+	apiServer := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = apiServer.Serve(api) }()
+	defer func() { _ = apiServer.Close() }()
+	mcpURL := "http://" + api.Addr().String() + "/mcp"
 
 	for _, sc := range scenarios {
-		if err := play(ctx, out, client, d, rec, sc, opts.Timeout); err != nil {
+		var err error
+		if sc.platform == protocol.PlatformMCP {
+			err = playMCP(ctx, out, client, mcpURL, mcpTurns, rec, sc, opts.Timeout)
+		} else {
+			err = play(ctx, out, client, d, rec, sc, opts.Timeout)
+		}
+		if err != nil {
 			return fmt.Errorf("demo: %s: %w", sc.title, err)
 		}
 	}
@@ -304,6 +332,89 @@ func play(ctx context.Context, out *lockedWriter, client openai.Client, d *dispa
 		}
 	}
 	return nil
+}
+
+// playMCP asks the platform for a response with the dispatcher's /mcp as
+// a remote MCP server: the platform lists the fleet's functions and calls
+// them itself, each call a turn of its own on the fleet. It prints what
+// the platform did, the answer and each call's trace.
+func playMCP(ctx context.Context, out *lockedWriter, client openai.Client, mcpURL string, turns *turnLog,
+	rec *tracetest.SpanRecorder, sc scenario, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out.printf("[%s] %s\n  user: %s\n  tools: {\"type\":\"mcp\",\"server_label\":\"toolrelay\",\"server_url\":%q}\n", sc.platform, sc.title, sc.prompt, mcpURL)
+	before := turns.len()
+	r, err := client.Responses.New(ctx, responses.ResponseNewParams{
+		Model: "gpt-5.5", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(sc.prompt)},
+		Tools: []responses.ToolUnionParam{{OfMcp: &responses.ToolMcpParam{ServerLabel: "toolrelay", ServerURL: openai.String(mcpURL),
+			RequireApproval: responses.ToolMcpRequireApprovalUnionParam{OfMcpToolApprovalSetting: openai.String("never")}}}},
+	})
+	if err != nil {
+		return fmt.Errorf("create response: %w", err)
+	}
+	calls := 0
+	for _, it := range r.Output {
+		switch it.Type {
+		case "mcp_list_tools":
+			l := it.AsMcpListTools()
+			if l.Error != "" {
+				return fmt.Errorf("the platform could not list the tools: %s", l.Error)
+			}
+			out.printf("  platform: mcp_list_tools, %d tools from %s\n", len(l.Tools), l.ServerLabel)
+		case "mcp_call":
+			c := it.AsMcpCall()
+			calls++
+			if c.Error.Type != "" {
+				return fmt.Errorf("mcp_call %s failed: %s", c.Name, c.Error.RawJSON())
+			}
+			out.printf("  platform: mcp_call %s%s -> %s\n", c.Name, c.Arguments, c.Output)
+		}
+	}
+	answer := r.OutputText()
+	out.printf("  answer: %s\n", answer)
+	// Each call's turn is reported once submitted, which may be just
+	// after the platform had its result.
+	deadline := time.Now().Add(time.Second)
+	for turns.len()-before < calls && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i, key := range turns.since(before) {
+		if spans := traceOf(rec, key, time.Second); spans != nil {
+			out.printf("  call %d, %s\n", i+1, strings.Repeat("-", 40))
+			printTree(out, spans, "  ")
+		}
+	}
+	out.printf("\n")
+	for _, want := range sc.expect {
+		if !strings.Contains(answer, want) {
+			return fmt.Errorf("the answer does not mention %q", want)
+		}
+	}
+	return nil
+}
+
+// turnLog keeps turn keys in the order they were added.
+type turnLog struct {
+	mu   sync.Mutex
+	keys []protocol.TurnKey
+}
+
+func (l *turnLog) add(k protocol.TurnKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.keys = append(l.keys, k)
+}
+
+func (l *turnLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.keys)
+}
+
+func (l *turnLog) since(i int) []protocol.TurnKey {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]protocol.TurnKey(nil), l.keys[i:]...)
 }
 
 // start creates the conversation on the platform, the way an application

@@ -21,6 +21,9 @@ func TestDemoPlaysEveryPlatform(t *testing.T) {
 		"Your favorite city, Seattle, WA, is also known as The Emerald City. The current weather there is 70f.",
 		"Aquarius: Next Tuesday you will befriend a baby otter.",
 		"turn submitted: 2 call(s)",
+		"[mcp]", "platform: mcp_list_tools, 6 tools from toolrelay",
+		`platform: mcp_call getCurrentWeatherAtLocation{"location":"Seattle, WA","unit":"f"} -> 70f`,
+		"tools/call getUserFavoriteCity", "turn mcp",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("demo output lacks %q", want)

@@ -243,6 +243,7 @@ func (s *Server) agentStep(sess *session, t *agentTurn) {
 	}
 	t.status = "in_progress"
 	calls, answer, err := t.script.next(func() string { return newID("call_") })
+	s.calledAll("agents", calls)
 	if err != nil {
 		s.log.Error("scenario failed", "err", err)
 		s.finishAgentTurn(sess, t, "failed", "")

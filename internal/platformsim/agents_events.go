@@ -128,6 +128,7 @@ func (s *Server) acceptToolResult(sess *session, ev sessionEvent) {
 		}
 	}
 	t.script.answer(ev.CallID, output)
+	s.answered(ev.CallID, output)
 	s.stats.ToolResults++
 	item := map[string]any{"id": newID("item_fco_"), "type": "function_call_output", "turn_id": t.id, "call_id": ev.CallID,
 		"status": status, "output": rawOrNull(ev.Output), "error": errField}

@@ -145,6 +145,7 @@ func (s *Server) runStep(ru *run) {
 	}
 	ru.status = "in_progress"
 	calls, answer, err := ru.script.next(func() string { return newID("call_") })
+	s.calledAll("assistants", calls)
 	if err != nil {
 		s.log.Error("scenario failed", "err", err)
 		ru.status = "failed"
@@ -252,6 +253,7 @@ func (s *Server) submitToolOutputs(w http.ResponseWriter, r *http.Request) {
 				out = *o.Output
 			}
 			ru.script.answer(o.ToolCallID, out)
+			s.answered(o.ToolCallID, out)
 		}
 		s.stats.SubmitToolOutputs++
 		ru.status = "queued"

@@ -1,8 +1,10 @@
 package platformsim
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -27,6 +29,15 @@ type response struct {
 	conversation string
 	output       []map[string]any
 	script       *script
+	// servers are the request's MCP tools, and mcpTools what each has
+	// listed in this conversation so far (label → tools). approvals are
+	// the calls this response asks the client to approve; answers are the
+	// request's answers to answering, the previous response's approvals.
+	servers   []*mcpServer
+	mcpTools  map[string][]mcpTool
+	approvals map[string]pendingApproval
+	answering map[string]pendingApproval
+	answers   []approvalAnswer
 }
 
 type conversation struct {
@@ -66,6 +77,9 @@ type inputItem struct {
 	Content json.RawMessage `json:"content"`
 	CallID  string          `json:"call_id"`
 	Output  json.RawMessage `json:"output"`
+	// ApprovalRequestID and Approve answer an mcp_approval_request.
+	ApprovalRequestID string `json:"approval_request_id"`
+	Approve           *bool  `json:"approve"`
 }
 
 func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
@@ -96,6 +110,11 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
 		s.writeAPIError(w, aerr)
 		return
 	}
+	servers, aerr := mcpServers(req.Tools)
+	if aerr != nil {
+		s.writeAPIError(w, aerr)
+		return
+	}
 
 	s.mu.Lock()
 	if prev, seen := s.idemResponse(r); seen {
@@ -110,8 +129,19 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
 		s.writeAPIError(w, aerr)
 		return
 	}
+	resp.servers = servers
 	s.rememberResponse(r, resp)
-	if !resp.background {
+	withMCP := len(resp.servers) > 0 || len(resp.answers) > 0
+	switch {
+	case resp.background:
+	case withMCP:
+		// The platform calls the MCP servers before it answers.
+		resp.status = "in_progress"
+		s.mu.Unlock()
+		outcome := s.playMCP(r.Context(), resp)
+		s.mu.Lock()
+		s.finishResponse(resp, outcome)
+	default:
 		s.completeResponse(resp)
 	}
 	out := s.responseJSON(resp)
@@ -120,9 +150,23 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
 		s.later(func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if resp.status == "queued" {
-				s.completeResponse(resp)
+			if resp.status != "queued" {
+				return // cancelled meanwhile
 			}
+			if withMCP {
+				resp.status = "in_progress"
+				s.mu.Unlock()
+				ctx, stop := s.runContext()
+				outcome := s.playMCP(ctx, resp)
+				stop()
+				s.mu.Lock()
+				if resp.status != "in_progress" {
+					return
+				}
+				s.finishResponse(resp, outcome)
+				return
+			}
+			s.completeResponse(resp)
 		})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -165,8 +209,9 @@ func conversationID(raw json.RawMessage) (string, error) {
 	return obj.ID, nil
 }
 
-// parseInput splits the input into the user's text and the function call
-// outputs (call ID → output), in order.
+// parseInput splits the input into the user's text and the answers to the
+// previous response: function call outputs and MCP approval responses, in
+// order.
 func parseInput(raw json.RawMessage) (prompt string, outputs []inputItem, aerr *apiError) {
 	if len(raw) == 0 {
 		return "", nil, invalid("Missing required parameter: 'input'.", "input")
@@ -192,7 +237,17 @@ func parseInput(raw json.RawMessage) (prompt string, outputs []inputItem, aerr *
 				return "", nil, invalid(err.Error(), fmt.Sprintf("input[%d].content", i))
 			}
 			texts = append(texts, t)
-		case it.Type == "function_call", it.Type == "reasoning":
+		case it.Type == "mcp_approval_response":
+			if it.ApprovalRequestID == "" || it.Approve == nil {
+				field := "approval_request_id"
+				if it.ApprovalRequestID != "" {
+					field = "approve"
+				}
+				return "", nil, invalid(fmt.Sprintf("Missing required parameter: 'input[%d].%s'.", i, field), fmt.Sprintf("input[%d].%s", i, field))
+			}
+			outputs = append(outputs, it)
+		case it.Type == "function_call", it.Type == "reasoning", it.Type == "mcp_list_tools", it.Type == "mcp_call",
+			it.Type == "mcp_approval_request":
 			// Echoed history: ignored by the scripted model.
 		default:
 			return "", nil, invalid(fmt.Sprintf("Invalid value for 'input[%d].type': %q is not supported.", i, it.Type), fmt.Sprintf("input[%d].type", i))
@@ -225,8 +280,12 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 	if prev != nil && prev.status != "completed" {
 		return nil, invalid(fmt.Sprintf("Response '%s' is %s; wait until it completes before continuing it.", prev.id, prev.status), "previous_response_id")
 	}
+	outputs, answers, aerr := approvalAnswers(prev, outputs)
+	if aerr != nil {
+		return nil, aerr
+	}
 	pending := pendingCalls(prev)
-	if len(pending) > 0 {
+	if len(pending) > 0 || len(answers) > 0 {
 		for _, o := range outputs {
 			if !slices.Contains(pending, o.CallID) {
 				return nil, invalid(fmt.Sprintf("No tool call found for function call output with call_id %s.", o.CallID), "input")
@@ -240,6 +299,7 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 		sc = prev.script.clone()
 		for _, o := range outputs {
 			sc.answer(o.CallID, outputText(o.Output))
+			s.answered(o.CallID, outputText(o.Output))
 		}
 		s.stats.FunctionCallOutputs += len(outputs)
 	} else {
@@ -262,6 +322,11 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 		id: newID("resp_"), createdAt: unixNow(), status: "queued", background: req.Background, model: model,
 		instructions: req.Instructions, tools: req.Tools, metadata: req.Metadata,
 		previousID: req.PreviousResponseID, conversation: convID, script: sc,
+		mcpTools: map[string][]mcpTool{}, approvals: map[string]pendingApproval{}, answers: answers,
+	}
+	if prev != nil {
+		maps.Copy(resp.mcpTools, prev.mcpTools)
+		resp.answering = prev.approvals
 	}
 	s.responses[resp.id] = resp
 	if conv != nil {
@@ -276,6 +341,30 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 		conv.last = resp
 	}
 	return resp, nil
+}
+
+// approvalAnswers takes the mcp_approval_response items out of outputs:
+// each must answer an approval request of prev, and every request of prev
+// must be answered.
+func approvalAnswers(prev *response, outputs []inputItem) (rest []inputItem, answers []approvalAnswer, aerr *apiError) {
+	for _, o := range outputs {
+		if o.Type != "mcp_approval_response" {
+			rest = append(rest, o)
+			continue
+		}
+		if prev == nil || prev.approvals[o.ApprovalRequestID].server == "" {
+			return nil, nil, invalid(fmt.Sprintf("No MCP approval request found with id %s.", o.ApprovalRequestID), "input")
+		}
+		answers = append(answers, approvalAnswer{requestID: o.ApprovalRequestID, approve: *o.Approve})
+	}
+	if prev != nil {
+		for id := range prev.approvals {
+			if !slices.ContainsFunc(answers, func(a approvalAnswer) bool { return a.requestID == id }) {
+				return nil, nil, invalid(fmt.Sprintf("No approval response found for MCP approval request %s.", id), "input")
+			}
+		}
+	}
+	return rest, answers, nil
 }
 
 // pendingCalls lists the call IDs of prev's function_call items.
@@ -295,17 +384,26 @@ func pendingCalls(prev *response) []string {
 // completeResponse runs the model's step. Caller holds s.mu.
 func (s *Server) completeResponse(resp *response) {
 	calls, answer, err := resp.script.next(func() string { return newID("call_") })
+	s.finishResponse(resp, turnOutcome{calls: calls, answer: answer, final: len(calls) == 0, err: err})
+}
+
+// finishResponse records how the model's turn ended and completes the
+// response. Caller holds s.mu.
+func (s *Server) finishResponse(resp *response, o turnOutcome) {
+	s.calledAll("responses", o.calls)
 	now := unixNow()
-	if err != nil {
-		s.log.Error("scenario failed", "err", err)
+	if o.err != nil {
+		s.log.Error("scenario failed", "err", o.err)
 		resp.status = "failed"
 		return
 	}
+	resp.output = append(resp.output, o.items...)
+	calls, answer := o.calls, o.answer
 	for _, c := range calls {
 		resp.output = append(resp.output, map[string]any{"id": newID("fc_"), "type": "function_call", "status": "completed",
 			"call_id": c.ID, "name": c.Name, "arguments": c.Arguments})
 	}
-	if len(calls) == 0 {
+	if o.final {
 		resp.output = append(resp.output, map[string]any{"id": newID("msg_"), "type": "message", "status": "completed", "role": "assistant",
 			"content": []map[string]any{{"type": "output_text", "text": answer, "annotations": []any{}, "logprobs": []any{}}}})
 	}
@@ -317,6 +415,19 @@ func (s *Server) completeResponse(resp *response) {
 	if conv := s.conversations[resp.conversation]; conv != nil {
 		conv.items = append(conv.items, resp.output...)
 	}
+}
+
+// runContext is a context that ends when the server closes.
+func (s *Server) runContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-s.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func (s *Server) getResponse(w http.ResponseWriter, r *http.Request) {

@@ -70,6 +70,7 @@ type Server struct {
 	// idem remembers Idempotency-Keys: key → hash of the body first sent.
 	idem      map[string][32]byte
 	stats     Stats
+	book      ledger
 	delivered []WebhookEvent
 
 	bg     sync.WaitGroup

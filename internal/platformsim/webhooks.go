@@ -68,7 +68,14 @@ func (s *Server) Webhooks() []WebhookEvent {
 	return append([]WebhookEvent(nil), s.delivered...)
 }
 
-// notify delivers an event in the background, retrying a few times as the
+// Webhook delivery retries: 200ms doubling to 10s, 8 attempts in all.
+const (
+	webhookAttempts   = 8
+	webhookFirstRetry = 200 * time.Millisecond
+	webhookMaxRetry   = 10 * time.Second
+)
+
+// notify delivers an event in the background, retrying with backoff as the
 // platform does on failure. Caller holds s.mu.
 func (s *Server) notify(typ string, data any) {
 	hook := s.opts.Webhook
@@ -79,14 +86,18 @@ func (s *Server) notify(typ string, data any) {
 	webhookID := newID("wh_")
 	body := WebhookBody(eventID, typ, data)
 	s.bg.Go(func() {
+		// The platform retries a failed delivery with exponential backoff
+		// (for up to three days); here for about half a minute.
 		status := 0
-		for attempt := range 3 {
+		wait := webhookFirstRetry
+		for attempt := range webhookAttempts {
 			if attempt > 0 {
 				select {
-				case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+				case <-time.After(wait):
 				case <-s.closed:
 					return
 				}
+				wait = min(2*wait, webhookMaxRetry)
 			}
 			h, err := Sign(hook.Secret, webhookID, time.Now(), body)
 			if err != nil {
@@ -101,8 +112,8 @@ func (s *Server) notify(typ string, data any) {
 			}
 			resp.Body.Close()
 			status = resp.StatusCode
-			if status < 300 {
-				break
+			if status < 300 || status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests {
+				break // delivered, or refused for good (a bad signature, say)
 			}
 		}
 		s.mu.Lock()

@@ -70,12 +70,13 @@ func guarded(p string) bool {
 }
 
 // guard lets a request for a guarded path through only with a caller: a
-// known bearer token when d has an Authenticator, a loopback client
-// otherwise. The caller goes into the request's context for the handler to
+// known bearer token (or the console's session cookie holding one) when d
+// has an Authenticator, a loopback client otherwise; a browser without one
+// asking for a console page is sent to the login form. The caller goes into the request's context for the handler to
 // decide what it may see (403 or less detail).
 func (d *Dispatcher) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !guarded(r.URL.Path) {
+		if !guarded(r.URL.Path) || openConsolePath(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -101,13 +102,20 @@ func (d *Dispatcher) authenticate(w http.ResponseWriter, r *http.Request) (Calle
 	}
 	token, ok := bearerToken(r.Header.Get("Authorization"))
 	if !ok {
-		unauthorized(w, "", "missing bearer token: send Authorization: Bearer <token>")
+		token, ok = sessionToken(r) // the console's login cookie
+	}
+	if !ok {
+		if !toLogin(w, r) {
+			unauthorized(w, "", "missing bearer token: send Authorization: Bearer <token>")
+		}
 		return Caller{}, false
 	}
 	caller, ok := auth.Authenticate(token)
 	if !ok {
 		d.log.WarnContext(r.Context(), "API request with an unknown bearer token refused", "remote", r.RemoteAddr, "path", r.URL.Path)
-		unauthorized(w, `, error="invalid_token"`, "unknown bearer token")
+		if !toLogin(w, r) {
+			unauthorized(w, `, error="invalid_token"`, "unknown bearer token")
+		}
 		return Caller{}, false
 	}
 	return caller, true

@@ -36,7 +36,7 @@ func (c apiCall) message() string {
 
 // do sends a request to base with token as its bearer token (none if
 // empty).
-func do(t *testing.T, method, url, token, body string) apiCall {
+func do(t testing.TB, method, url, token, body string) apiCall {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {

@@ -32,6 +32,7 @@ const (
 	DefaultMaxInFlightPublishes = 4096
 	DefaultMaxInFlightPerTeam   = 1024
 	DefaultSweepInterval        = 10 * time.Second
+	DefaultMCPCallTimeout       = 60 * time.Second
 	// DefaultMaxDeclarationsPerTeam bounds the live declarations (one per
 	// function and executor process) a team may have at once.
 	DefaultMaxDeclarationsPerTeam = 4096
@@ -84,6 +85,11 @@ type Options struct {
 	// submissions in progress before cancelling them (another replica, or
 	// this one restarted, then repeats them). Default: 10s.
 	ShutdownTimeout time.Duration
+	// MCPCallTimeout caps how long a tools/call on /mcp may run: its
+	// deadline is the function's own timeout, or this if that is longer or
+	// unset. MCP clients wait on an open HTTP request, so this is shorter
+	// than RunTTL. Default: 60s.
+	MCPCallTimeout time.Duration
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
@@ -142,6 +148,7 @@ type Dispatcher struct {
 	gather       *gatherer
 	limiter      *limiter
 	tel          *telemetry
+	inspect      *inspector // what the inspection API and the console read
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -197,6 +204,9 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = DefaultSweepInterval
 	}
+	if opts.MCPCallTimeout <= 0 {
+		opts.MCPCallTimeout = DefaultMCPCallTimeout
+	}
 	if opts.ResultStreamBytes <= 0 {
 		opts.ResultStreamBytes = protocol.DefaultResultStreamBytes
 	}
@@ -211,6 +221,9 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 		}
 		d.platforms[p.Name()] = p
 	}
+	if _, ok := d.platforms[protocol.PlatformMCP]; !ok {
+		d.platforms[protocol.PlatformMCP] = mcpPlatform{}
+	}
 	d.registry = newRegistry(d.log)
 	tel, err := newTelemetry(opts.TracerProvider, opts.MeterProvider, d.registry.fleet)
 	if err != nil {
@@ -220,6 +233,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.gather = newGatherer(d)
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
+	d.inspect = newInspector(d)
 	return d, nil
 }
 
@@ -233,7 +247,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("dispatch: Run called twice")
 	}
-	if err := d.provision(ctx); err != nil {
+	err := d.provisionWhenReady(ctx)
+	if ctx.Err() != nil {
+		return nil // stopped while starting: a clean stop
+	}
+	if err != nil {
 		return err
 	}
 
@@ -302,6 +320,28 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.ready.Store(false)
 	d.log.InfoContext(ctx, "dispatcher stopping: no new work; open turns are left to other replicas or the restart")
 	return nil
+}
+
+// provisionWhenReady provisions, waiting while JetStream cannot answer yet
+// (a cluster electing its leaders, servers restarting): a dispatcher
+// started with its servers waits for them, as it waits to connect. Other
+// errors, and ctx ending, end the wait; ctx ending is not an error.
+func (d *Dispatcher) provisionWhenReady(ctx context.Context) error {
+	retry := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		err := d.provision(ctx)
+		if err == nil || !mayPass(err) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := retry.Next()
+		d.log.Warn("JetStream not ready yet; provisioning again", "err", err, "in", wait.String())
+		if !backoff.Sleep(ctx, wait) {
+			return nil
+		}
+	}
 }
 
 // provision creates (or checks) the streams and buckets the dispatchers

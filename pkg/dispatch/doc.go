@@ -34,6 +34,20 @@
 // stream where there is one), takes in each required action and, for
 // Responses, follows each continuation.
 //
+// # The MCP front door
+//
+// [Dispatcher.Handler] also serves /mcp: the fleet as a remote MCP server
+// (Streamable HTTP, stateless, on the official MCP Go SDK: a protocol the
+// dispatcher serves, not a platform it drives). tools/list reads the live
+// registry, scoped to the caller's teams; each tools/call is a turn of one
+// call of the pseudo-platform "mcp" ([protocol.PlatformMCP]), taken in,
+// validated, fanned out, timed and gathered like any other, whose
+// submission is the answer to the waiting request. Any replica may gather
+// it; the one holding the request learns the outcome from the turn record.
+// Its deadline is the function's timeout capped by
+// [Options.MCPCallTimeout]; a client that goes away cancels the call on
+// its executor.
+//
 // # Replicas and crashes
 //
 // Everything that must survive lives in JetStream, so any number of
@@ -62,4 +76,13 @@
 // the window (time left at submission) and which function is slow or
 // failing. [Options] takes the providers; the globals are the default.
 // [Dispatcher.Handler] serves the HTTP API.
+//
+// What is happening now — open turns and their deadlines, recently closed
+// turns, functions and their executors, watches — is read from an index
+// each replica keeps of the turn and watch buckets, built on first use and
+// kept current by watching them: [Dispatcher.InspectTurns],
+// [Dispatcher.InspectTurn], [Dispatcher.InspectFunctions] and
+// [Dispatcher.InspectWatches], served as GET /v1/turns (and its event
+// stream), /v1/functions and /v1/watches, and read by the console
+// (internal/console) and the dispatcher command's inspection commands.
 package dispatch

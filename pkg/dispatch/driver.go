@@ -204,12 +204,14 @@ const (
 )
 
 // awaitClosed waits until a turn is submitted or failed, polling the
-// platform meanwhile: if the platform stops waiting for the turn (the run
-// was cancelled, expired or finished), it returns that observation.
+// platform meanwhile (unless p is nil): if the platform stops waiting for
+// the turn (the run was cancelled, expired or finished), it returns that
+// observation.
 //
-// A KV watch on the record brings the news at once; the record is also read
-// every recordReadEvery, so a watch lost with a server (it is an ordered
-// consumer) costs a second, not the turn.
+// A KV watch on the record brings the news at once, whichever replica
+// closed the turn; the record is also read every recordReadEvery, so a
+// watch lost with a server (it is an ordered consumer) costs a second, not
+// the turn.
 func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref) (*Turn, *Observation, error) {
 	var updates <-chan jetstream.KeyValueEntry
 	if kw, err := d.turns.kv.Watch(ctx, string(key)); err == nil {
@@ -220,6 +222,10 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 	polls := backoff.Backoff{Initial: closedPollFirst, Max: closedPollMax}
 	poll := time.NewTimer(polls.Next())
 	defer poll.Stop()
+	pollC := poll.C
+	if p == nil {
+		pollC = nil
+	}
 	read := time.NewTicker(recordReadEvery)
 	defer read.Stop()
 	for {
@@ -239,7 +245,7 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 			if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
 				return t, nil, nil
 			}
-		case <-poll.C:
+		case <-pollC:
 			obs, err := p.Poll(ctx, ref)
 			if err == nil && obs.State == ObjectFailed {
 				return nil, obs, nil
@@ -259,31 +265,41 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 }
 
 // cancelTurns closes the open turns of a watch whose run the platform
-// ended: nothing can be submitted any more. The executors of each turn's
-// calls are told, so running handlers are cancelled and queued calls skip.
+// ended: nothing can be submitted any more.
 func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 	for _, key := range w.Turns {
-		t, _, err := d.turns.transition(ctx, key, TurnCollecting, nil, 0, func(t *Turn) {
-			t.State = TurnFailed
-			t.Error = "not submitted: " + reason
-		})
-		if err != nil || t == nil {
-			continue
+		if d.cancelTurn(ctx, key, "not submitted: "+reason, reason) {
+			d.log.Warn("turn cancelled: the platform ended the run", "turn", key, "reason", reason)
 		}
-		d.finished(t, true)
-		teams := map[string]bool{}
-		for _, c := range t.Calls {
-			if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
-				teams[c.Team] = true
-				if _, err := d.js.Publish(ctx, protocol.CancelSubject(c.Team, key), []byte(reason),
-					jetstream.WithMsgID(protocol.CancelMsgID(key, c.Team))); err != nil {
-					d.log.Warn("telling executors of a cancelled turn failed", "turn", key, "team", c.Team, "err", err)
-				}
+	}
+}
+
+// cancelTurn fails a turn still collecting, with the record's error
+// errMsg, and tells the executors of its calls (reason), so running
+// handlers are cancelled and queued calls skip. It reports whether it
+// cancelled the turn (false: it was closed already, or the record could
+// not be changed).
+func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMsg, reason string) bool {
+	t, _, err := d.turns.transition(ctx, key, TurnCollecting, nil, 0, func(t *Turn) {
+		t.State = TurnFailed
+		t.Error = errMsg
+	})
+	if err != nil || t == nil {
+		return false
+	}
+	d.finished(t, true)
+	teams := map[string]bool{}
+	for _, c := range t.Calls {
+		if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
+			teams[c.Team] = true
+			if _, err := d.js.Publish(ctx, protocol.CancelSubject(c.Team, key), []byte(reason),
+				jetstream.WithMsgID(protocol.CancelMsgID(key, c.Team))); err != nil {
+				d.log.Warn("telling executors of a cancelled turn failed", "turn", key, "team", c.Team, "err", err)
 			}
 		}
-		d.log.Warn("turn cancelled: the platform ended the run", "turn", key, "reason", reason)
-		d.emit(Event{Kind: EventTurnFailed, Turn: t})
 	}
+	d.emit(Event{Kind: EventTurnFailed, Turn: t})
+	return true
 }
 
 // startDriver drives w in the background unless this replica already does.

@@ -42,6 +42,8 @@ const (
 	gatherWorkers  = 16
 	recheckDelay   = 25 * time.Millisecond
 	recheckTimeout = 10 * time.Second
+	// recheckRetry is how soon a re-check that failed is tried again.
+	recheckRetry = time.Second
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
@@ -133,6 +135,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	g.d.tel.result(ctx, st.turn, res)
+	g.d.inspect.stats.record(st.turn, res)
 	crashpoint.Reached(crashpoint.Gather, string(turnKey))
 	if g.add(st, res) {
 		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
@@ -224,7 +227,15 @@ func (g *gatherer) recheck(ctx context.Context, key protocol.TurnKey) {
 	present, err := g.present(cctx, st.turn)
 	cancel()
 	if err != nil {
-		g.d.log.Warn("re-checking results failed", "turn", key, "err", err)
+		// Try again: with the turn's results split between replicas, a
+		// re-check that failed may be the only one that would have seen
+		// the turn complete.
+		g.d.log.Warn("re-checking results failed; trying again", "turn", key, "err", err, "in", recheckRetry.String())
+		g.mu.Lock()
+		if st := g.turns[key]; st != nil && st.recheck != nil {
+			st.recheck.Reset(recheckRetry)
+		}
+		g.mu.Unlock()
 		return
 	}
 	if present == len(st.turn.Calls) {

@@ -25,9 +25,12 @@ import (
 //	POST /v1/watch       start driving a platform object (202; 400 naming the field,
 //	                     or 404 naming it when the platform has no such object)
 //	GET  /v1/watch/{id}  the watch, its turns and each call's result
+//	GET  /v1/turns, /v1/turns/{key}, /v1/turns/stream, /v1/functions,
+//	     /v1/watches     the inspection API (see routeInspect)
 //	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
+//	POST /mcp            the MCP front door: Streamable HTTP, stateless (mcp.go)
 //
 // Everything under /v1 (and /mcp and /ui) needs a caller: with
 // [Options.Authenticator] set, a known bearer token (else 401 with
@@ -40,6 +43,7 @@ func (d *Dispatcher) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/watch", d.postWatch)
 	mux.HandleFunc("GET /v1/watch/{id}", d.getWatch)
 	mux.HandleFunc("POST /webhooks/openai", d.postWebhook)
+	mux.Handle("/mcp", d.mcpHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -50,6 +54,7 @@ func (d *Dispatcher) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
+	d.routeInspect(mux)
 	return d.guard(mux)
 }
 
@@ -338,16 +343,7 @@ func (d *Dispatcher) watchReport(ctx context.Context, id string) (int, any) {
 		if !t.SubmittedAt.IsZero() {
 			tr.SubmittedAt = t.SubmittedAt.Format(timeFormat)
 		}
-		for i := range t.Calls {
-			c := &t.Calls[i]
-			cr := callReport{ID: c.ID, Function: c.Name, Team: c.Team, Result: "pending"}
-			if timedOut(t, c.Key) {
-				cr.Result = "timed_out"
-			} else if res, err := d.gather.result(ctx, t, c); err == nil {
-				cr.describe(res)
-			}
-			tr.Calls = append(tr.Calls, cr)
-		}
+		tr.Calls = d.callReports(ctx, t)
 		rep.TurnDetails = append(rep.TurnDetails, tr)
 	}
 	return http.StatusOK, rep

@@ -44,6 +44,9 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	}
 	t.ExpiresAt = t.ExpiresAt.UTC()
 	t.Deadline = t.ExpiresAt.Add(-d.margin(t.ExpiresAt.Sub(now)))
+	if !req.Deadline.IsZero() && req.Deadline.Before(t.ExpiresAt) {
+		t.Deadline = req.Deadline.UTC()
+	}
 
 	// Resolve every call first: the record must say which team owns each.
 	failures, err := d.resolveCalls(ctx, t, req.Calls)
@@ -63,6 +66,15 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		span.SetAttributes(attrOutcome.String("duplicate"))
 		span.End() // another channel or replica took it in
 		existing, _, err := d.turns.get(ctx, key)
+		if err == nil && existing.State == TurnCollecting {
+			// Whoever recorded it may not have published its calls: an
+			// intake whose record was stored but whose acknowledgement was
+			// lost in a failover fails, and its retry lands here. Calls
+			// carry their key as message ID, so publishing them again is
+			// dropped by the server wherever the first publication got
+			// through.
+			d.publishCalls(ctx, existing, nil)
+		}
 		return existing, err
 	} else if err != nil {
 		span.SetStatus(codes.Error, err.Error())
@@ -141,15 +153,22 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 		return 0, err
 	}
 	if _, err := awaitAck(ctx, timer, sent); err != nil {
-		// The record exists: try once more, synchronously. The turn still
-		// completes when its results arrive, but without a timer it has no
-		// deadline and the sweep does not see it.
-		if err := d.scheduleDeadline(ctx, t); err != nil {
+		// The record exists: the timer must too, or the turn has no
+		// deadline and the sweep (which finds open turns by their timers)
+		// never sees it. Publishing it again is safe (one schedule per
+		// turn's subject), so keep at it while JetStream fails over.
+		if _, err := whileUnavailable(ctx, armRetryFor, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, d.scheduleDeadline(ctx, t)
+		}); err != nil {
 			d.log.ErrorContext(ctx, "arming deadline failed; the turn has no deadline", "turn", t.Key, "err", err)
 		}
 	}
 	return ack.Sequence, nil
 }
+
+// armRetryFor bounds how long arming a recorded turn's deadline is
+// retried: longer than a cluster's leader election.
+const armRetryFor = 30 * time.Second
 
 // recordFailure records a failed result for c, first-wins like any result.
 func (d *Dispatcher) recordFailure(ctx context.Context, t *Turn, c *TurnCall, cerr *protocol.CallError) {

@@ -94,6 +94,8 @@ func (r Ref) String() string {
 		return "agents session " + r.SessionID
 	case protocol.PlatformAssistants:
 		return "assistants run " + r.ThreadID + "/" + r.RunID
+	case protocol.PlatformMCP:
+		return "MCP call"
 	default:
 		return "response " + r.ResponseID
 	}
@@ -146,6 +148,10 @@ type TurnRequest struct {
 	// ExpiresAt is when the platform expires the run; zero if it gives
 	// none, and then the dispatcher's RunTTL applies.
 	ExpiresAt time.Time
+	// Deadline, when set, is when the dispatcher submits whatever it has
+	// (it must be before ExpiresAt). Zero: ExpiresAt minus the submit
+	// margin.
+	Deadline time.Time
 	// Channel is how the dispatcher learned of it (poll, stream, webhook),
 	// for metrics and logs.
 	Channel string

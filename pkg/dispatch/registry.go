@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -414,4 +415,24 @@ func schemaDigest(raw json.RawMessage) string {
 	}
 	sum := sha256.Sum256(bytes.TrimSpace(canonical))
 	return hex.EncodeToString(sum[:8])
+}
+
+// served returns the functions of the teams sees accepts that a live
+// executor of their owning team serves, by name, each as its newest live
+// declaration describes it.
+func (r *registry) served(sees func(team string) bool) []*protocol.FunctionSpec {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []*protocol.FunctionSpec
+	for name := range r.live {
+		owner := r.owners[name]
+		if owner == nil || !sees(owner.Team) {
+			continue
+		}
+		if live := r.liveOf(name, owner.Team); len(live) > 0 {
+			out = append(out, &live[0].decl.Spec)
+		}
+	}
+	slices.SortFunc(out, func(a, b *protocol.FunctionSpec) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }

@@ -134,6 +134,9 @@ func ToolDefinitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]jso
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	if p == protocol.PlatformMCP {
+		return nil, errors.New("dispatch: MCP clients list the tools themselves (tools/list on /mcp); there are no definitions to give them")
+	}
 	out := make([]json.RawMessage, 0, len(specs))
 	for _, s := range specs {
 		var schema map[string]any

@@ -1,0 +1,253 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// The MCP front door: /mcp serves the Model Context Protocol's Streamable
+// HTTP transport, stateless, so any replica answers any request and no
+// request needs the replica an earlier one reached (no Mcp-Session-Id).
+//
+// tools/list lists the functions live executors serve, of the teams the
+// caller sees; tools/call runs one as a direct call (call.go): the same
+// path as a platform's call, answered on the request. The SDK's tool
+// registry is not used: the tools are the live registry's, they change as
+// executors come and go, and each caller sees its own teams' only, so the
+// two methods are answered by a middleware reading the registry.
+
+const (
+	// mcpProgressEvery is how often a running tools/call reports progress
+	// to a client that asked for it (sent a progressToken).
+	mcpProgressEvery = 2 * time.Second
+	// metaTeam names the owning team in a tool's _meta, and metaErrorType
+	// the type of a failed call's error (invalid_arguments, timeout, ...)
+	// in its result's.
+	metaTeam      = "io.toolrelay/team"
+	metaErrorType = "io.toolrelay/error_type"
+)
+
+// MCP attribute keys (OpenTelemetry semantic conventions for MCP).
+const (
+	attrMCPMethod = attribute.Key("mcp.method.name")
+	attrCaller    = attribute.Key("toolrelay.caller")
+)
+
+// mcpHandler returns the handler of /mcp.
+func (d *Dispatcher) mcpHandler() http.Handler {
+	// The SDK logs every request's session at info (each request is one
+	// in stateless mode): only its warnings and errors are worth keeping.
+	sdkLog := slog.New(minLevel{d.log.With("component", "mcp").Handler(), slog.LevelWarn})
+	srv := mcp.NewServer(&mcp.Implementation{Name: "toolrelay", Title: "toolrelay fleet", Version: fmt.Sprint(protocol.Version)},
+		&mcp.ServerOptions{
+			Instructions: "Functions served by the toolrelay fleet. Each call runs on an executor through JetStream, " +
+				"under a deadline; a failed call is a tool error whose text says what to do differently.",
+			Logger:       sdkLog,
+			Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
+		})
+	srv.AddReceivingMiddleware(d.mcpTools)
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+		Stateless:                    true,
+		Logger:                       sdkLog,
+		PropagateRequestCancellation: true,
+		// The SDK refuses a request that reaches a loopback address under
+		// another host name (DNS rebinding: a web page steering a browser
+		// at a local server). Without tokens loopback clients are trusted,
+		// so that stays; with tokens a request needs one anyway, and a
+		// reverse proxy on the same host (which sends the public name)
+		// must get through.
+		DisableLocalhostProtection: d.opts.Authenticator != nil,
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The SDK cuts a handler's context loose from its request for older
+		// protocol versions; the request's own context, kept here, is what
+		// tells a call that its client went away.
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), httpRequestKey{}, r.Context())))
+	})
+}
+
+type httpRequestKey struct{}
+
+// minLevel drops the records of h below min.
+type minLevel struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.h.Enabled(ctx, l)
+}
+func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler            { return minLevel{m.h.WithAttrs(a), m.min} }
+func (m minLevel) WithGroup(name string) slog.Handler              { return minLevel{m.h.WithGroup(name), m.min} }
+
+// mcpTools answers tools/list and tools/call from the live registry; other
+// methods go to the SDK.
+func (d *Dispatcher) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch r := req.(type) {
+		case *mcp.ListToolsRequest:
+			if !d.Ready() {
+				// Before the registry is loaded the list would be empty,
+				// and a client may keep it: better it asks again.
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+					Message: "the dispatcher is starting or stopping; list the tools again shortly"}
+			}
+			return d.mcpListTools(ctx), nil
+		case *mcp.CallToolRequest:
+			return d.mcpCallTool(ctx, r)
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// mcpListTools lists the functions the caller's teams own that live
+// executors serve.
+func (d *Dispatcher) mcpListTools(ctx context.Context) *mcp.ListToolsResult {
+	caller, _ := callerFrom(ctx) // none: sees no team
+	specs := d.registry.served(caller.Sees)
+	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(specs))}
+	for _, s := range specs {
+		res.Tools = append(res.Tools, mcpTool(s))
+	}
+	return res
+}
+
+// mcpTool describes a function as an MCP tool. The registry knows whether
+// a function has side effects: one that has is neither idempotent nor safe
+// from destroying something; one that has not may be run again (retries
+// do), so it is idempotent. Whether a function only reads, the registry
+// does not know, so readOnlyHint stays false.
+func mcpTool(s *protocol.FunctionSpec) *mcp.Tool {
+	ann := &mcp.ToolAnnotations{IdempotentHint: !s.SideEffects}
+	if s.SideEffects {
+		destructive := true
+		ann.DestructiveHint = &destructive
+	}
+	return &mcp.Tool{Name: s.Name, Description: s.Description, InputSchema: s.Parameters, Annotations: ann,
+		Meta: mcp.Meta{metaTeam: s.Team}}
+}
+
+// mcpCallTool runs a tools/call as a direct call. A tool the caller
+// cannot see is unknown to it: a JSON-RPC error, as for a name nobody
+// owns. Every failure of a known tool is a result with isError, its text
+// the message the platforms get.
+func (d *Dispatcher) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	p := req.Params
+	caller, _ := callerFrom(ctx)
+	var f *function
+	if protocol.ValidateFunctionName(p.Name) == nil {
+		var err error
+		if f, err = d.registry.lookup(ctx, p.Name); err != nil {
+			return mcpError(protocol.CodeUnavailable,
+				fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", p.Name)), nil
+		}
+	}
+	if f == nil || !caller.Sees(f.team) {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", p.Name)}
+	}
+
+	ctx = d.mcpTraceContext(ctx, req)
+	ctx, span := d.tel.tracer.Start(ctx, "tools/call "+p.Name, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attrMCPMethod.String("tools/call"), attrToolName.String(p.Name), attrTeam.String(f.team),
+			attrCaller.String(caller.Name)))
+	defer span.End()
+	if r, ok := ctx.Value(httpRequestKey{}).(context.Context); ok {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		stop := context.AfterFunc(r, func() { cancel(errClientGone) })
+		defer stop()
+		defer cancel(nil)
+	}
+
+	args := p.Arguments
+	if len(args) == 0 || string(args) == "null" {
+		args = json.RawMessage("{}")
+	}
+	c := directCall{name: p.Name, args: args, timeout: d.mcpTimeout(f)}
+	if token := p.GetProgressToken(); token != nil {
+		c.progressEvery = mcpProgressEvery
+		c.progress = func(elapsed time.Duration) {
+			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token,
+				Progress: elapsed.Seconds(), Message: fmt.Sprintf("%s running for %s", p.Name, elapsed.Round(time.Second))})
+		}
+	}
+	res, err := d.callDirect(ctx, c)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "call not completed")
+		if ctx.Err() != nil {
+			return nil, err // nobody is left to read an answer
+		}
+		d.log.ErrorContext(ctx, "MCP call could not be taken in", "fn", p.Name, "err", err)
+		return mcpError(protocol.CodeUnavailable,
+			fmt.Sprintf("%s is unavailable right now (the call could not be queued). Try again later or continue without it.", p.Name)), nil
+	}
+	if res.Error != nil {
+		span.SetAttributes(attrOutcome.String(string(res.Error.Code)))
+		return mcpError(res.Error.Code, res.Error.Message), nil
+	}
+	span.SetAttributes(attrOutcome.String("ok"))
+	out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Output}}}
+	var obj map[string]any
+	if json.Unmarshal([]byte(res.Output), &obj) == nil && obj != nil {
+		out.StructuredContent = json.RawMessage(res.Output)
+	}
+	return out, nil
+}
+
+// errClientGone is the cause of a call's context cancelled because its
+// client's HTTP request ended.
+var errClientGone = errors.New("dispatch: the MCP client went away")
+
+// mcpError is a failed call as an MCP tool result: isError, with the
+// message the model reads (its type in _meta, for programs).
+func mcpError(code protocol.ErrorCode, message string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: message}},
+		Meta: mcp.Meta{metaErrorType: string(code)}}
+}
+
+// mcpTimeout is a tools/call's deadline: the function's own timeout, capped
+// by MCPCallTimeout.
+func (d *Dispatcher) mcpTimeout(f *function) time.Duration {
+	timeout := d.opts.MCPCallTimeout
+	if len(f.live) > 0 {
+		if t := time.Duration(f.live[0].decl.Spec.Timeout); t > 0 && t < timeout {
+			timeout = t
+		}
+	}
+	return timeout
+}
+
+// mcpTraceContext continues the client's trace: the traceparent in the
+// request's _meta (as the MCP semantic conventions carry it), else the one
+// of the HTTP request.
+func (d *Dispatcher) mcpTraceContext(ctx context.Context, req *mcp.CallToolRequest) context.Context {
+	carrier := propagation.MapCarrier{}
+	for _, k := range d.tel.prop.Fields() {
+		if v, ok := req.Params.Meta[k].(string); ok {
+			carrier[k] = v
+		}
+	}
+	if carrier["traceparent"] != "" {
+		return d.tel.prop.Extract(ctx, carrier)
+	}
+	if req.Extra != nil && req.Extra.Header != nil {
+		return d.tel.prop.Extract(ctx, propagation.HeaderCarrier(req.Extra.Header))
+	}
+	return ctx
+}
