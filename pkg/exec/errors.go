@@ -32,6 +32,14 @@ var ErrInvalidArguments = errors.New("exec: invalid arguments")
 // earlier attempt had no effect: the call then runs normally.
 var ErrDidNotRun = errors.New("exec: earlier attempt had no effect")
 
+// ErrCallCancelled is the cause of a handler's context cancelled because
+// the platform cancelled or expired the run the call belongs to.
+var ErrCallCancelled = errors.New("exec: the platform ended the run this call belongs to")
+
+// ErrNoDeadLetter is returned by [DeadLetters.Get] and [DeadLetters.Replay]
+// when no dead letter has the key.
+var ErrNoDeadLetter = errors.New("exec: no dead letter for that call")
+
 // Retryable marks err as retryable. The call is retried with backoff while
 // attempts remain and the deadline leaves room; the model sees err's
 // message only if it never succeeds.
