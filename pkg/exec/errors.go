@@ -116,3 +116,11 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 func (p RetryPolicy) backoff(attempt int) time.Duration {
 	return backoff.Backoff{Initial: p.InitialBackoff, Max: p.MaxBackoff}.Delay(attempt)
 }
+
+// ErrShutdown is the cause of a handler's context cancelled because the
+// executor is shutting down; the call is redelivered to another replica.
+var ErrShutdown = errors.New("exec: executor shutting down")
+
+// ErrOwnedByOtherTeam is returned by Run when the dispatchers refuse a
+// function because another team owns its name; the error names the owner.
+var ErrOwnedByOtherTeam = errors.New("exec: function owned by another team")
