@@ -34,6 +34,7 @@ type result struct {
 	corpus  []corpusResult
 	crashed []string
 	quiet   quietPhase
+	fuzz    []fuzzResult
 	// mcpOK, mcpFailed and mcpWrong count the tools/call outcomes.
 	mcpOK, mcpFailed, mcpWrong int
 }
@@ -148,6 +149,11 @@ func (r *result) violations() []string {
 	for _, c := range r.corpus {
 		if !c.ok {
 			add("bad input %q at %s: got %s", c.input, c.door, c.got)
+		}
+	}
+	for _, fz := range r.fuzz {
+		if !fz.passed {
+			add("fuzz target %s failed: %s", fz.target, fz.last)
 		}
 	}
 	for _, p := range r.crashed {
@@ -337,6 +343,17 @@ func (r *result) writeReport(path string) error {
 		fmt.Fprintf(&b, "| %s | %s | %s%s |\n", c.door, c.input, strings.ReplaceAll(c.got, "|", "\\|"), mark)
 	}
 	b.WriteString("\n")
+	if len(r.fuzz) > 0 {
+		fmt.Fprintf(&b, "## Fuzzing the wire contract's decoders\n\nEach fuzz target of `pkg/protocol` for %s, after the soak (`go test -fuzz`):\n\n| target | executions | result |\n|---|---|---|\n", r.cfg.fuzz)
+		for _, fz := range r.fuzz {
+			res := "passed"
+			if !fz.passed {
+				res = "**failed**: " + fz.last
+			}
+			fmt.Fprintf(&b, "| `%s` | %s | %s |\n", fz.target, fz.execs, res)
+		}
+		b.WriteString("\n")
+	}
 	b.WriteString("## Not covered\n\n")
 	b.WriteString("- The Agents event stream as intake (objects reach the dispatchers by `POST /v1/watch` and,\n  for half the Agents sessions, by signed webhooks alone); a Go function with a `Reconcile`\n  hook (the executors here run functions files only); the MCP calls' side effects (they call\n  `lookup`, which has none: a client retrying a call MCP gives no idempotency key for).\n")
 	b.WriteString("- Network partitions (processes die or stop; links do not fail), disks that lie about fsync,\n  clock skew between machines (one machine, one clock).\n")

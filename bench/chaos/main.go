@@ -39,6 +39,7 @@ type config struct {
 	report    string
 	keep      bool
 	repo      string
+	fuzz      time.Duration
 }
 
 func main() {
@@ -50,6 +51,7 @@ func main() {
 	flag.DurationVar(&cfg.quiet, "quiet", 15*time.Second, "first, this long without faults at -quiet-rate, then the raw JetStream floor on the same cluster")
 	flag.Float64Var(&cfg.quietRate, "quiet-rate", 10, "conversations started per second in the quiet phase")
 	flag.StringVar(&cfg.report, "report", "", "write the report (markdown) to this file")
+	flag.DurationVar(&cfg.fuzz, "fuzz", 0, "also run each fuzz target of pkg/protocol this long, after the soak, for the report")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the working directory (logs, stores)")
 	flag.StringVar(&cfg.repo, "repo", "..", "the repository's root, where the commands are built")
 	flag.Parse()
@@ -138,6 +140,10 @@ func run(ctx context.Context, cfg config) error {
 	res.seed, res.faults, res.elapsed, res.cfg = cfg.seed, faults, time.Since(started), cfg
 	res.corpus, res.crashed, res.quiet, res.t0 = corpus, crashed, quiet, faultsFrom
 	res.print(os.Stdout)
+	if cfg.fuzz > 0 {
+		f.stop()
+		res.fuzz = runFuzzers(ctx, cfg.repo, cfg.fuzz)
+	}
 	if cfg.report != "" {
 		if err := res.writeReport(cfg.report); err != nil {
 			return err
