@@ -37,6 +37,7 @@ type result struct {
 	fuzz    []fuzzResult
 	// mcpOK, mcpFailed and mcpWrong count the tools/call outcomes.
 	mcpOK, mcpFailed, mcpWrong int
+	mcpErrors                  []string
 }
 
 // quietPhase is the soak's workload without faults, and the floor.
@@ -77,7 +78,7 @@ func judge(ctx context.Context, f *fleet, l *load, timeout time.Duration) *resul
 	deadline := time.Now().Add(timeout)
 	res := &result{convs: l.conversations()}
 	l.mu.Lock()
-	res.mcpOK, res.mcpFailed, res.mcpWrong = l.mcpOK, l.mcpFailed, l.mcpWrong
+	res.mcpOK, res.mcpFailed, res.mcpWrong, res.mcpErrors = l.mcpOK, l.mcpFailed, l.mcpWrong, l.mcpErrors
 	l.mu.Unlock()
 	var stableSince time.Time
 	lastCalls := -1
@@ -304,6 +305,12 @@ func (r *result) writeReport(path string) error {
 	}
 	fmt.Fprintf(&b, "| all | %d | %d | %d |\n\n", total(fg.convs), total(fg.turns), total(fg.calls))
 	fmt.Fprintf(&b, "MCP `tools/call` through `/mcp` (the official client, a dispatcher chosen at random): %d answered\nright, %d failed (a transport error or `isError`, as when the dispatcher holding the request\nis killed), %d answered wrong.\n\n", r.mcpOK, r.mcpFailed, r.mcpWrong)
+	for _, e := range r.mcpErrors {
+		fmt.Fprintf(&b, "- a failure: `%s`\n", strings.ReplaceAll(e, "`", "'"))
+	}
+	if len(r.mcpErrors) > 0 {
+		b.WriteString("\n")
+	}
 	fmt.Fprintf(&b, "Side effects run: %d; calls reported charged: %d; calls failed to the model (`refuse`, and any\nstraggler cut off at its deadline): %d.\n\n", fg.sideEffects, fg.charged, fg.failedCalls)
 	b.WriteString("## Latency of a call, from the model asking to the platform accepting its output\n\n| | calls | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| quiet | %d | %s | %s | %s | %s |\n", len(fg.quiet), pct(fg.quiet, .5), pct(fg.quiet, .9), pct(fg.quiet, .99), pct(fg.quiet, 1))

@@ -44,6 +44,7 @@ type load struct {
 	// transport error, as when the dispatcher holding the request dies),
 	// and wrong (a success with the wrong output: a violation).
 	mcpOK, mcpFailed, mcpWrong int
+	mcpErrors                  []string // the first few failures, for the report
 }
 
 func newLoad(f *fleet, rng *rand.Rand) *load {
@@ -163,13 +164,23 @@ func (l *load) mcpCall(ctx context.Context, pick uint64) {
 	s, err := mcp.NewClient(&mcp.Implementation{Name: "chaos", Version: "1"}, nil).
 		Connect(cctx, &mcp.StreamableClientTransport{Endpoint: "http://" + live[pick%uint64(len(live))] + "/mcp"}, nil)
 	if err != nil {
-		l.note(false, false)
+		l.noteErr("connect: " + err.Error())
 		return
 	}
 	defer s.Close()
 	res, err := s.CallTool(cctx, &mcp.CallToolParams{Name: "lookup", Arguments: map[string]any{"order": "M-1"}})
-	if err != nil || res.IsError {
-		l.note(false, false)
+	if err != nil {
+		l.noteErr(err.Error())
+		return
+	}
+	if res.IsError {
+		msg := "isError"
+		if len(res.Content) > 0 {
+			if t, ok := res.Content[0].(*mcp.TextContent); ok {
+				msg += ": " + t.Text
+			}
+		}
+		l.noteErr(msg)
 		return
 	}
 	text := ""
@@ -179,6 +190,15 @@ func (l *load) mcpCall(ctx context.Context, pick uint64) {
 		}
 	}
 	l.note(true, strings.TrimSpace(text) != "found")
+}
+
+func (l *load) noteErr(msg string) {
+	l.note(false, false)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.mcpErrors) < 5 {
+		l.mcpErrors = append(l.mcpErrors, short(msg))
+	}
 }
 
 func (l *load) note(ok, wrong bool) {

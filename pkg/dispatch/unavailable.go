@@ -13,6 +13,10 @@ import (
 	"github.com/toolrelay/toolrelay/internal/backoff"
 )
 
+// errCodeDuplicateInProcess is the server's JSStreamDuplicateMessageConflict
+// ("duplicate message id is in process"), which nats.go does not name.
+const errCodeDuplicateInProcess jetstream.ErrorCode = 10158
+
 // unavailableRetryFor bounds how long an operation is retried while
 // JetStream is unavailable: long enough for a stream to elect a new leader.
 const unavailableRetryFor = 10 * time.Second
@@ -25,7 +29,11 @@ const unavailableRetryFor = 10 * time.Second
 func mayPass(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		return apiErr.Code == http.StatusServiceUnavailable
+		// A publication whose message ID another one, still in flight,
+		// carries (a duplicate intake publishing a turn's calls again)
+		// passes as soon as that one is stored: tried again, it is a
+		// duplicate, which is success.
+		return apiErr.Code == http.StatusServiceUnavailable || apiErr.ErrorCode == errCodeDuplicateInProcess
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,6 +35,8 @@ func TestMayPassTellsFailoverFromRefusal(t *testing.T) {
 		{&jetstream.APIError{Code: http.StatusInternalServerError, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
 		{&jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jetstream.JSErrCodeStreamMessageExceedsMaximum}, false},
 		{&jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		// The server's own code, by its name there.
+		{&jetstream.APIError{Code: http.StatusConflict, ErrorCode: jetstream.ErrorCode(server.JSStreamDuplicateMessageConflict), Description: "duplicate message id is in process"}, true},
 		{&jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}, false},
 		{jetstream.ErrKeyNotFound, false},
 		{context.Canceled, false},
