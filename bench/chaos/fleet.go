@@ -260,6 +260,19 @@ func startFleet(ctx context.Context, dir string, b binaries) (*fleet, error) {
 			f.executors = append(f.executors, e)
 		}
 	}
+	// The Go executor: this program again, serving orders' Go functions.
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	oenv, err := readEnv(filepath.Join(conf, "orders.env"))
+	if err != nil {
+		return nil, err
+	}
+	g := &proc{name: "executor-orders-go", bin: self, args: []string{"-child-executor", "-fn-url", "http://" + fnAddr},
+		log: filepath.Join(dir, "executor-orders-go.log"), env: append(oenv, "TOOLRELAY_EXECUTOR_NAME=executor-orders-go")}
+	g.ready = func(ctx context.Context) error { return waitLog(ctx, g.log, "executor serving") }
+	f.executors = append(f.executors, g)
 	for _, e := range f.executors {
 		if _, err := e.restart(ctx); err != nil {
 			return nil, fmt.Errorf("%s: %w", e.name, err)

@@ -121,13 +121,13 @@ func (r *result) violations() []string {
 		case len(outs) > 1:
 			add("call %s (%s on %s) answered %d times: %q", id, r.ledger.Calls[id], r.ledger.Platform[id], len(outs), outs)
 		}
-		if r.ledger.Calls[id] == "charge" {
+		if fn := r.ledger.Calls[id]; sideEffect(fn) {
 			n := r.effects[id]
 			if n > 1 {
-				add("side effect of call %s ran %d times", id, n)
+				add("side effect of call %s (%s) ran %d times", id, fn, n)
 			}
-			if len(outs) > 0 && isCharged(outs[0]) && n != 1 {
-				add("call %s reported charged but the effect log has %d runs", id, n)
+			if len(outs) > 0 && isEffect(outs[0]) && n != 1 {
+				add("call %s (%s) reported done but the effect log has %d runs", id, fn, n)
 			}
 		}
 	}
@@ -182,9 +182,9 @@ func (r *result) figures() figures {
 	for id, fn := range r.ledger.Calls {
 		p := r.ledger.Platform[id]
 		fg.calls[p]++
-		// Each turn asks for charge (pay, first step), quote (pay, second)
-		// or slow (mixed): one of them per turn.
-		if fn == "charge" || fn == "quote" || fn == "slow" {
+		// Each turn asks for charge (pay, first step), quote (pay, second),
+		// slow (mixed) or refund (refund): one of them per turn.
+		if fn == "charge" || fn == "quote" || fn == "slow" || fn == "refund" {
 			fg.turns[p]++
 		}
 		outs := r.ledger.Outputs[id]
@@ -194,7 +194,7 @@ func (r *result) figures() figures {
 		if strings.Contains(outs[0], `"error"`) || strings.HasPrefix(outs[0], "error: ") {
 			fg.failedCalls++
 		}
-		if fn == "charge" && isCharged(outs[0]) {
+		if sideEffect(fn) && isEffect(outs[0]) {
 			fg.charged++
 		}
 		lat := r.ledger.Answered[id][0].Sub(r.ledger.Asked[id])
@@ -257,7 +257,7 @@ func (r *result) writeReport(path string) error {
 	b.WriteString("## Topology\n\n")
 	b.WriteString("- three `nats-server` processes (built from the module), a JetStream cluster configured by\n  `dispatcher nats-config -cluster 3` with an account per team, `sync_interval: always`, every\n  stream and bucket R3;\n")
 	b.WriteString("- two dispatcher processes; executors of two teams, `orders` (2) and `billing` (2), each in\n  its own account; the platform simulator playing Agents sessions, Assistants runs (a quarter\n  of them expiring 30 s after creation, the rest 90 s) and Responses chains;\n")
-	b.WriteString("- functions: `charge` (HTTP, side effects), `lookup` and `slow` (commands), `quote`\n  (command), `flaky` (HTTP answering 503 to a third of attempts: retried), `refuse` (a\n  command failing: the model reads the error).\n\n")
+	b.WriteString("- functions: `charge` (HTTP, side effects), `lookup` and `slow` (commands), `quote`\n  (command), `flaky` (HTTP answering 503 to a third of attempts: retried), `refuse` (a\n  command failing: the model reads the error), and from a Go executor built on `pkg/exec`,\n  `refund` (side effects, with a `Reconcile` hook that asks the effect log) and `tally`.\n\n")
 	fmt.Fprintf(&b, "Seed **%d**; %s of load at %.1f conversations/s, a fault every %s on average; %s in all.\n\n",
 		r.seed, r.cfg.duration, r.cfg.rate, r.cfg.faults, r.elapsed.Round(time.Second))
 	if calls, perSec, lat := r.quietFigures(); calls > 0 {
@@ -281,11 +281,11 @@ func (r *result) writeReport(path string) error {
 		if n > 1 {
 			dup++
 		}
-		if r.ledger.Calls[id] == "charge" {
+		if sideEffect(r.ledger.Calls[id]) {
 			if r.effects[id] > 1 {
 				effectsOver++
 			}
-			if n > 0 && isCharged(r.ledger.Outputs[id][0]) && r.effects[id] != 1 {
+			if n > 0 && isEffect(r.ledger.Outputs[id][0]) && r.effects[id] != 1 {
 				chargedMismatch++
 			}
 		}
@@ -298,7 +298,7 @@ func (r *result) writeReport(path string) error {
 	}
 	fmt.Fprintf(&b, "| calls never answered | %d |\n| calls answered more than once (duplicate submissions) | %d |\n", unanswered, dup)
 	fmt.Fprintf(&b, "| Assistants runs expired | %d |\n| side-effect runs beyond one per call | %d |\n", fg.expiredRuns, effectsOver)
-	fmt.Fprintf(&b, "| calls reported charged without exactly one effect | %d |\n| conversations no dispatcher would take | %d |\n\n", chargedMismatch, notDriven)
+	fmt.Fprintf(&b, "| side-effect calls reported done without exactly one effect | %d |\n| conversations no dispatcher would take | %d |\n\n", chargedMismatch, notDriven)
 	b.WriteString("## Workload\n\n| platform | conversations | turns | calls |\n|---|---|---|---|\n")
 	for _, p := range []string{"agents", "assistants", "responses"} {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d |\n", p, fg.convs[p], fg.turns[p], fg.calls[p])
@@ -311,7 +311,7 @@ func (r *result) writeReport(path string) error {
 	if len(r.mcpErrors) > 0 {
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "Side effects run: %d; calls reported charged: %d; calls failed to the model (`refuse`, and any\nstraggler cut off at its deadline): %d.\n\n", fg.sideEffects, fg.charged, fg.failedCalls)
+	fmt.Fprintf(&b, "Side effects run (charge and refund): %d; calls reporting theirs done: %d; calls failed to the model (`refuse`, and any\nstraggler cut off at its deadline): %d.\n\n", fg.sideEffects, fg.charged, fg.failedCalls)
 	b.WriteString("## Latency of a call, from the model asking to the platform accepting its output\n\n| | calls | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| quiet | %d | %s | %s | %s | %s |\n", len(fg.quiet), pct(fg.quiet, .5), pct(fg.quiet, .9), pct(fg.quiet, .99), pct(fg.quiet, 1))
 	fmt.Fprintf(&b, "| during a fault (or within 5 s after) | %d | %s | %s | %s | %s |\n\n", len(fg.faulty), pct(fg.faulty, .5), pct(fg.faulty, .9), pct(fg.faulty, .99), pct(fg.faulty, 1))
@@ -362,7 +362,7 @@ func (r *result) writeReport(path string) error {
 		b.WriteString("\n")
 	}
 	b.WriteString("## Not covered\n\n")
-	b.WriteString("- The Agents event stream as intake (objects reach the dispatchers by `POST /v1/watch` and,\n  for half the Agents sessions, by signed webhooks alone); a Go function with a `Reconcile`\n  hook (the executors here run functions files only); the MCP calls' side effects (they call\n  `lookup`, which has none: a client retrying a call MCP gives no idempotency key for).\n")
+	b.WriteString("- The Agents event stream as intake (objects reach the dispatchers by `POST /v1/watch` and,\n  for half the Agents sessions, by signed webhooks alone); the MCP calls' side effects (they call\n  `lookup`, which has none: a client retrying a call MCP gives no idempotency key for).\n")
 	b.WriteString("- Network partitions (processes die or stop; links do not fail), disks that lie about fsync,\n  clock skew between machines (one machine, one clock).\n")
 	b.WriteString("- A node's store deleted (restarts keep it); two faults at once (they come one after another).\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)

@@ -54,7 +54,19 @@ func main() {
 	flag.DurationVar(&cfg.fuzz, "fuzz", 0, "also run each fuzz target of pkg/protocol this long, after the soak, for the report")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the working directory (logs, stores)")
 	flag.StringVar(&cfg.repo, "repo", "..", "the repository's root, where the commands are built")
+	child := flag.Bool("child-executor", false, "run as the soak's Go executor (the fleet starts it so)")
+	fnURL := flag.String("fn-url", "", "with -child-executor: the effect log's address")
 	flag.Parse()
+	if *child {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := runGoExecutor(ctx, *fnURL)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos executor:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if cfg.seed == 0 {
 		cfg.seed = uint64(time.Now().UnixNano())
 	}

@@ -12,7 +12,8 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 )
 
-// The functions, of every kind the soak covers:
+// The functions, of every kind the soak covers (and, in goexec.go, the Go
+// functions refund, with side effects and Reconcile, and tally):
 //
 //	orders:  charge  (HTTP, side effects: the effect log counts each run)
 //	         lookup  (command)
@@ -75,23 +76,29 @@ func scenarios() []platformsim.Scenario {
 				{{Name: "quote", Arguments: `{"order":"A-1"}`}},
 			},
 			Answer: `{{out "charge"}} / {{out "lookup"}} / {{out "quote"}}`},
+		{Name: "refund", Prompt: "chaos refund",
+			Steps:  []platformsim.Step{{{Name: "refund", Arguments: `{"order":"R-1"}`}, {Name: "tally", Arguments: `{}`}}},
+			Answer: `{{out "refund"}} / {{out "tally"}}`},
 		{Name: "mixed", Prompt: "chaos mixed",
 			Steps:  []platformsim.Step{{{Name: "slow", Arguments: `{}`}, {Name: "flaky", Arguments: `{}`}, {Name: "refuse", Arguments: `{}`}}},
 			Answer: `{{out "slow"}} / {{out "flaky"}} / {{out "refuse"}}`},
 	}
 }
 
-var prompts = []string{"chaos pay", "chaos mixed"}
+var prompts = []string{"chaos pay", "chaos mixed", "chaos refund"}
 
 // effectLog is the side-effect function's own record: each run of charge,
 // by call ID, as the function saw it (not as toolrelay reports it).
 type effectLog struct {
-	mu      sync.Mutex
-	charged map[string]int
-	flakyN  atomic.Int64
+	mu       sync.Mutex
+	charged  map[string]int
+	refunded map[string]int
+	flakyN   atomic.Int64
 }
 
-func newEffectLog() *effectLog { return &effectLog{charged: map[string]int{}} }
+func newEffectLog() *effectLog {
+	return &effectLog{charged: map[string]int{}, refunded: map[string]int{}}
+}
 
 func (l *effectLog) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -101,6 +108,26 @@ func (l *effectLog) handler() http.Handler {
 		l.charged[id]++
 		l.mu.Unlock()
 		fmt.Fprintf(w, "charged %s", id)
+	})
+	// refund is the Go side-effect function's effect; its Reconcile hook
+	// asks GET /refunded whether one happened.
+	mux.HandleFunc("POST /refund", func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("Toolrelay-Call-Id")
+		l.mu.Lock()
+		l.refunded[id]++
+		l.mu.Unlock()
+		fmt.Fprintf(w, "refunded %s", id)
+	})
+	mux.HandleFunc("GET /refunded", func(w http.ResponseWriter, r *http.Request) {
+		id := r.URL.Query().Get("id")
+		l.mu.Lock()
+		n := l.refunded[id]
+		l.mu.Unlock()
+		if n == 0 {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, "refunded %s", id)
 	})
 	mux.HandleFunc("POST /flaky", func(w http.ResponseWriter, r *http.Request) {
 		if l.flakyN.Add(1)%3 == 0 {
@@ -112,12 +139,17 @@ func (l *effectLog) handler() http.Handler {
 	return mux
 }
 
+// runs returns the effects by call ID (charge's and refund's; call IDs
+// are unique across functions).
 func (l *effectLog) runs() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[string]int, len(l.charged))
+	out := make(map[string]int, len(l.charged)+len(l.refunded))
 	for k, v := range l.charged {
 		out[k] = v
+	}
+	for k, v := range l.refunded {
+		out[k] += v
 	}
 	return out
 }
@@ -155,4 +187,11 @@ func (p *faultyPlatform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.next.ServeHTTP(w, r)
 }
 
-func isCharged(output string) bool { return strings.HasPrefix(output, "charged ") }
+// isEffect reports whether a side-effect function's output says the effect
+// happened.
+func isEffect(output string) bool {
+	return strings.HasPrefix(output, "charged ") || strings.HasPrefix(output, "refunded ")
+}
+
+// sideEffect reports whether fn is one of the soak's side-effect functions.
+func sideEffect(fn string) bool { return fn == "charge" || fn == "refund" }
