@@ -1,4 +1,4 @@
-package main
+package functionsfile
 
 import (
 	"os"
@@ -16,17 +16,20 @@ func writeFile(t *testing.T, body string) string {
 	return p
 }
 
-func TestLoadConfigAcceptsTheExample(t *testing.T) {
-	teams, err := loadConfig("../../testdata/functions.yaml")
+func TestLoadAcceptsTheExample(t *testing.T) {
+	teams, err := Load("../../testdata/functions.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fns := teams["orders"]; len(fns) != 2 || fns[0].Name != "get_order_status" || fns[0].Timeout.String() != "10s" || fns[0].Concurrency != 4 {
 		t.Errorf("orders = %+v", fns)
 	}
+	if fns := teams["orders"]; len(fns) == 2 && (fns[0].DeferLoading || !fns[1].DeferLoading) {
+		t.Errorf("defer_loading: get_order_status %v, get_shipping_eta %v; want false, true", fns[0].DeferLoading, fns[1].DeferLoading)
+	}
 }
 
-func TestLoadConfigErrorsNameFileAndField(t *testing.T) {
+func TestLoadErrorsNameFileAndField(t *testing.T) {
 	const ok = "    owner: t\n    command: [\"cat\"]\n"
 	tests := map[string]struct {
 		body string
@@ -45,11 +48,12 @@ func TestLoadConfigErrorsNameFileAndField(t *testing.T) {
 		"empty list":        {"functions: []\n", []string{"empty"}},
 		"bad backoff":       {"functions:\n  - name: f\n    retry: {max_attempts: 3, max_backoff: never}\n" + ok, []string{"retry.max_backoff", "never"}},
 		"empty file":        {"", []string{"empty"}},
+		"bad defer_loading": {"functions:\n  - name: f\n    defer_loading: sometimes\n" + ok, []string{"sometimes"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			path := writeFile(t, tc.body)
-			_, err := loadConfig(path)
+			_, err := Load(path)
 			if err == nil {
 				t.Fatal("accepted")
 			}

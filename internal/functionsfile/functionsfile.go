@@ -1,4 +1,7 @@
-package main
+// Package functionsfile reads a team's functions file: the YAML (or JSON)
+// list of functions that `executor -config` and `dispatcher dev` serve,
+// each run as a command or forwarded to an HTTP endpoint.
+package functionsfile
 
 import (
 	"bytes"
@@ -30,6 +33,7 @@ type functionConfig struct {
 	MaxConcurrency int            `yaml:"max_concurrency"`
 	SideEffects    bool           `yaml:"side_effects"`
 	Version        string         `yaml:"version"`
+	DeferLoading   bool           `yaml:"defer_loading"`
 	Retry          *retryConfig   `yaml:"retry"`
 	Command        []string       `yaml:"command"`
 	HTTP           *httpConfig    `yaml:"http"`
@@ -45,10 +49,10 @@ type httpConfig struct {
 	URL string `yaml:"url"`
 }
 
-// loadConfig reads a functions file. Unknown keys, a bad schema, a bad or
+// Load reads a functions file. Unknown keys, a bad schema, a bad or
 // duplicate name: the error names the file and the field, and nothing runs.
-// Functions are grouped by owning team.
-func loadConfig(path string) (map[string][]exec.Function, error) {
+// Functions are grouped by owning team, in the file's order.
+func Load(path string) (map[string][]exec.Function, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -88,6 +92,7 @@ func loadConfig(path string) (map[string][]exec.Function, error) {
 		fn := exec.Function{
 			Name: f.Name, Description: f.Description, Concurrency: f.Concurrency,
 			MaxConcurrency: f.MaxConcurrency, SideEffects: f.SideEffects, Version: f.Version,
+			DeferLoading: f.DeferLoading,
 		}
 		if f.Timeout != "" {
 			if fn.Timeout, err = time.ParseDuration(f.Timeout); err != nil || fn.Timeout <= 0 {
