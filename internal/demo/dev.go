@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,7 +234,11 @@ func reportDevTurns(out *lockedWriter) func(dispatch.Event) {
 	return func(e dispatch.Event) {
 		if e.Turn != nil && e.Turn.Ref.Platform == protocol.PlatformMCP && len(e.Turn.Calls) == 1 {
 			if e.Kind == dispatch.EventTurnSubmitted {
-				out.printf("[mcp] %s answered in %s\n", e.Turn.Calls[0].Name, e.Latency.Round(10*time.Microsecond))
+				trace := ""
+				if parts := strings.Split(e.Turn.Trace["traceparent"], "-"); len(parts) == 4 {
+					trace = ", trace " + parts[1]
+				}
+				out.printf("[mcp] %s answered in %s%s\n", e.Turn.Calls[0].Name, e.Latency.Round(10*time.Microsecond), trace)
 			}
 			return
 		}
@@ -255,10 +260,10 @@ func describeTeams(teams map[string][]exec.Function) string {
 // devFleet runs an executor per team for the functions file, and restarts
 // them on a change.
 type devFleet struct {
-	js   jetstream.JetStream
-	out  *lockedWriter
-	tp   *sdktrace.TracerProvider
-	log  *slog.Logger
+	js  jetstream.JetStream
+	out *lockedWriter
+	tp  *sdktrace.TracerProvider
+	log *slog.Logger
 	// stopFn stops the executors running now.
 	stopFn func()
 }
@@ -330,7 +335,9 @@ func (s *swappableSim) close() {
 	}
 }
 
-func (s *swappableSim) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.cur.Load().ServeHTTP(w, r) }
+func (s *swappableSim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.cur.Load().ServeHTTP(w, r)
+}
 
 // errNoScenario is the answer of /dev/play?scenario= for an unknown name.
 var errNoScenario = errors.New("no such scenario")

@@ -148,8 +148,8 @@ func exampleArguments(schema json.RawMessage) string {
 		return "{}"
 	}
 	b, _ := json.Marshal(v)
-	// The model's arguments are a template: keep braces in values literal.
-	return strings.NewReplacer("{{", `{{"{{"}}`, "}}", `{{"}}"}}`).Replace(string(b))
+	// The model's arguments are a template: keep "{{" in values literal.
+	return strings.ReplaceAll(string(b), "{{", `{{"{{"}}`)
 }
 
 func exampleValue(s map[string]any, depth int) any {

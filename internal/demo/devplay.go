@@ -173,18 +173,25 @@ func (p *devPlayer) play(ctx context.Context, sc platformsim.Scenario) PlayResul
 	if err != nil {
 		return fail(err)
 	}
-	w, err := p.d.Watch(ctx, ref)
+	started, err := p.d.Watch(ctx, ref)
 	if err != nil {
 		return fail(err)
 	}
-	for w.State == dispatch.WatchActive {
+	// Only the ID of what Watch returns is read: its driver goes on
+	// changing that record. WatchStatus returns a copy.
+	id := started.ID
+	var w *dispatch.Watch
+	for {
+		if w, err = p.d.WatchStatus(ctx, id); err != nil {
+			return fail(err)
+		}
+		if w.State != dispatch.WatchActive {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return fail(fmt.Errorf("no answer within %s", p.timeout))
 		case <-time.After(10 * time.Millisecond):
-		}
-		if w, err = p.d.WatchStatus(ctx, w.ID); err != nil {
-			return fail(err)
 		}
 	}
 	calls, err := p.calls(ctx, w.ID)
