@@ -124,10 +124,7 @@ func TestBuiltDevLoop(t *testing.T) {
 // Bad files stop simulator and dev before they serve anything, naming the
 // file; dev needs a functions file.
 func TestDevAndSimulatorRefuseBadFiles(t *testing.T) {
-	bad := filepath.Join(t.TempDir(), "scenarios.yaml")
-	if err := os.WriteFile(bad, []byte("scenarios:\n  - prompt: hi\n    calls: [{function: f, colour: red}]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bad := testutil.WriteFile(t, "scenarios.yaml", "scenarios:\n  - prompt: hi\n    calls: [{function: f, colour: red}]\n")
 	var out, errOut bytes.Buffer
 	if err := run(t.Context(), []string{"simulator", "-addr", "127.0.0.1:0", "-scenarios", bad}, &out, &errOut); err == nil ||
 		!strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "colour") {

@@ -1,17 +1,13 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
+
+	"github.com/toolrelay/toolrelay/internal/testutil"
 )
 
 // writeFile writes a functions file into a temporary directory.
 func writeFile(t *testing.T, body string) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "functions.yaml")
-	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return testutil.WriteFile(t, "functions.yaml", body)
 }

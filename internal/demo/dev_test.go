@@ -8,30 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for the loop's writers and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // copyTestdata copies testdata files into a directory the test may edit.
 func copyTestdata(t *testing.T, names ...string) []string {
@@ -54,9 +35,9 @@ func copyTestdata(t *testing.T, names ...string) []string {
 
 // devLoop runs RunDev until the test ends and returns its output and its
 // HTTP address once the scenarios were played the first time.
-func devLoop(t *testing.T, opts DevOptions) (*syncBuffer, string, <-chan error) {
+func devLoop(t *testing.T, opts DevOptions) (*testutil.Buffer, string, <-chan error) {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &testutil.Buffer{}
 	ready := make(chan string, 1)
 	opts.Out, opts.HTTPAddr, opts.NATSListen = out, "127.0.0.1:0", "127.0.0.1:0"
 	opts.PollInterval, opts.Timeout = 20*time.Millisecond, 30*time.Second
@@ -201,11 +182,7 @@ func TestDevDefaultScenarios(t *testing.T) {
 }
 
 func TestDevRefusesABadFileAtStart(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "functions.yaml")
-	if err := os.WriteFile(p, []byte("functions:\n  - name: f\n    owner: t\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	p := testutil.WriteFile(t, "functions.yaml", "functions:\n  - name: f\n    owner: t\n")
 	err := RunDev(t.Context(), DevOptions{FunctionsFile: p, Out: &bytes.Buffer{}, HTTPAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0"})
 	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "command") {
 		t.Errorf("RunDev with a function without implementation: %v", err)

@@ -4,16 +4,11 @@
 package functionsfile
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
+	"github.com/toolrelay/toolrelay/internal/yamlfile"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -53,19 +48,11 @@ type httpConfig struct {
 // duplicate name: the error names the file and the field, and nothing runs.
 // Functions are grouped by owning team, in the file's order.
 func Load(path string) (map[string][]exec.Function, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
+	var fc fileConfig
+	if err := yamlfile.Decode(path, &fc, "functions"); err != nil {
 		return nil, err
 	}
-	var fc fileConfig
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&fc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: the file is empty; it needs a functions: list", path)
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
+	var err error
 	if len(fc.Functions) == 0 {
 		return nil, fmt.Errorf("%s: functions: the list is empty", path)
 	}

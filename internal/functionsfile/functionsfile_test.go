@@ -1,20 +1,11 @@
 package functionsfile
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-)
 
-func writeFile(t *testing.T, body string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "functions.yaml")
-	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
+	"github.com/toolrelay/toolrelay/internal/testutil"
+)
 
 func TestLoadAcceptsTheExample(t *testing.T) {
 	teams, err := Load("../../testdata/functions.yaml")
@@ -52,7 +43,7 @@ func TestLoadErrorsNameFileAndField(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			path := writeFile(t, tc.body)
+			path := testutil.WriteFile(t, "functions.yaml", tc.body)
 			_, err := Load(path)
 			if err == nil {
 				t.Fatal("accepted")

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/toolrelay/toolrelay/internal/yamlfile"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -53,18 +52,9 @@ type callConfig struct {
 // LoadScenarios reads a scenarios file. Each scenario's calls, arguments
 // and answer are checked before anything runs.
 func LoadScenarios(path string) ([]Scenario, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
 	var f scenariosFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: the file is empty; it needs a scenarios: list", path)
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if err := yamlfile.Decode(path, &f, "scenarios"); err != nil {
+		return nil, err
 	}
 	if len(f.Scenarios) == 0 {
 		return nil, fmt.Errorf("%s: scenarios: the list is empty", path)
@@ -347,16 +337,16 @@ func walkOuts(n parse.Node, f func(string)) {
 			walkOuts(a, f)
 		}
 	case *parse.IfNode:
-		walkOuts(n.Pipe, f)
-		walkOuts(n.List, f)
-		walkOuts(n.ElseList, f)
+		walkBranch(&n.BranchNode, f)
 	case *parse.RangeNode:
-		walkOuts(n.Pipe, f)
-		walkOuts(n.List, f)
-		walkOuts(n.ElseList, f)
+		walkBranch(&n.BranchNode, f)
 	case *parse.WithNode:
-		walkOuts(n.Pipe, f)
-		walkOuts(n.List, f)
-		walkOuts(n.ElseList, f)
+		walkBranch(&n.BranchNode, f)
 	}
+}
+
+func walkBranch(n *parse.BranchNode, f func(string)) {
+	walkOuts(n.Pipe, f)
+	walkOuts(n.List, f)
+	walkOuts(n.ElseList, f)
 }

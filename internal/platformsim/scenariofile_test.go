@@ -3,8 +3,6 @@ package platformsim_test
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 )
 
 // ordersFunctions stand in for the functions of testdata/dev-functions.yaml.
@@ -187,10 +186,7 @@ func TestLoadScenariosErrorsNameFileAndField(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "scenarios.yaml")
-			if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			path := testutil.WriteFile(t, "scenarios.yaml", tc.body)
 			_, err := platformsim.LoadScenarios(path)
 			if err == nil {
 				t.Fatal("accepted")
@@ -209,13 +205,9 @@ func TestLoadScenariosErrorsNameFileAndField(t *testing.T) {
 
 // A scenario without an answer answers with every output, in order.
 func TestScenarioDefaultAnswer(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.yaml")
 	body := "scenarios:\n  - prompt: status\n    steps:\n      - calls: [{function: get_order_status, arguments: {order_id: A-1}}]\n" +
 		"      - calls: [{function: get_shipping_eta, arguments: {order_id: A-1, carrier: '{{field (out \"get_order_status\") \"carrier\"}}'}}]\n"
-	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sc, err := platformsim.LoadScenarios(path)
+	sc, err := platformsim.LoadScenarios(testutil.WriteFile(t, "s.yaml", body))
 	if err != nil {
 		t.Fatal(err)
 	}
