@@ -162,6 +162,12 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 		"  play again: curl -X POST http://%s/dev/play   (or save either file)\n  one call:   dispatcher call -addr http://%s <function> '<json>'\n\n",
 		opts.FunctionsFile, describeTeams(teams), files.describeScenarios(len(scenarios)), natsURL, baseURL, httpAddr, httpAddr, httpAddr)
 
+	warn := func() {
+		for _, w := range undeclared(teams, *p.scenarios.Load()) {
+			out.printf("warning: %s\n", w)
+		}
+	}
+	warn()
 	fleet := &devFleet{js: js, out: out, tp: tp, log: opts.Logger}
 	exs, err := fleet.prepare(teams)
 	if err != nil {
@@ -217,6 +223,7 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 				sim.swap(newDevSim(change.scenarios, opts.Logger))
 				p.scenarios.Store(&change.scenarios)
 			}
+			warn()
 			if err := p.waitServed(ctx, teams, derr); err != nil {
 				out.printf("  %v\n\n", err)
 				continue

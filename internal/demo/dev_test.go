@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
 // copyTestdata copies testdata files into a directory the test may edit.
@@ -186,6 +188,15 @@ func TestDevRefusesABadFileAtStart(t *testing.T) {
 	err := RunDev(t.Context(), DevOptions{FunctionsFile: p, Out: &bytes.Buffer{}, HTTPAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0"})
 	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "command") {
 		t.Errorf("RunDev with a function without implementation: %v", err)
+	}
+}
+
+func TestUndeclaredFunctionsAreWarnedOf(t *testing.T) {
+	teams := map[string][]exec.Function{"orders": {{Name: "get_order_status"}}}
+	scenarios := []platformsim.Scenario{{Name: "s", Steps: []platformsim.Step{{{Name: "get_order_status"}, {Name: "get_invoice"}}, {{Name: "get_invoice"}}}}}
+	got := undeclared(teams, scenarios)
+	if len(got) != 1 || !strings.Contains(got[0], "scenario s calls get_invoice") {
+		t.Errorf("undeclared = %q, want one warning about get_invoice", got)
 	}
 }
 

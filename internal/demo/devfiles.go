@@ -113,6 +113,29 @@ func (f *devFiles) describeScenarios(n int) string {
 	return fmt.Sprintf("%s (%d)", f.scenarios, n)
 }
 
+// undeclared lists, for each scenario call of a function the functions
+// file does not declare, a warning: the call will fail as unknown.
+func undeclared(teams map[string][]exec.Function, scenarios []platformsim.Scenario) []string {
+	declared := map[string]bool{}
+	for _, fns := range teams {
+		for _, f := range fns {
+			declared[f.Name] = true
+		}
+	}
+	var out []string
+	for _, sc := range scenarios {
+		for _, step := range sc.Steps {
+			for _, c := range step {
+				if !declared[c.Name] {
+					out = append(out, fmt.Sprintf("scenario %s calls %s, which the functions file does not declare: the call will fail as unknown_function", sc.Name, c.Name))
+					declared[c.Name] = true // once
+				}
+			}
+		}
+	}
+	return out
+}
+
 // defaultScenarios has one scenario per function, by name: the model calls
 // it once with arguments made up from its schema and answers with the
 // output.
