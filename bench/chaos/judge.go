@@ -33,6 +33,42 @@ type result struct {
 	t0      time.Time
 	corpus  []corpusResult
 	crashed []string
+	quiet   quietPhase
+	fuzz    []fuzzResult
+	// mcpOK, mcpFailed and mcpWrong count the tools/call outcomes.
+	mcpOK, mcpFailed, mcpWrong int
+}
+
+// quietPhase is the soak's workload without faults, and the floor.
+type quietPhase struct {
+	from, to   time.Time
+	throughput *floorResult
+	latency    *floorResult
+}
+
+// quietFigures returns the calls asked in the quiet phase, answered per
+// second, and their latencies.
+func (r *result) quietFigures() (calls int, perSec float64, lat []time.Duration) {
+	if r.quiet.throughput == nil {
+		return 0, 0, nil
+	}
+	var last time.Time
+	for id, at := range r.ledger.Asked {
+		if at.Before(r.quiet.from) || at.After(r.quiet.to) || len(r.ledger.Answered[id]) == 0 {
+			continue
+		}
+		calls++
+		ans := r.ledger.Answered[id][0]
+		lat = append(lat, ans.Sub(at))
+		if ans.After(last) {
+			last = ans
+		}
+	}
+	slices.Sort(lat)
+	if calls > 0 {
+		perSec = float64(calls) / last.Sub(r.quiet.from).Seconds()
+	}
+	return calls, perSec, lat
 }
 
 // judge waits until the platform has every call answered and every run
@@ -40,14 +76,9 @@ type result struct {
 func judge(ctx context.Context, f *fleet, l *load, timeout time.Duration) *result {
 	deadline := time.Now().Add(timeout)
 	res := &result{convs: l.conversations()}
-	if len(res.convs) > 0 {
-		res.t0 = res.convs[0].started
-		for _, c := range res.convs {
-			if c.started.Before(res.t0) {
-				res.t0 = c.started
-			}
-		}
-	}
+	l.mu.Lock()
+	res.mcpOK, res.mcpFailed, res.mcpWrong = l.mcpOK, l.mcpFailed, l.mcpWrong
+	l.mu.Unlock()
 	var stableSince time.Time
 	lastCalls := -1
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -99,6 +130,9 @@ func (r *result) violations() []string {
 			}
 		}
 	}
+	if r.mcpWrong > 0 {
+		add("%d MCP calls succeeded with the wrong output", r.mcpWrong)
+	}
 	if n := r.ledger.Runs["expired"]; n > 0 {
 		add("%d Assistants runs expired", n)
 	}
@@ -115,6 +149,11 @@ func (r *result) violations() []string {
 	for _, c := range r.corpus {
 		if !c.ok {
 			add("bad input %q at %s: got %s", c.input, c.door, c.got)
+		}
+	}
+	for _, fz := range r.fuzz {
+		if !fz.passed {
+			add("fuzz target %s failed: %s", fz.target, fz.last)
 		}
 	}
 	for _, p := range r.crashed {
@@ -204,8 +243,8 @@ func (r *result) print(w io.Writer) {
 		total(fg.convs), fg.convs, total(fg.turns), total(fg.calls), fg.calls, r.elapsed.Round(time.Second), len(r.faults))
 	fmt.Fprintf(w, "chaos: call latency (asked → answered, platform's clock) quiet p50 %s p99 %s; during faults p50 %s p99 %s\n",
 		pct(fg.quiet, .5), pct(fg.quiet, .99), pct(fg.faulty, .5), pct(fg.faulty, .99))
-	fmt.Fprintf(w, "chaos: side effects run %d, calls reported charged %d; failed calls (read by the model) %d\n",
-		fg.sideEffects, fg.charged, fg.failedCalls)
+	fmt.Fprintf(w, "chaos: side effects run %d, calls reported charged %d; failed calls (read by the model) %d; MCP calls ok %d, failed %d, wrong %d\n",
+		fg.sideEffects, fg.charged, fg.failedCalls, r.mcpOK, r.mcpFailed, r.mcpWrong)
 }
 
 // writeReport writes the markdown report and its plot beside it.
@@ -220,6 +259,17 @@ func (r *result) writeReport(path string) error {
 	b.WriteString("- functions: `charge` (HTTP, side effects), `lookup` and `slow` (commands), `quote`\n  (command), `flaky` (HTTP answering 503 to a third of attempts: retried), `refuse` (a\n  command failing: the model reads the error).\n\n")
 	fmt.Fprintf(&b, "Seed **%d**; %s of load at %.1f conversations/s, a fault every %s on average; %s in all.\n\n",
 		r.seed, r.cfg.duration, r.cfg.rate, r.cfg.faults, r.elapsed.Round(time.Second))
+	if calls, perSec, lat := r.quietFigures(); calls > 0 {
+		tp, lt := r.quiet.throughput, r.quiet.latency
+		floorRate := float64(tp.calls) / tp.elapsed.Seconds()
+		b.WriteString("## Throughput on the cluster, without faults\n\n")
+		fmt.Fprintf(&b, "The soak's workload alone for %s (%.0f conversations/s offered), then the raw JetStream\npipeline on the same three nodes and replication (R3: call to a work queue, a worker taking it and\npublishing a result, the caller consuming it):\n\n", r.quiet.to.Sub(r.quiet.from).Round(time.Second), r.cfg.quietRate)
+		b.WriteString("| | calls | calls/s | latency p50 | p99 |\n|---|---|---|---|---|\n")
+		fmt.Fprintf(&b, "| toolrelay, the soak's workload (model → platform output, through functions that sleep up to 1.5 s) | %d | %.1f | %s | %s |\n", calls, perSec, pct(lat, .5), pct(lat, .99))
+		fmt.Fprintf(&b, "| raw JetStream R3 floor, 256 in flight | %d | %.0f | %s | %s |\n", tp.calls, floorRate, pct(tp.rtts, .5), pct(tp.rtts, .99))
+		fmt.Fprintf(&b, "| raw JetStream R3 floor, one at a time | %d | %.0f | %s | %s |\n\n", lt.calls, float64(lt.calls)/lt.elapsed.Seconds(), pct(lt.rtts, .5), pct(lt.rtts, .99))
+		b.WriteString("The soak's rate is what its driver offers, not toolrelay's ceiling (see docs/benchmarks.md for\nthat, on one node); its latency includes the functions' own time and the platform's model\nsteps, so it is an end-to-end figure beside the floor's bare round trip.\n\n")
+	}
 	b.WriteString("## Invariants (from the platform's ledger and the effect log)\n\n| invariant | count |\n|---|---|\n")
 	unanswered, dup, effectsOver, chargedMismatch := 0, 0, 0, 0
 	for id := range r.ledger.Calls {
@@ -253,6 +303,7 @@ func (r *result) writeReport(path string) error {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d |\n", p, fg.convs[p], fg.turns[p], fg.calls[p])
 	}
 	fmt.Fprintf(&b, "| all | %d | %d | %d |\n\n", total(fg.convs), total(fg.turns), total(fg.calls))
+	fmt.Fprintf(&b, "MCP `tools/call` through `/mcp` (the official client, a dispatcher chosen at random): %d answered\nright, %d failed (a transport error or `isError`, as when the dispatcher holding the request\nis killed), %d answered wrong.\n\n", r.mcpOK, r.mcpFailed, r.mcpWrong)
 	fmt.Fprintf(&b, "Side effects run: %d; calls reported charged: %d; calls failed to the model (`refuse`, and any\nstraggler cut off at its deadline): %d.\n\n", fg.sideEffects, fg.charged, fg.failedCalls)
 	b.WriteString("## Latency of a call, from the model asking to the platform accepting its output\n\n| | calls | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| quiet | %d | %s | %s | %s | %s |\n", len(fg.quiet), pct(fg.quiet, .5), pct(fg.quiet, .9), pct(fg.quiet, .99), pct(fg.quiet, 1))
@@ -292,8 +343,19 @@ func (r *result) writeReport(path string) error {
 		fmt.Fprintf(&b, "| %s | %s | %s%s |\n", c.door, c.input, strings.ReplaceAll(c.got, "|", "\\|"), mark)
 	}
 	b.WriteString("\n")
+	if len(r.fuzz) > 0 {
+		fmt.Fprintf(&b, "## Fuzzing the wire contract's decoders\n\nEach fuzz target of `pkg/protocol` for %s, after the soak (`go test -fuzz`):\n\n| target | executions | result |\n|---|---|---|\n", r.cfg.fuzz)
+		for _, fz := range r.fuzz {
+			res := "passed"
+			if !fz.passed {
+				res = "**failed**: " + fz.last
+			}
+			fmt.Fprintf(&b, "| `%s` | %s | %s |\n", fz.target, fz.execs, res)
+		}
+		b.WriteString("\n")
+	}
 	b.WriteString("## Not covered\n\n")
-	b.WriteString("- Signed webhooks and the Agents event stream as intake (the soak hands every object to a\n  dispatcher with `POST /v1/watch`); MCP calls; a Go function with a `Reconcile` hook (the\n  executors here run functions files only).\n")
+	b.WriteString("- The Agents event stream as intake (objects reach the dispatchers by `POST /v1/watch` and,\n  for half the Agents sessions, by signed webhooks alone); a Go function with a `Reconcile`\n  hook (the executors here run functions files only); the MCP calls' side effects (they call\n  `lookup`, which has none: a client retrying a call MCP gives no idempotency key for).\n")
 	b.WriteString("- Network partitions (processes die or stop; links do not fail), disks that lie about fsync,\n  clock skew between machines (one machine, one clock).\n")
 	b.WriteString("- A node's store deleted (restarts keep it); two faults at once (they come one after another).\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
@@ -308,7 +370,7 @@ func (r *result) flags() string {
 func (r *result) plot(path string) error {
 	p := plot.New()
 	p.Title.Text = "toolrelay under faults (seed " + fmt.Sprint(r.seed) + ")"
-	p.X.Label.Text = "seconds since the load started"
+	p.X.Label.Text = "seconds since the faults began (before: the quiet phase and the bad-input corpus)"
 	p.Y.Label.Text = "calls answered per second; p50 latency (ms / 10)"
 	perSec := map[int]int{}
 	lat := map[int][]time.Duration{}

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
@@ -38,6 +40,10 @@ type load struct {
 	mu    sync.Mutex
 	convs []*conversation
 	wg    sync.WaitGroup
+	// mcp counts tools/call outcomes on /mcp: ok, failed (isError or a
+	// transport error, as when the dispatcher holding the request dies),
+	// and wrong (a success with the wrong output: a violation).
+	mcpOK, mcpFailed, mcpWrong int
 }
 
 func newLoad(f *fleet, rng *rand.Rand) *load {
@@ -58,7 +64,7 @@ func (l *load) run(ctx context.Context, rate float64) {
 		case <-tick.C:
 		}
 		prompt := prompts[l.rng.IntN(len(prompts))]
-		platform := []string{"agents", "assistants", "responses"}[l.rng.IntN(3)]
+		platform := []string{"agents", "assistants", "responses", "mcp"}[l.rng.IntN(4)]
 		tight := (platform == "assistants" || platform == "agents") && l.rng.IntN(2) == 0
 		pick := l.rng.Uint64()
 		l.wg.Go(func() { l.start(context.WithoutCancel(ctx), platform, prompt, tight, pick) })
@@ -69,6 +75,10 @@ func (l *load) run(ctx context.Context, rate float64) {
 // expires 30 s after creation and, for Agents, a session left to webhooks
 // (no watch request).
 func (l *load) start(ctx context.Context, platform, prompt string, tight bool, pick uint64) {
+	if platform == "mcp" {
+		l.mcpCall(ctx, pick)
+		return
+	}
 	c := &conversation{platform: platform, tight: tight && platform == "assistants", hookOnly: tight && platform == "agents", started: time.Now()}
 	switch platform {
 	case "agents":
@@ -138,6 +148,50 @@ func (l *load) watch(ctx context.Context, ref map[string]string, pick uint64) er
 		time.Sleep(250 * time.Millisecond) // between attempts; each attempt is bounded above
 	}
 	return last
+}
+
+// mcpCall calls lookup through a running dispatcher's /mcp with the
+// official MCP client, as an agent client would.
+func (l *load) mcpCall(ctx context.Context, pick uint64) {
+	live := l.f.liveDispatchers()
+	if len(live) == 0 {
+		l.note(false, false)
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "chaos", Version: "1"}, nil).
+		Connect(cctx, &mcp.StreamableClientTransport{Endpoint: "http://" + live[pick%uint64(len(live))] + "/mcp"}, nil)
+	if err != nil {
+		l.note(false, false)
+		return
+	}
+	defer s.Close()
+	res, err := s.CallTool(cctx, &mcp.CallToolParams{Name: "lookup", Arguments: map[string]any{"order": "M-1"}})
+	if err != nil || res.IsError {
+		l.note(false, false)
+		return
+	}
+	text := ""
+	if len(res.Content) > 0 {
+		if t, ok := res.Content[0].(*mcp.TextContent); ok {
+			text = t.Text
+		}
+	}
+	l.note(true, strings.TrimSpace(text) != "found")
+}
+
+func (l *load) note(ok, wrong bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case wrong:
+		l.mcpWrong++
+	case ok:
+		l.mcpOK++
+	default:
+		l.mcpFailed++
+	}
 }
 
 func (l *load) count() int {

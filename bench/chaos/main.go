@@ -30,13 +30,16 @@ import (
 )
 
 type config struct {
-	duration time.Duration
-	rate     float64
-	seed     uint64
-	faults   time.Duration
-	report   string
-	keep     bool
-	repo     string
+	duration  time.Duration
+	rate      float64
+	seed      uint64
+	faults    time.Duration
+	quiet     time.Duration
+	quietRate float64
+	report    string
+	keep      bool
+	repo      string
+	fuzz      time.Duration
 }
 
 func main() {
@@ -45,7 +48,10 @@ func main() {
 	flag.Float64Var(&cfg.rate, "rate", 4, "conversations started per second")
 	flag.Uint64Var(&cfg.seed, "seed", 0, "seed of the fault schedule and the workload (0: from the clock; printed)")
 	flag.DurationVar(&cfg.faults, "fault-every", 4*time.Second, "mean time between faults")
+	flag.DurationVar(&cfg.quiet, "quiet", 15*time.Second, "first, this long without faults at -quiet-rate, then the raw JetStream floor on the same cluster")
+	flag.Float64Var(&cfg.quietRate, "quiet-rate", 10, "conversations started per second in the quiet phase")
 	flag.StringVar(&cfg.report, "report", "", "write the report (markdown) to this file")
+	flag.DurationVar(&cfg.fuzz, "fuzz", 0, "also run each fuzz target of pkg/protocol this long, after the soak, for the report")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the working directory (logs, stores)")
 	flag.StringVar(&cfg.repo, "repo", "..", "the repository's root, where the commands are built")
 	flag.Parse()
@@ -84,8 +90,29 @@ func run(ctx context.Context, cfg config) error {
 	}
 	defer f.stop()
 
-	started := time.Now()
 	load := newLoad(f, rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())))
+	// The quiet phase: the same workload, no faults, for what replication
+	// costs beside the raw floor measured right after on the same cluster.
+	var quiet quietPhase
+	if cfg.quiet > 0 {
+		quiet.from = time.Now()
+		qctx, stopQuiet := context.WithTimeout(ctx, cfg.quiet)
+		load.run(qctx, cfg.quietRate)
+		stopQuiet()
+		quiet.to = time.Now()
+		// Let the quiet phase's last turns finish before measuring the floor.
+		judge(ctx, f, load, drainTimeout)
+		if quiet.throughput, err = f.measureFloor(ctx, 5*time.Second, 256); err != nil {
+			return err
+		}
+		if quiet.latency, err = f.measureFloor(ctx, 3*time.Second, 1); err != nil {
+			return err
+		}
+		fmt.Printf("chaos: quiet phase over; raw JetStream R3 floor %.0f calls/s (256 in flight), round trip p50 %s (one at a time)\n",
+			float64(quiet.throughput.calls)/quiet.throughput.elapsed.Seconds(), pct(quiet.latency.rtts, .5))
+	}
+
+	started := time.Now()
 	lctx, stopLoad := context.WithTimeout(ctx, cfg.duration)
 	defer stopLoad()
 	loadDone := make(chan struct{})
@@ -100,6 +127,7 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}
 	fmt.Printf("chaos: bad-input corpus: %d inputs thrown, %d crashed processes\n", len(corpus), len(crashed))
+	faultsFrom := time.Now()
 	faults := f.injectFaults(lctx, rng, cfg.faults)
 	<-loadDone
 	if ctx.Err() != nil {
@@ -110,8 +138,12 @@ func run(ctx context.Context, cfg config) error {
 	f.restoreAll(ctx)
 	res := judge(ctx, f, load, drainTimeout)
 	res.seed, res.faults, res.elapsed, res.cfg = cfg.seed, faults, time.Since(started), cfg
-	res.corpus, res.crashed = corpus, crashed
+	res.corpus, res.crashed, res.quiet, res.t0 = corpus, crashed, quiet, faultsFrom
 	res.print(os.Stdout)
+	if cfg.fuzz > 0 {
+		f.stop()
+		res.fuzz = runFuzzers(ctx, cfg.repo, cfg.fuzz)
+	}
 	if cfg.report != "" {
 		if err := res.writeReport(cfg.report); err != nil {
 			return err

@@ -14,6 +14,9 @@
 //	dispatcher turn      one turn and each call's result
 //	dispatcher functions functions, their executors, queues and figures
 //	dispatcher watches   active and recently ended watches
+//
+// It is wiring only (settings from the environment, then pkg/dispatch's
+// constructors and Run under a signal context) and may import anything.
 package main
 
 import (

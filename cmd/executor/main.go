@@ -1,6 +1,9 @@
 // Command executor serves functions to toolrelay's dispatcher through NATS
 // JetStream: the seed examples (-demo), or the functions a config file
 // declares (-config), each run as a command or forwarded to an HTTP endpoint.
+//
+// It is wiring only (settings from the environment, then pkg/exec's
+// constructors and Run under a signal context) and may import anything.
 package main
 
 import (
@@ -9,12 +12,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/demo"
@@ -82,15 +87,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer tel.Close()
 	if cfg.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		stopMetrics, err := serveMetrics(cfg.MetricsAddr, tel.Metrics)
 		if err != nil {
-			return fmt.Errorf("metrics: listen on %s: %w", cfg.MetricsAddr, err)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", tel.Metrics)
-		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = msrv.Serve(ln) }()
-		defer msrv.Close()
+		defer stopMetrics()
 	}
 
 	teams := map[string][]exec.Function{demo.Team: demo.Functions()}
@@ -110,7 +111,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	// One executor per team: a file may declare functions of several.
+	return serveTeams(ctx, js, teams, cfg, log, stdout)
+}
+
+// serveTeams runs one executor per team (a file may declare functions of
+// several) until ctx ends or one of them stops.
+func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]exec.Function, cfg config, log *slog.Logger, stdout io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(teams))
@@ -138,4 +144,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// serveMetrics serves GET /metrics on addr until stop is called.
+func serveMetrics(addr string, metrics http.Handler) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close(); <-done }, nil
 }

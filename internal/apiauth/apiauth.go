@@ -2,6 +2,9 @@
 // (TOOLRELAY_API_TOKENS_FILE): a file of token hashes, each scoped to admin
 // or to some teams, re-read when it changes.
 //
+// It may import pkg/dispatch (whose Authenticator it implements) and
+// pkg/protocol (team names); the dispatcher command wires it in.
+//
 // # The file
 //
 // One token a line, three fields separated by spaces or tabs; blank lines

@@ -2,6 +2,8 @@
 // OpenTelemetry sorts and hashes the attributes of every measurement; the
 // hot paths record a few per call with attributes drawn from a small set
 // (function, team, outcome), so building each set once saves that work.
+//
+// It may import only OpenTelemetry's API; pkg/dispatch and pkg/exec use it.
 package attrcache
 
 import (

@@ -1,5 +1,7 @@
 // Package backoff is the one exponential backoff with jitter that the
 // dispatcher and executors use for everything they retry.
+//
+// It imports only the standard library, so anything may import it.
 package backoff
 
 import (

@@ -1,5 +1,9 @@
 // Package cliutil holds what the two commands share: printing their
-// settings and building their logger.
+// settings, building their logger, the signal context that stops them and
+// connecting to NATS.
+//
+// It may import pkg/exec (its Connect), internal/telemetry, nats.go and
+// envconfig; only the commands (cmd/) import it.
 package cliutil
 
 import (

@@ -2,6 +2,9 @@
 // step of a turn (TOOLRELAY_TEST_CRASH_AT). It is a process-wide hook kept
 // out of the dispatcher's public options: only the dispatcher command sets
 // it, and only for tests.
+//
+// It imports only the standard library; pkg/dispatch reports its points and
+// cmd/dispatcher installs the hook.
 package crashpoint
 
 import "sync/atomic"

@@ -97,17 +97,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	defer stopNATS()
 
-	sim := platformsim.New(platformsim.Options{
-		Model: &platformsim.Model{Scenarios: platformsim.SeedScenarios()}, APIKey: "sk-demo", Logger: opts.Logger,
-	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	baseURL, stopSim, err := startSimulator(opts.Logger)
 	if err != nil {
-		return fmt.Errorf("demo: listen for the platform simulator: %w", err)
+		return err
 	}
-	hs := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	defer func() { sim.Close(); _ = hs.Close() }()
-	baseURL := "http://" + ln.Addr().String() + "/v1"
+	defer stopSim()
 	out.printf("toolrelay demo\n  JetStream: %s\n  platform:  simulator at %s\n\n", natsURL, baseURL)
 
 	var wg sync.WaitGroup
@@ -115,25 +109,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 	defer cancel()
 
 	if !opts.ExternalExecutors {
-		nc, js, err := connect(natsURL, "toolrelay-demo-executor")
+		wait, err := startExecutors(ctx, &wg, natsURL, out, tp, opts.Logger)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
-		ex, err := exec.New(js, Team, exec.Options{Logger: opts.Logger, Middleware: []exec.Middleware{announce(out)}, TracerProvider: tp})
-		if err != nil {
-			return err
-		}
-		for _, f := range Functions() {
-			if err := ex.Register(f); err != nil {
-				return err
-			}
-		}
-		errc := make(chan error, 1)
-		wg.Go(func() { errc <- ex.Run(ctx) })
 		defer func() {
 			cancel()
-			if rerr := <-errc; rerr != nil && err == nil {
+			if rerr := wait(); rerr != nil && err == nil {
 				err = rerr
 			}
 		}()
@@ -187,6 +169,47 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 	}
 	return nil
+}
+
+// startSimulator serves the platform simulator on a loopback port until
+// stop is called.
+func startSimulator(logger *slog.Logger) (baseURL string, stop func(), err error) {
+	sim := platformsim.New(platformsim.Options{
+		Model: &platformsim.Model{Scenarios: platformsim.SeedScenarios()}, APIKey: "sk-demo", Logger: logger,
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		sim.Close()
+		return "", nil, fmt.Errorf("demo: listen for the platform simulator: %w", err)
+	}
+	hs := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = hs.Serve(ln) }()
+	return "http://" + ln.Addr().String() + "/v1", func() { sim.Close(); _ = hs.Close(); <-done }, nil
+}
+
+// startExecutors serves the seed functions in this process, on their own
+// connection, until ctx ends; wait returns what their Run returned.
+func startExecutors(ctx context.Context, wg *sync.WaitGroup, natsURL string, out *lockedWriter, tp *sdktrace.TracerProvider, logger *slog.Logger) (wait func() error, err error) {
+	nc, js, err := connect(natsURL, "toolrelay-demo-executor")
+	if err != nil {
+		return nil, err
+	}
+	ex, err := exec.New(js, Team, exec.Options{Logger: logger, Middleware: []exec.Middleware{announce(out)}, TracerProvider: tp})
+	if err == nil {
+		for _, f := range Functions() {
+			if err = ex.Register(f); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	errc := make(chan error, 1)
+	wg.Go(func() { errc <- ex.Run(ctx) })
+	return func() error { err := <-errc; nc.Close(); return err }, nil
 }
 
 func startNATS(opts Options) (url string, stop func(), err error) {

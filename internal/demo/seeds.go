@@ -1,5 +1,10 @@
 // Package demo holds the seed functions of the platforms' function-calling
 // examples and the all-in-one demo that plays them through toolrelay.
+//
+// It wires the whole system as the commands do, so it may import pkg/exec,
+// pkg/dispatch and its openaiplatform, pkg/protocol, internal/natsembed,
+// internal/platformsim, nats.go and openai-go; only cmd/ and tests import
+// it.
 package demo
 
 import (

@@ -7,6 +7,9 @@
 // and a repeat of the same publication is deduplicated by its message ID,
 // the call key. Both mean a result is already recorded, which is success
 // for a writer that only needs some result to exist.
+//
+// It may import pkg/protocol and nats.go; pkg/dispatch and pkg/exec use it,
+// and it imports neither.
 package firstwins
 
 import (

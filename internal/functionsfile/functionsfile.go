@@ -52,7 +52,6 @@ func Load(path string) (map[string][]exec.Function, error) {
 	if err := yamlfile.Decode(path, &fc, "functions"); err != nil {
 		return nil, err
 	}
-	var err error
 	if len(fc.Functions) == 0 {
 		return nil, fmt.Errorf("%s: functions: the list is empty", path)
 	}
@@ -63,75 +62,86 @@ func Load(path string) (map[string][]exec.Function, error) {
 		if f.Name != "" {
 			where += " (" + f.Name + ")"
 		}
-		fail := func(field, format string, args ...any) error {
-			return fmt.Errorf("%s: %s: %s", where, field, fmt.Sprintf(format, args...))
-		}
-		if err := protocol.ValidateFunctionName(f.Name); err != nil {
-			return nil, fail("name", "%q must match %s", f.Name, protocol.FunctionNamePattern)
-		}
-		if j, dup := seen[f.Name]; dup {
-			return nil, fail("name", "%q is also declared by functions[%d]", f.Name, j)
+		if j, dup := seen[f.Name]; dup && protocol.ValidateFunctionName(f.Name) == nil {
+			return nil, fmt.Errorf("%s: name: %q is also declared by functions[%d]", where, f.Name, j)
 		}
 		seen[f.Name] = i
-		if err := protocol.ValidateTeamName(f.Owner); err != nil {
-			return nil, fail("owner", "%q must be a team name matching %s", f.Owner, protocol.TeamNamePattern)
-		}
-		fn := exec.Function{
-			Name: f.Name, Description: f.Description, Concurrency: f.Concurrency,
-			MaxConcurrency: f.MaxConcurrency, SideEffects: f.SideEffects, Version: f.Version,
-			DeferLoading: f.DeferLoading,
-		}
-		if f.Timeout != "" {
-			if fn.Timeout, err = time.ParseDuration(f.Timeout); err != nil || fn.Timeout <= 0 {
-				return nil, fail("timeout", "%q is not a positive Go duration such as 30s", f.Timeout)
-			}
-		}
-		if r := f.Retry; r != nil {
-			if r.MaxAttempts < 0 {
-				return nil, fail("retry.max_attempts", "must not be negative")
-			}
-			fn.Retry = &exec.RetryPolicy{MaxAttempts: r.MaxAttempts}
-			if fn.Retry.InitialBackoff, err = optionalDuration(r.InitialBackoff); err != nil {
-				return nil, fail("retry.initial_backoff", "%v", err)
-			}
-			if fn.Retry.MaxBackoff, err = optionalDuration(r.MaxBackoff); err != nil {
-				return nil, fail("retry.max_backoff", "%v", err)
-			}
-		}
-		if f.Concurrency < 0 {
-			return nil, fail("concurrency", "must not be negative")
-		}
-		if f.MaxConcurrency < 0 {
-			return nil, fail("max_concurrency", "must not be negative")
-		}
-		if f.Parameters != nil {
-			if fn.Parameters, err = json.Marshal(f.Parameters); err != nil {
-				return nil, fail("parameters", "cannot be expressed as JSON: %v", err)
-			}
-		}
-		switch {
-		case f.Command != nil && f.HTTP != nil:
-			return nil, fail("command", "give either command or http, not both")
-		case f.Command != nil:
-			if fn.Handler, err = exec.CommandHandler(f.Command); err != nil {
-				return nil, fail("command", "%v", err)
-			}
-		case f.HTTP != nil:
-			if fn.Handler, err = exec.HTTPHandler(f.HTTP.URL, nil); err != nil {
-				return nil, fail("http.url", "%v", err)
-			}
-		default:
-			return nil, fail("command", "each function needs a command: [argv...] or an http: {url: ...}")
-		}
-		// Register's checks (the schema above all) run here too, so a bad
-		// file never starts serving.
-		probe, _ := exec.New(nil, f.Owner, exec.Options{})
-		if err := probe.Register(fn); err != nil {
-			return nil, fail("parameters", "%v", err)
+		fn, err := f.function(where)
+		if err != nil {
+			return nil, err
 		}
 		teams[f.Owner] = append(teams[f.Owner], fn)
 	}
 	return teams, nil
+}
+
+// function turns one entry of the file into the exec.Function it declares,
+// or an error naming where (the file and entry) and the field.
+func (f *functionConfig) function(where string) (exec.Function, error) {
+	fail := func(field, format string, args ...any) error {
+		return fmt.Errorf("%s: %s: %s", where, field, fmt.Sprintf(format, args...))
+	}
+	var err error
+	if err := protocol.ValidateFunctionName(f.Name); err != nil {
+		return exec.Function{}, fail("name", "%q must match %s", f.Name, protocol.FunctionNamePattern)
+	}
+	if err := protocol.ValidateTeamName(f.Owner); err != nil {
+		return exec.Function{}, fail("owner", "%q must be a team name matching %s", f.Owner, protocol.TeamNamePattern)
+	}
+	fn := exec.Function{
+		Name: f.Name, Description: f.Description, Concurrency: f.Concurrency,
+		MaxConcurrency: f.MaxConcurrency, SideEffects: f.SideEffects, Version: f.Version,
+		DeferLoading: f.DeferLoading,
+	}
+	if f.Timeout != "" {
+		if fn.Timeout, err = time.ParseDuration(f.Timeout); err != nil || fn.Timeout <= 0 {
+			return exec.Function{}, fail("timeout", "%q is not a positive Go duration such as 30s", f.Timeout)
+		}
+	}
+	if r := f.Retry; r != nil {
+		if r.MaxAttempts < 0 {
+			return exec.Function{}, fail("retry.max_attempts", "must not be negative")
+		}
+		fn.Retry = &exec.RetryPolicy{MaxAttempts: r.MaxAttempts}
+		if fn.Retry.InitialBackoff, err = optionalDuration(r.InitialBackoff); err != nil {
+			return exec.Function{}, fail("retry.initial_backoff", "%v", err)
+		}
+		if fn.Retry.MaxBackoff, err = optionalDuration(r.MaxBackoff); err != nil {
+			return exec.Function{}, fail("retry.max_backoff", "%v", err)
+		}
+	}
+	if f.Concurrency < 0 {
+		return exec.Function{}, fail("concurrency", "must not be negative")
+	}
+	if f.MaxConcurrency < 0 {
+		return exec.Function{}, fail("max_concurrency", "must not be negative")
+	}
+	if f.Parameters != nil {
+		if fn.Parameters, err = json.Marshal(f.Parameters); err != nil {
+			return exec.Function{}, fail("parameters", "cannot be expressed as JSON: %v", err)
+		}
+	}
+	switch {
+	case f.Command != nil && f.HTTP != nil:
+		return exec.Function{}, fail("command", "give either command or http, not both")
+	case f.Command != nil:
+		if fn.Handler, err = exec.CommandHandler(f.Command); err != nil {
+			return exec.Function{}, fail("command", "%v", err)
+		}
+	case f.HTTP != nil:
+		if fn.Handler, err = exec.HTTPHandler(f.HTTP.URL, nil); err != nil {
+			return exec.Function{}, fail("http.url", "%v", err)
+		}
+	default:
+		return exec.Function{}, fail("command", "each function needs a command: [argv...] or an http: {url: ...}")
+	}
+	// Register's checks (the schema above all) run here too, so a bad
+	// file never starts serving.
+	probe, _ := exec.New(nil, f.Owner, exec.Options{})
+	if err := probe.Register(fn); err != nil {
+		return exec.Function{}, fail("parameters", "%v", err)
+	}
+	return fn, nil
 }
 
 // optionalDuration parses a positive Go duration; "" is zero (the default).

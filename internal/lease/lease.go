@@ -6,7 +6,8 @@
 // bucket, whose age limit is protocol.LeaseTTL, and the keeper renews it
 // every protocol.LeaseRenewal, so the declaration of a process that dies or
 // is cut off disappears at most LeaseTTL after its last renewal; a process
-// that stops cleanly withdraws its own at once.
+// that stops cleanly withdraws its own at once. It imports protocol and
+// nats.go only.
 package lease
 
 import (

@@ -1,5 +1,8 @@
 // Package natsembed runs a JetStream-enabled nats-server inside the process:
 // the default when NATS_URL is empty, and the server of the tests.
+//
+// It may import only nats-server; the dispatcher command, the demo and
+// internal/natstest use it.
 package natsembed
 
 import (
@@ -53,6 +56,8 @@ func Start(opts Options) (*server.Server, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else if err := portFree(listen); err != nil {
+		return nil, err
 	}
 	name := opts.Name
 	if name == "" {
@@ -85,6 +90,18 @@ func Start(opts Options) (*server.Server, error) {
 		return nil, fmt.Errorf("natsembed: server on %s not ready after %s (is the port in use?)", listen, timeout)
 	}
 	return s, nil
+}
+
+// portFree fails at once if another process holds listen: the server
+// would only log that and never become ready, and the caller would wait
+// out the ready timeout (a restart racing the old process's shutdown, a
+// second dispatcher on one host).
+func portFree(listen string) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("natsembed: cannot listen on %s (is the port in use by another process?): %w", listen, err)
+	}
+	return ln.Close()
 }
 
 // slogAdapter forwards the server's log lines to slog.

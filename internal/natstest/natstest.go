@@ -1,4 +1,7 @@
 // Package natstest runs a real JetStream server in-process for tests.
+//
+// It may import nats-server, nats.go and internal/natsembed; only tests
+// import it.
 package natstest
 
 import (

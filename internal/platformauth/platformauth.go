@@ -2,6 +2,9 @@
 // toolrelay reaches a platform: OpenAI, a Microsoft Foundry project
 // endpoint with a bearer token (refreshed from a file), or an Azure OpenAI
 // endpoint.
+//
+// It may import only openai-go's option and azure packages; the dispatcher
+// command uses it.
 package platformauth
 
 import (

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 )
 
-// Agents sessions (beta): sessions, their event stream, tool results.
+// Agents sessions (beta): sessions and their turns. The events clients
+// post are in agents_events.go, the event stream in agents_stream.go.
 
 type session struct {
 	id          string
@@ -91,6 +91,38 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	now := unixNow()
+	agent := sessionAgent(&req)
+	if req.Metadata == nil {
+		req.Metadata = map[string]any{}
+	}
+	sess := &session{
+		id: newID("as_"), agent: agent, createdAt: now, lastActive: now, status: "idle",
+		metadata: req.Metadata, environment: req.Environment, subs: map[chan []byte]struct{}{},
+	}
+
+	s.mu.Lock()
+	s.sessions[sess.id] = sess
+	var sub chan []byte
+	if req.Stream {
+		sub = s.subscribe(sess)
+		s.emit(sess, map[string]any{"type": "agent.session.created", "session": s.sessionJSON(sess)})
+	}
+	if hasInput {
+		s.startAgentTurn(sess, prompt)
+	}
+	body := s.sessionJSON(sess)
+	s.mu.Unlock()
+
+	if req.Stream {
+		s.serveFrames(w, r, sess, sub, true)
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// sessionAgent is the agent object of a new session, with the defaults the
+// platform fills in where the request leaves them out.
+func sessionAgent(req *createSessionRequest) map[string]any {
 	agent := map[string]any{
 		"id": newID("agent_"), "name": nil, "instructions": "", "model": "gpt-5.5", "service_tier": "auto",
 		"multi_agent": map[string]any{"enabled": false, "max_concurrent_subagents": nil},
@@ -120,32 +152,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			agent["tools"] = tools
 		}
 	}
-	if req.Metadata == nil {
-		req.Metadata = map[string]any{}
-	}
-	sess := &session{
-		id: newID("as_"), agent: agent, createdAt: now, lastActive: now, status: "idle",
-		metadata: req.Metadata, environment: req.Environment, subs: map[chan []byte]struct{}{},
-	}
-
-	s.mu.Lock()
-	s.sessions[sess.id] = sess
-	var sub chan []byte
-	if req.Stream {
-		sub = s.subscribe(sess)
-		s.emit(sess, map[string]any{"type": "agent.session.created", "session": s.sessionJSON(sess)})
-	}
-	if hasInput {
-		s.startAgentTurn(sess, prompt)
-	}
-	body := s.sessionJSON(sess)
-	s.mu.Unlock()
-
-	if req.Stream {
-		s.serveFrames(w, r, sess, sub, true)
-		return
-	}
-	writeJSON(w, http.StatusOK, body)
+	return agent
 }
 
 // agentInputText extracts the user's text from a string or message array.
@@ -320,179 +327,6 @@ func (s *Server) finishAgentTurn(sess *session, t *agentTurn, status, answer str
 	s.emit(sess, map[string]any{"type": "agent.session.idle", "session": s.sessionJSON(sess)})
 }
 
-type sessionEvent struct {
-	Type    string          `json:"type"`
-	TurnID  string          `json:"turn_id"`
-	CallID  string          `json:"call_id"`
-	Success *bool           `json:"success"`
-	Output  json.RawMessage `json:"output"`
-	Error   *string         `json:"error"`
-	Input   json.RawMessage `json:"input"`
-}
-
-func (s *Server) postSessionEvents(w http.ResponseWriter, r *http.Request) {
-	sess := s.lookupSession(w, r)
-	if sess == nil {
-		return
-	}
-	var req struct {
-		Events []sessionEvent `json:"events"`
-	}
-	body, ok := s.decode(w, r, &req)
-	if !ok {
-		return
-	}
-	scope := "agents-events/" + sess.id
-	replay, conflict := s.replayed(w, r, scope, body)
-	if conflict {
-		return
-	}
-	if replay {
-		w.WriteHeader(http.StatusAccepted)
-		return
-	}
-	if len(req.Events) == 0 {
-		s.forget(r, scope)
-		s.badRequest(w, "Missing required parameter: 'events'.", "events")
-		return
-	}
-
-	s.mu.Lock()
-	aerr := s.validateSessionEvents(sess, req.Events)
-	if aerr == nil {
-		for _, ev := range req.Events {
-			switch ev.Type {
-			case "agent.session.input.tool_result":
-				s.acceptToolResult(sess, ev)
-			case "agent.session.input.message":
-				text, _, _ := agentInputText(ev.Input)
-				s.startAgentTurn(sess, text)
-			case "agent.session.input.cancel":
-				if t := sess.current; t != nil {
-					s.finishAgentTurn(sess, t, "cancelled", "")
-				}
-			}
-		}
-	}
-	s.mu.Unlock()
-	if aerr != nil {
-		s.forget(r, scope)
-		s.writeAPIError(w, aerr)
-		return
-	}
-	w.WriteHeader(http.StatusAccepted)
-}
-
-// validateSessionEvents checks every event before any is applied, so a
-// request is accepted or refused whole. Caller holds s.mu.
-func (s *Server) validateSessionEvents(sess *session, events []sessionEvent) *apiError {
-	seen := map[string]bool{}
-	for i, ev := range events {
-		param := fmt.Sprintf("events[%d]", i)
-		switch ev.Type {
-		case "agent.session.input.tool_result":
-			if ev.Success == nil {
-				return invalid(fmt.Sprintf("Missing required parameter: '%s.success'.", param), param)
-			}
-			if !s.pendingCall(sess, ev.TurnID, ev.CallID) || seen[ev.CallID] {
-				// The exact text and code the SDK's race retry matches.
-				return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_request_error",
-					message: "Unknown pending tool call: " + ev.CallID}
-			}
-			seen[ev.CallID] = true
-		case "agent.session.input.message":
-			if sess.status != "idle" {
-				return invalid(fmt.Sprintf("Session %s already has an active turn.", sess.id), param)
-			}
-		case "agent.session.input.cancel":
-		default:
-			return invalid(fmt.Sprintf("Invalid value for '%s.type': %q is not supported.", param, ev.Type), param)
-		}
-	}
-	return nil
-}
-
-func (s *Server) pendingCall(sess *session, turnID, callID string) bool {
-	t := sess.current
-	if t == nil || t.id != turnID || sess.status != "requires_action" {
-		return false
-	}
-	for _, id := range t.script.waiting() {
-		if id == callID {
-			return true
-		}
-	}
-	return false
-}
-
-// acceptToolResult records one validated result. Caller holds s.mu.
-func (s *Server) acceptToolResult(sess *session, ev sessionEvent) {
-	t := sess.current
-	output := outputText(ev.Output)
-	var errField any
-	status := "completed"
-	if !*ev.Success {
-		status = "failed"
-		if ev.Error != nil {
-			output = "error: " + *ev.Error
-			errField = *ev.Error
-		}
-	}
-	t.script.answer(ev.CallID, output)
-	s.answered(ev.CallID, output)
-	s.stats.ToolResults++
-	item := map[string]any{"id": newID("item_fco_"), "type": "function_call_output", "turn_id": t.id, "call_id": ev.CallID,
-		"status": status, "output": rawOrNull(ev.Output), "error": errField}
-	sess.items = append(sess.items, item)
-	idx := t.outputIndex
-	t.outputIndex++
-	s.emit(sess, map[string]any{"type": "agent.session.turn.item.added", "session_id": sess.id, "turn_id": t.id, "output_index": idx, "item": item})
-	// Answered calls leave required_actions; the session stays
-	// requires_action until every call of the step is answered. A new
-	// slice, not a filter in place: session bodies already handed out
-	// (encoded after the lock is released) share the old one.
-	kept := make([]map[string]any, 0, len(sess.required))
-	for _, a := range sess.required {
-		if a["call_id"] != ev.CallID {
-			kept = append(kept, a)
-		}
-	}
-	sess.required = kept
-	if len(t.script.waiting()) == 0 {
-		sess.status = "in_progress"
-		t.status = "in_progress"
-		s.emit(sess, map[string]any{"type": "agent.session.in_progress", "session": s.sessionJSON(sess)})
-		s.later(func() { s.agentStep(sess, t) })
-	}
-}
-
-// outputText flattens a tool output (string, content parts or null).
-func outputText(raw json.RawMessage) string {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if json.Unmarshal(raw, &parts) == nil {
-		var b strings.Builder
-		for _, p := range parts {
-			b.WriteString(p.Text)
-		}
-		return b.String()
-	}
-	return ""
-}
-
-func rawOrNull(raw json.RawMessage) any {
-	if len(raw) == 0 {
-		return nil
-	}
-	return raw
-}
-
 func (s *Server) listSessionItems(w http.ResponseWriter, r *http.Request) {
 	sess := s.lookupSession(w, r)
 	if sess == nil {
@@ -572,105 +406,4 @@ func cloneMap(m map[string]any) map[string]any {
 		c[k] = v
 	}
 	return c
-}
-
-// Event stream.
-
-// subscribe registers a live subscriber. Caller holds s.mu.
-func (s *Server) subscribe(sess *session) chan []byte {
-	ch := make(chan []byte, 1024)
-	sess.subs[ch] = struct{}{}
-	return ch
-}
-
-// emit sends a frame to the session's live subscribers; a subscriber too
-// slow to keep 1024 frames is dropped (its stream ends). Caller holds s.mu.
-func (s *Server) emit(sess *session, frame map[string]any) {
-	sess.eventSeq++
-	frame["event_id"] = fmt.Sprintf("evt_%s_%06d", sess.id[3:11], sess.eventSeq)
-	b, err := json.Marshal(frame)
-	if err != nil {
-		s.log.Error("encode frame", "err", err)
-		return
-	}
-	for ch := range sess.subs {
-		select {
-		case ch <- b:
-		default:
-			delete(sess.subs, ch)
-			close(ch)
-		}
-	}
-}
-
-func (s *Server) unsubscribe(sess *session, ch chan []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := sess.subs[ch]; ok {
-		delete(sess.subs, ch)
-		close(ch)
-	}
-}
-
-func (s *Server) streamSessionEvents(w http.ResponseWriter, r *http.Request) {
-	sess := s.lookupSession(w, r)
-	if sess == nil {
-		return
-	}
-	s.mu.Lock()
-	sub := s.subscribe(sess)
-	s.mu.Unlock()
-	s.serveFrames(w, r, sess, sub, false)
-}
-
-// serveFrames writes live frames as SSE until the client leaves or the
-// server closes. With untilIdle it also ends after the session goes idle
-// once a turn ended (the creation stream).
-func (s *Server) serveFrames(w http.ResponseWriter, r *http.Request, sess *session, sub chan []byte, untilIdle bool) {
-	defer s.unsubscribe(sess, sub)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
-	if flusher != nil {
-		flusher.Flush()
-	}
-	keepalive := time.NewTicker(15 * time.Second)
-	defer keepalive.Stop()
-	turnEnded := false
-	for {
-		select {
-		case b, ok := <-sub:
-			if !ok {
-				return
-			}
-			if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-				return
-			}
-			if flusher != nil {
-				flusher.Flush()
-			}
-			if untilIdle {
-				var f struct{ Type string }
-				_ = json.Unmarshal(b, &f)
-				switch {
-				case strings.HasPrefix(f.Type, "agent.session.turn.") && (strings.HasSuffix(f.Type, ".completed") || strings.HasSuffix(f.Type, ".failed") || strings.HasSuffix(f.Type, ".cancelled")):
-					turnEnded = true
-				case f.Type == "agent.session.idle" && turnEnded, f.Type == "agent.session.failed":
-					return
-				}
-			}
-		case <-keepalive.C:
-			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
-				return
-			}
-			if flusher != nil {
-				flusher.Flush()
-			}
-		case <-r.Context().Done():
-			return
-		case <-s.closed:
-			return
-		}
-	}
 }

@@ -6,6 +6,10 @@
 //
 // It exists so the demo and the tests exercise toolrelay against the real
 // protocol; its own tests drive it with the unmodified SDK.
+//
+// Besides the standard library it may import only openai-go (a client of
+// its own, to start runs as a user would); the engine never imports it,
+// only the demo, the dispatcher's simulator command and tests do.
 package platformsim
 
 import (

@@ -1,6 +1,8 @@
 // Package provision creates the streams, consumers and KV buckets toolrelay
 // uses, idempotently. An existing resource whose configuration would change
-// toolrelay's semantics is reported, never silently replaced.
+// toolrelay's semantics is reported, never silently replaced. It translates
+// the specs of package protocol and nothing else; it imports protocol and
+// nats.go's jetstream only.
 package provision
 
 import (

@@ -1,6 +1,8 @@
 // Package schema compiles functions' JSON Schemas and checks arguments
 // against them, with messages written for the model. It wraps
 // santhosh-tekuri/jsonschema, a maintained validator of drafts 4 to 2020-12.
+//
+// It may import only that validator; pkg/dispatch and pkg/exec use it.
 package schema
 
 import (

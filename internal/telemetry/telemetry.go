@@ -2,6 +2,10 @@
 // over OTLP when the standard OTEL_* variables ask for it, metrics served in
 // the Prometheus text format, W3C trace-context propagation, and logs that
 // carry trace and span IDs.
+//
+// It may import the OpenTelemetry SDK and exporters and the Prometheus
+// client; only the commands import it, so the libraries in pkg/ depend on
+// OpenTelemetry's API alone.
 package telemetry
 
 import (

@@ -25,7 +25,7 @@
 // Each export names the one account that may import it, so no team can
 // import another's subjects; inboxes, streams, mirrors, direct-get groups
 // and message ids are per account, so nothing a team does in its own
-// account reaches another's.
+// account reaches another's. It imports protocol (for the names) and nkeys.
 package tenancy
 
 import (

@@ -1,4 +1,6 @@
 // Package testutil holds what the tests of every package share.
+//
+// It imports only the standard library; only tests import it.
 package testutil
 
 import (

@@ -473,13 +473,15 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		}
 		// Re-publish only calls without a result: a call already run and
 		// acknowledged must not be queued again once the dedupe window
-		// has passed.
+		// has passed. Calls rejected at intake are never published; their
+		// failure is recorded if intake stopped before it could.
 		recorded, err := d.gather.recorded(ctx, t)
 		if err != nil {
 			d.log.Warn("re-arming turn: reading its results failed", "turn", t.Key, "err", err)
 			return
 		}
 		d.gather.track(t, rev)
+		d.failRejected(ctx, t, recorded)
 		d.publishCalls(ctx, t, recorded)
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:

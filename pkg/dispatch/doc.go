@@ -54,7 +54,9 @@
 // dispatchers can share one NATS: results are consumed through one durable
 // consumer, and a sweep on every replica repairs what a dead one left (turns
 // past their deadline, complete but not closed, stuck in submitting;
-// watches whose driver went silent).
+// watches whose driver went silent). A replica that stops cleanly releases
+// the watches it drove, so the others take them at their next sweep rather
+// than a minute later.
 //
 // # Errors
 //

@@ -49,24 +49,17 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	}
 
 	// Resolve every call first: the record must say which team owns each.
-	failures := map[protocol.CallKey]*protocol.CallError{}
-	seen := map[string]bool{}
-	for _, c := range req.Calls {
-		tc := TurnCall{ID: c.ID, Name: c.Name, Key: key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments}
-		if seen[c.ID] {
-			return nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
-		}
-		seen[c.ID] = true
-		if cerr := d.resolve(ctx, &tc); cerr != nil {
-			failures[tc.Key] = cerr
-			tc.Rejected = true
-		}
-		if !json.Valid(tc.Arguments) {
-			tc.Arguments = mustJSONString(string(tc.Arguments))
-		}
-		t.Calls = append(t.Calls, tc)
+	failures, err := d.resolveCalls(ctx, t, req.Calls)
+	if err != nil {
+		return nil, err
 	}
-
+	// A context that ended while the calls were resolved (the dispatcher
+	// is stopping) may have turned a lookup's cancellation into a
+	// rejection: record nothing, and let the restart or another replica
+	// take the turn in.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
+	}
 	tctx, span := d.tel.startTurn(ctx, t)
 	rev, err := d.record(ctx, t)
 	if errors.Is(err, errConflict) {
@@ -108,6 +101,29 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	d.publishCalls(ctx, t, nil)
 	crashpoint.Reached(crashpoint.Fanout, string(key))
 	return t, nil
+}
+
+// resolveCalls adds req's calls to t, each with the team that owns it, and
+// returns the failures of those that cannot work (marked Rejected).
+func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, error) {
+	failures := map[protocol.CallKey]*protocol.CallError{}
+	seen := map[string]bool{}
+	for _, c := range calls {
+		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments}
+		if seen[c.ID] {
+			return nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
+		}
+		seen[c.ID] = true
+		if cerr := d.resolve(ctx, &tc, d.opts.ServeGrace); cerr != nil {
+			failures[tc.Key] = cerr
+			tc.Rejected = true
+		}
+		if !json.Valid(tc.Arguments) {
+			tc.Arguments = mustJSONString(string(tc.Arguments))
+		}
+		t.Calls = append(t.Calls, tc)
+	}
+	return failures, nil
 }
 
 // record makes the turn durable: its deadline timer and its record (created
@@ -160,8 +176,9 @@ func (d *Dispatcher) recordFailure(ctx context.Context, t *Turn, c *TurnCall, ce
 		Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 		Error: cerr, Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC(),
 	}
-	if err := firstwins.Record(ctx, d.js, res, nil); err != nil {
-		// The deadline still closes the turn with a failure for this call.
+	if err := firstwins.Record(ctx, d.js, res, nil); err != nil && ctx.Err() == nil {
+		// The replica that resumes the turn records it again; failing
+		// that, the deadline closes the turn with a failure for this call.
 		d.log.Error("recording failure result failed", "turn", t.Key, "call_key", c.Key, "err", err)
 	}
 }

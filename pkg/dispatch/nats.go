@@ -19,6 +19,10 @@ import (
 
 const queueGroup = "toolrelay-dispatchers"
 
+// natsRequestTimeout bounds the work of one watch request (or status
+// request) made over NATS; the requester's own timeout is usually shorter.
+const natsRequestTimeout = 10 * time.Second
+
 func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
 	nc := d.js.Conn()
 	reply := func(m *nats.Msg, status int, body any) {
@@ -31,7 +35,7 @@ func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
 		_ = m.Respond(b)
 	}
 	watch, err := nc.QueueSubscribe(protocol.WatchSubject, queueGroup, func(m *nats.Msg) {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, natsRequestTimeout)
 		defer cancel()
 		rctx = d.tel.prop.Extract(rctx, protocol.HeaderCarrier(m.Header))
 		status, body := d.watchRequest(rctx, m.Data)
@@ -48,7 +52,7 @@ func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
 			reply(m, http.StatusBadRequest, fieldErrorBody(&FieldError{Field: "id", Message: `send {"id":"<watch id>"}`}))
 			return
 		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, natsRequestTimeout)
 		defer cancel()
 		code, body := d.watchReport(rctx, req.ID)
 		reply(m, code, body)

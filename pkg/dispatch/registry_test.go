@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,58 @@ func TestRegistryFollowsTheLiveFleet(t *testing.T) {
 	failed("nobody serves", "unavailable", "no executor is serving it")
 	if n := ran.Load(); n != 4 {
 		t.Errorf("the executor ran %d calls, want still 4", n)
+	}
+}
+
+// The dispatcher decides ownership: the first team to declare a name owns
+// it, a second team's declaration is refused with the owner named and is
+// never stored, a team's declarations beyond its quota are refused, and a
+// declaration sent on one team's subject for another team is malformed.
+func TestDispatcherDecidesOwnership(t *testing.T) {
+	e := newEnv(t)
+	e.dispatcher(dispatch.Options{MaxDeclarationsPerTeam: 2})
+	nc := e.js.Conn()
+	declare := func(subjectTeam, team string, names ...string) *protocol.DeclareReply {
+		t.Helper()
+		req := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe}
+		for _, n := range names {
+			req.Declarations = append(req.Declarations, protocol.Declaration{Version: protocol.Version, Instance: "i-" + team,
+				Executor: team, StartedAt: time.Now(), Spec: protocol.FunctionSpec{Version: protocol.Version, Name: n, Team: team,
+					Parameters: []byte(`{"type":"object"}`), UpdatedAt: time.Now()}})
+		}
+		body, _ := json.Marshal(&req)
+		m, err := nc.Request(protocol.DeclareSubject(subjectTeam), body, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply, err := protocol.DecodeDeclareReply(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reply
+	}
+	if r := declare("geo", "geo", "get_weather"); len(r.Accepted) != 1 || len(r.Refused) != 0 || r.Error != "" {
+		t.Fatalf("first claim: %+v, want accepted", r)
+	}
+	r := declare("billing", "billing", "get_weather")
+	if len(r.Refused) != 1 || r.Refused[0].Owner != "geo" || !strings.Contains(r.Refused[0].Reason, `owned by team "geo"`) {
+		t.Fatalf("second team's claim: %+v, want refused naming geo", r)
+	}
+	if r := declare("geo", "billing", "get_time"); r.Error == "" || len(r.Accepted) != 0 {
+		t.Fatalf("billing's declaration on geo's subject: %+v, want a malformed request", r)
+	}
+	if r := declare("ops", "ops", "a", "b", "c"); len(r.Accepted) != 2 || len(r.Refused) != 1 {
+		t.Fatalf("three declarations with a quota of two: %+v, want two accepted, one refused", r)
+	}
+	fns, err := dispatch.Registry(t.Context(), e.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fns {
+		for _, x := range f.Executors {
+			if f.Spec.Name == "get_weather" && x.Executor != "geo" {
+				t.Errorf("get_weather is served by %s in the registry, want only geo's executor", x.Executor)
+			}
+		}
 	}
 }

@@ -3,13 +3,15 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // resolve finds the team of a call and validates its arguments; it returns
-// the failure the model should see, or nil.
-func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallError {
+// the failure the model should see, or nil. A function no live executor
+// serves is waited for up to grace.
+func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Duration) *protocol.CallError {
 	if err := protocol.ValidateFunctionName(c.Name); err != nil {
 		return &protocol.CallError{Code: protocol.CodeUnknownFunction,
 			Message: fmt.Sprintf("There is no function named %q. Use one of the functions you were given.", c.Name)}
@@ -28,7 +30,7 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallErr
 	// alive there is nothing to run them, so wait a moment for one. A live
 	// declaration is a lease its process renews, so it is also the answer
 	// to "is anyone serving this?".
-	if f = d.registry.awaitLive(ctx, f, d.opts.ServeGrace); len(f.live) == 0 {
+	if f = d.registry.awaitLive(ctx, f, grace); len(f.live) == 0 {
 		return notServed(c.Name)
 	}
 	if msg := f.validate(c.Arguments); msg != "" {
@@ -49,4 +51,26 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall) *protocol.CallErr
 func notServed(name string) *protocol.CallError {
 	return &protocol.CallError{Code: protocol.CodeUnavailable,
 		Message: fmt.Sprintf("%s is unavailable: no executor is serving it right now. Continue without it, or try again later.", name)}
+}
+
+// failRejected records the failure of each call of t rejected at intake
+// whose result is missing: an intake cut short (a shutdown, a crash, a lost
+// connection) between recording the turn and recording those failures
+// would otherwise leave the turn to its deadline, and the model would read
+// "timed out" for a call that never ran. The reason is found again without
+// waiting for executors; a call that would pass now still failed at intake,
+// where nothing served it.
+func (d *Dispatcher) failRejected(ctx context.Context, t *Turn, recorded map[protocol.CallKey]bool) {
+	for i := range t.Calls {
+		c := &t.Calls[i]
+		if !c.Rejected || recorded[c.Key] {
+			continue
+		}
+		probe := *c
+		cerr := d.resolve(ctx, &probe, 0)
+		if cerr == nil {
+			cerr = notServed(c.Name)
+		}
+		d.recordFailure(ctx, t, c, cerr)
+	}
 }

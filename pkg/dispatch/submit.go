@@ -114,6 +114,15 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 			crashpoint.Reached(crashpoint.Submitted, string(t.Key))
 		}
 	}
+	if err != nil && errors.Is(context.Cause(ctx), errShutdown) {
+		// The shutdown timeout cut the submission off. The turn stays in
+		// submitting, released so that the restart or another replica
+		// takes it over at once and submits it again with the same ids
+		// (a repeat the platform already took counts as done).
+		span.SetStatus(codes.Error, "cut off by the shutdown")
+		d.releaseTurn(t.Key)
+		return
+	}
 	now := time.Now().UTC()
 	span.SetAttributes(attrTimeLeft.Int64(t.ExpiresAt.Sub(now).Milliseconds()))
 	if err != nil {
@@ -162,6 +171,24 @@ func (d *Dispatcher) finished(t *Turn, fired bool) {
 	d.unindex(t.Key, fired)
 }
 
+// releaseTimeout bounds the write that releases a turn at shutdown.
+const releaseTimeout = time.Second
+
+// releaseTurn gives up this replica's claim on a turn it was submitting
+// when it stopped, so that takeOver need not wait stuckAfter for it.
+func (d *Dispatcher) releaseTurn(key protocol.TurnKey) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	t, rev, err := d.turns.get(ctx, key)
+	if err != nil || t.State != TurnSubmitting || t.Owner != d.opts.Name {
+		return
+	}
+	t.Owner, t.SubmittingSince = "", time.Time{}
+	if _, err := d.turns.update(ctx, t, rev); err == nil {
+		d.log.Info("submission cut off by the shutdown; the turn is left to the other replicas or the restart", "turn", key)
+	}
+}
+
 // markSubmitted records how a submission of t (read at rev) ended. While
 // JetStream fails over it keeps trying: a turn left in submitting is
 // submitted again later. A try that timed out may have been stored, so
@@ -181,8 +208,14 @@ func (d *Dispatcher) markSubmitted(ctx context.Context, t *Turn, rev uint64, cha
 }
 
 // resultReadFor bounds how long reading a recorded result is retried while
-// JetStream is unavailable.
-const resultReadFor = 30 * time.Second
+// JetStream is unavailable; the read also stops submitLeeway before the run
+// expires, so the submission still has time, but is given minResultRead at
+// least.
+const (
+	resultReadFor = 30 * time.Second
+	submitLeeway  = 2 * time.Second
+	minResultRead = time.Second
+)
 
 // outputs lists the result of every call, in the turn's order.
 func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
@@ -204,7 +237,7 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 			// again: the result is recorded, and failing the turn for it
 			// would throw the whole submission away. The run's expiry
 			// bounds the wait.
-			within := min(max(time.Until(t.ExpiresAt)-2*time.Second, time.Second), resultReadFor)
+			within := min(max(time.Until(t.ExpiresAt)-submitLeeway, minResultRead), resultReadFor)
 			res, err = whileUnavailable(ctx, within, func(ctx context.Context) (*protocol.Result, error) {
 				return d.gather.result(ctx, t, &c)
 			})

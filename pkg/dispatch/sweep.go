@@ -23,7 +23,8 @@ import (
 //   - a turn collecting for a while is re-armed: its timer and its calls
 //     re-published (deduplicated), in case intake died half-way;
 //   - a turn stuck in submitting is taken over and submitted again;
-//   - a watch whose driver stopped reporting is driven again;
+//   - a watch whose driver stopped reporting, or stopped with its
+//     dispatcher and released it, is driven again;
 //   - timers of closed turns are purged.
 //
 // Open turns are found through their timers: a turn's timer subjects
@@ -131,11 +132,11 @@ func (d *Dispatcher) sweepWatches(ctx context.Context, startup bool) {
 		if json.Unmarshal(e.Value(), &w) != nil || w.State != WatchActive {
 			continue
 		}
-		if d.driving(w.ID) || (!startup && time.Since(w.UpdatedAt) < watchStaleAfter) {
+		if d.driving(w.ID) || (!startup && !w.Released && time.Since(w.UpdatedAt) < watchStaleAfter) {
 			continue
 		}
 		// Claim it by compare-and-set so one replica revives it.
-		w.UpdatedAt = time.Now().UTC()
+		w.UpdatedAt, w.Released = time.Now().UTC(), false
 		b, _ := json.Marshal(&w)
 		if _, err := d.watches.Update(ctx, k, b, e.Revision()); err != nil {
 			continue

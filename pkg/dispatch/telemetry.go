@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/attrcache"
+	"github.com/toolrelay/toolrelay/internal/otelconv"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -33,30 +34,28 @@ import (
 // The turn's context is stored in its record, so whichever replica submits
 // parents its spans correctly.
 
-// w3c is the propagation the wire contract fixes: traceparent and
-// tracestate (and baggage) in the message headers, whatever global
-// propagator the process installed.
-var w3c = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+// w3c is the propagation the wire contract fixes, shared with executors.
+var w3c = otelconv.Propagator
 
 const instrumentation = "github.com/toolrelay/toolrelay/pkg/dispatch"
 
 // Attribute keys beyond the semantic conventions.
 const (
-	attrTurnKey    = attribute.Key("toolrelay.turn.key")
-	attrPlatform   = attribute.Key("toolrelay.platform")
-	attrScope      = attribute.Key("toolrelay.scope")
+	attrTurnKey    = otelconv.TurnKey
+	attrPlatform   = otelconv.Platform
+	attrScope      = otelconv.Scope
 	attrCalls      = attribute.Key("toolrelay.turn.calls")
 	attrCutOff     = attribute.Key("toolrelay.turn.cut_off")
 	attrTimeLeft   = attribute.Key("toolrelay.turn.time_left_ms")
-	attrOutcome    = attribute.Key("toolrelay.outcome")
-	attrTeam       = attribute.Key("toolrelay.team")
+	attrOutcome    = otelconv.Outcome
+	attrTeam       = otelconv.Team
 	attrSessionID  = attribute.Key("toolrelay.session.id")
 	attrThreadID   = attribute.Key("toolrelay.thread.id")
 	attrRunID      = attribute.Key("toolrelay.run.id")
 	attrResponseID = attribute.Key("toolrelay.response.id")
-	attrToolName   = attribute.Key("gen_ai.tool.name")
-	attrToolCallID = attribute.Key("gen_ai.tool.call.id")
-	attrFunction   = attribute.Key("function")
+	attrToolName   = otelconv.ToolName
+	attrToolCallID = otelconv.ToolCallID
+	attrFunction   = otelconv.Function
 	attrEventType  = attribute.Key("event_type")
 	attrChannel    = attribute.Key("channel")
 )
@@ -96,7 +95,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	t := &telemetry{tracer: tp.Tracer(instrumentation), prop: w3c, spans: map[protocol.TurnKey]trace.Span{}}
 	m := mp.Meter(instrumentation)
 	var err error
-	seconds := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	seconds := otelconv.DurationBuckets()
 	must := func(e error) {
 		if err == nil {
 			err = e

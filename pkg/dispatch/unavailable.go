@@ -57,6 +57,10 @@ func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*j
 	}
 }
 
+// unavailableAttemptTimeout bounds each attempt of whileUnavailable: a
+// request to a server that went away fails after it, and is tried again.
+const unavailableAttemptTimeout = 3 * time.Second
+
 // whileUnavailable runs op, each attempt bounded by a few seconds, until it
 // succeeds, fails for a reason that will not pass, or the time given has
 // gone by; a failure that may still pass is then wrapped in ErrUnavailable.
@@ -66,7 +70,7 @@ func whileUnavailable[T any](ctx context.Context, within time.Duration, op func(
 	giveUp := time.Now().Add(within)
 	retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
 	for {
-		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		actx, cancel := context.WithTimeout(ctx, unavailableAttemptTimeout)
 		v, err := op(actx)
 		cancel()
 		if err == nil || !mayPass(err) || errors.Is(ctx.Err(), context.Canceled) {

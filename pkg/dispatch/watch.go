@@ -7,18 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -52,6 +48,9 @@ type Watch struct {
 	// Trace is the W3C context the watch request carried; its turns'
 	// spans are its children.
 	Trace map[string]string `json:"trace,omitempty"`
+	// Released says the replica driving the watch stopped and left it for
+	// any other to take at its next sweep.
+	Released bool `json:"released,omitempty"`
 }
 
 // existsCheckTimeout bounds how long Watch waits for the platform to say
@@ -66,8 +65,9 @@ func watchID(ref Ref) string {
 	return "w_" + hex.EncodeToString(sum[:12])
 }
 
-// Watch starts driving ref and returns its record. Watching an object that
-// is already watched returns the existing watch.
+// Watch starts driving ref and returns its record, a snapshot: the
+// driver goes on changing its own copy, which WatchStatus reads. Watching
+// an object that is already watched returns the existing watch.
 //
 // The platform is asked for the object first (up to existsCheckTimeout):
 // if it answers 404, Watch returns a *FieldError wrapping
@@ -103,10 +103,11 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 		return have, nil
 	}
 	d.indexResponse(ctx, ref.ResponseID, id)
+	snapshot := *w // the driver owns w from here on
 	if !d.startDriver(w) {
 		return nil, ErrNotRunning
 	}
-	return w, nil
+	return &snapshot, nil
 }
 
 // checkExists polls ref's object once and returns an error wrapping
@@ -212,303 +213,4 @@ func (d *Dispatcher) saveWatch(ctx context.Context, w *Watch) {
 	if _, err := d.watches.Put(ctx, w.ID, b); err != nil {
 		d.log.Warn("saving watch failed", "watch", w.ID, "err", err)
 	}
-}
-
-// maxPollInterval is the longest a driver waits between polls of an
-// object that does not change.
-const maxPollInterval = 5 * time.Second
-
-// drive polls w's object and takes in each required action until the
-// object is done, failed, or MaxSteps turns were driven. It is longer than
-// our usual functions because it is the watch's state machine: every answer
-// the platform can give, and how each ends the watch or polls again, reads
-// in one place.
-func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
-	// Drivers stop at once on shutdown; the watch stays active in the
-	// bucket and a restarted dispatcher resumes it.
-	ctx, stop := d.withRunContext(ctx)
-	defer stop()
-	log := d.log.With("watch", w.ID, "ref", w.Ref.String())
-	p := d.platforms[w.Ref.Platform]
-	// Polls slow down while the object is unchanged, and start again at
-	// PollInterval when it changes.
-	polls := backoff.Backoff{Initial: d.opts.PollInterval, Max: maxPollInterval, Factor: 1.5}
-	wake := make(chan struct{}, 1)
-	wait := func() {
-		t := time.NewTimer(polls.Next())
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-wake:
-		case <-ctx.Done():
-		}
-	}
-	if f, ok := p.(Follower); ok {
-		fctx, stopFollowing := context.WithCancel(ctx)
-		var following sync.WaitGroup
-		following.Go(func() { d.follow(fctx, f, w, wake, log) })
-		defer func() { stopFollowing(); following.Wait() }()
-	}
-	finish := func(state WatchState, answer, reason string) {
-		w.State, w.Answer, w.Error = state, answer, reason
-		d.saveWatch(ctx, w)
-		log.Info("watch ended", "state", state, "reason", reason)
-	}
-	lastSave := time.Now()
-	for ctx.Err() == nil {
-		if time.Since(lastSave) > watchSaveEvery {
-			d.saveWatch(ctx, w) // keep UpdatedAt fresh: this watch is alive
-			lastSave = time.Now()
-		}
-		obs, err := p.Poll(ctx, w.Current)
-		if err != nil {
-			var pe *PlatformError
-			if errors.As(err, &pe) && !pe.Retryable {
-				finish(WatchFailed, "", err.Error())
-				return
-			}
-			log.Warn("poll failed; retrying", "err", err)
-			wait()
-			continue
-		}
-		switch obs.State {
-		case ObjectRunning:
-			wait()
-		case ObjectDone:
-			finish(WatchCompleted, obs.Answer, "")
-			return
-		case ObjectFailed:
-			d.cancelTurns(ctx, w, obs.Reason)
-			finish(WatchFailed, "", obs.Reason)
-			return
-		case ObjectRequiresAction:
-			if len(w.Turns) >= d.opts.MaxSteps {
-				finish(WatchFailed, "", fmt.Sprintf("stopped after %d turns (the max-steps limit)", d.opts.MaxSteps))
-				return
-			}
-			obs.Turn.Channel = "poll"
-			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace)), obs.Turn, w)
-			if err != nil {
-				log.Error("intake failed; retrying", "err", err)
-				wait()
-				continue
-			}
-			t, ended, err := d.awaitClosed(ctx, t.Key, p, w.Current)
-			if err != nil {
-				return // shutting down; the sweep picks it up
-			}
-			if ended != nil {
-				// The platform cancelled, expired or finished the run while
-				// its calls were still running: stop them.
-				d.cancelTurns(ctx, w, ended.Reason)
-				finish(WatchFailed, "", ended.Reason)
-				return
-			}
-			if t.State == TurnFailed {
-				finish(WatchFailed, "", "submission failed: "+t.Error)
-				return
-			}
-			if t.Next != nil {
-				w.Current = *t.Next
-				d.indexResponse(ctx, w.Current.ResponseID, w.ID)
-			}
-			d.saveWatch(ctx, w)
-			lastSave = time.Now()
-			if fresh {
-				polls.Reset()
-			} else {
-				wait() // the platform has not caught up with our submission
-			}
-		}
-	}
-}
-
-// follow takes in the required actions a platform's event stream reports
-// (reconnecting with backoff) and wakes the driver, which then finds the
-// turn already recorded. Webhook, stream and poll agree on the turn key, so
-// the same required action is one turn whichever channel saw it first.
-func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan<- struct{}, log *slog.Logger) {
-	tctx := d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace))
-	reconnect := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second}
-	for ctx.Err() == nil {
-		started := time.Now()
-		err := f.Follow(ctx, w.Ref, func(req *TurnRequest) {
-			req.Channel = "stream"
-			if _, err := d.Intake(tctx, req); err != nil {
-				log.WarnContext(ctx, "stream intake failed; polling will retry", "err", err)
-			}
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
-		})
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(started) > time.Minute {
-			reconnect.Reset() // it was healthy for a while
-		}
-		wait := reconnect.Next()
-		log.DebugContext(ctx, "event stream ended; reconnecting", "err", err, "in", wait.String())
-		backoff.Sleep(ctx, wait)
-	}
-}
-
-// intakeForWatch takes the turn in and adds it to the watch; fresh reports
-// whether this call created it. The turn is listed in the watch before the
-// intake, so a crash in between leaves the watch naming its turn.
-func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Watch) (*Turn, bool, error) {
-	key := req.Key()
-	for _, k := range w.Turns {
-		if k == key {
-			t, _, err := d.turns.get(ctx, key)
-			if err == nil {
-				return t, false, nil
-			}
-			if !errors.Is(err, jetstream.ErrKeyNotFound) {
-				return nil, false, err
-			}
-			break // listed, but the intake never happened: do it now
-		}
-	}
-	if !slices.Contains(w.Turns, key) {
-		w.Turns = append(w.Turns, key)
-		d.saveWatch(ctx, w)
-	}
-	t, err := d.Intake(ctx, req)
-	if err != nil {
-		return nil, false, err
-	}
-	return t, true, nil
-}
-
-// awaitClosed waits until a turn is submitted or failed, polling the
-// platform meanwhile (unless p is nil): if the platform stops waiting for
-// the turn (the run was cancelled, expired or finished), it returns that
-// observation.
-//
-// A KV watch on the record brings the news at once, whichever replica
-// closed the turn; the record is also read every second, so a watch lost
-// with a server (it is an ordered consumer) costs a second, not the turn.
-func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref) (*Turn, *Observation, error) {
-	var updates <-chan jetstream.KeyValueEntry
-	if kw, err := d.turns.kv.Watch(ctx, string(key)); err == nil {
-		defer func() { _ = kw.Stop() }()
-		updates = kw.Updates()
-	}
-	closed := func(t *Turn) bool { return t.State == TurnSubmitted || t.State == TurnFailed }
-	every := 2 * time.Second
-	poll := time.NewTimer(every)
-	defer poll.Stop()
-	polls := poll.C
-	if p == nil {
-		polls = nil
-	}
-	read := time.NewTicker(time.Second)
-	defer read.Stop()
-	for {
-		select {
-		case e, ok := <-updates:
-			if !ok {
-				updates = nil // lost; the ticker below carries on
-				continue
-			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			if t, err := decodeTurn(e.Value()); err == nil && closed(t) {
-				return t, nil, nil
-			}
-		case <-read.C:
-			if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
-				return t, nil, nil
-			}
-		case <-polls:
-			obs, err := p.Poll(ctx, ref)
-			if err == nil && obs.State == ObjectFailed {
-				return nil, obs, nil
-			}
-			if err == nil && obs.State == ObjectDone {
-				// Make sure it is not our own submission that finished it.
-				if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
-					return t, nil, nil
-				}
-				return nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
-			}
-			every = min(every*2, 10*time.Second)
-			poll.Reset(every)
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-	}
-}
-
-// cancelTurns closes the open turns of a watch whose run the platform
-// ended: nothing can be submitted any more.
-func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
-	for _, key := range w.Turns {
-		if d.cancelTurn(ctx, key, "not submitted: "+reason, reason) {
-			d.log.Warn("turn cancelled: the platform ended the run", "turn", key, "reason", reason)
-		}
-	}
-}
-
-// cancelTurn fails a turn still collecting, with the record's error
-// errMsg, and tells the executors of its calls (reason), so running
-// handlers are cancelled and queued calls skip. It reports whether it
-// cancelled the turn (false: it was closed already, or the record could
-// not be changed).
-func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMsg, reason string) bool {
-	t, _, err := d.turns.transition(ctx, key, TurnCollecting, nil, 0, func(t *Turn) {
-		t.State = TurnFailed
-		t.Error = errMsg
-	})
-	if err != nil || t == nil {
-		return false
-	}
-	d.finished(t, true)
-	teams := map[string]bool{}
-	for _, c := range t.Calls {
-		if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
-			teams[c.Team] = true
-			if _, err := d.js.Publish(ctx, protocol.CancelSubject(c.Team, key), []byte(reason),
-				jetstream.WithMsgID(protocol.CancelMsgID(key, c.Team))); err != nil {
-				d.log.Warn("telling executors of a cancelled turn failed", "turn", key, "team", c.Team, "err", err)
-			}
-		}
-	}
-	d.emit(Event{Kind: EventTurnFailed, Turn: t})
-	return true
-}
-
-// startDriver drives w in the background unless this replica already does.
-func (d *Dispatcher) startDriver(w *Watch) bool {
-	d.driversMu.Lock()
-	if d.drivers[w.ID] {
-		d.driversMu.Unlock()
-		return true
-	}
-	d.drivers[w.ID] = true
-	d.driversMu.Unlock()
-	ok := d.background(func(ctx context.Context) {
-		defer func() {
-			d.driversMu.Lock()
-			delete(d.drivers, w.ID)
-			d.driversMu.Unlock()
-		}()
-		d.drive(ctx, w)
-	})
-	if !ok {
-		d.driversMu.Lock()
-		delete(d.drivers, w.ID)
-		d.driversMu.Unlock()
-	}
-	return ok
-}
-
-// driving reports whether this replica drives the watch.
-func (d *Dispatcher) driving(id string) bool {
-	d.driversMu.Lock()
-	defer d.driversMu.Unlock()
-	return d.drivers[id]
 }

@@ -66,8 +66,11 @@ func TestSignedWebhookDrivesTheTurn(t *testing.T) {
 	if n := e.sim.Stats().ToolResults; n != 2 || ran() != 2 {
 		t.Errorf("tool results %d, runs %d; want 2 and 2", n, ran())
 	}
-	hooks := e.sim.Webhooks()
-	if len(hooks) == 0 || hooks[0].Status != http.StatusOK {
+	// The simulator records a delivery once the dispatcher's answer is
+	// back, which can be after the turn it started was submitted.
+	var hooks []platformsim.WebhookEvent
+	testutil.WaitFor(t, 5*time.Second, func() bool { hooks = e.sim.Webhooks(); return len(hooks) > 0 })
+	if hooks[0].Status != http.StatusOK {
 		t.Errorf("webhook deliveries = %+v", hooks)
 	}
 }

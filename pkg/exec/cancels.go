@@ -2,7 +2,6 @@ package exec
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -11,10 +10,6 @@ import (
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
-
-// ErrCallCancelled is the cause of a handler's context cancelled because
-// the platform cancelled or expired the run the call belongs to.
-var ErrCallCancelled = errors.New("exec: the platform ended the run this call belongs to")
 
 // cancels tracks the turns the dispatcher cancelled, so running handlers of
 // such a turn are cancelled and its queued calls do not run.

@@ -13,10 +13,6 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// ErrNoDeadLetter is returned by [DeadLetters.Get] and [DeadLetters.Replay]
-// when no dead letter has the key.
-var ErrNoDeadLetter = errors.New("exec: no dead letter for that call")
-
 // DefaultReplayTimeout is the deadline of a replayed call, from now, when
 // [DeadLetters.Replay] is given none.
 const DefaultReplayTimeout = 5 * time.Minute

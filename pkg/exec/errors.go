@@ -32,6 +32,14 @@ var ErrInvalidArguments = errors.New("exec: invalid arguments")
 // earlier attempt had no effect: the call then runs normally.
 var ErrDidNotRun = errors.New("exec: earlier attempt had no effect")
 
+// ErrCallCancelled is the cause of a handler's context cancelled because
+// the platform cancelled or expired the run the call belongs to.
+var ErrCallCancelled = errors.New("exec: the platform ended the run this call belongs to")
+
+// ErrNoDeadLetter is returned by [DeadLetters.Get] and [DeadLetters.Replay]
+// when no dead letter has the key.
+var ErrNoDeadLetter = errors.New("exec: no dead letter for that call")
+
 // Retryable marks err as retryable. The call is retried with backoff while
 // attempts remain and the deadline leaves room; the model sees err's
 // message only if it never succeeds.
@@ -108,3 +116,11 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 func (p RetryPolicy) backoff(attempt int) time.Duration {
 	return backoff.Backoff{Initial: p.InitialBackoff, Max: p.MaxBackoff}.Delay(attempt)
 }
+
+// ErrShutdown is the cause of a handler's context cancelled because the
+// executor is shutting down; the call is redelivered to another replica.
+var ErrShutdown = errors.New("exec: executor shutting down")
+
+// ErrOwnedByOtherTeam is returned by Run when the dispatchers refuse a
+// function because another team owns its name; the error names the owner.
+var ErrOwnedByOtherTeam = errors.New("exec: function owned by another team")

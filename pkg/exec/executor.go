@@ -65,14 +65,6 @@ type Options struct {
 	NoTelemetry bool
 }
 
-// ErrShutdown is the cause of a handler's context cancelled because the
-// executor is shutting down; the call is redelivered to another replica.
-var ErrShutdown = errors.New("exec: executor shutting down")
-
-// ErrOwnedByOtherTeam is returned by Run when the dispatchers refuse a
-// function because another team owns its name; the error names the owner.
-var ErrOwnedByOtherTeam = errors.New("exec: function owned by another team")
-
 // Executor serves the functions of one team from JetStream. Many executor
 // processes may serve the same functions: they share one durable consumer
 // per function, so each call runs on one of them.
@@ -221,17 +213,18 @@ func (e *Executor) Run(ctx context.Context) error {
 		e.log.Error("a worker stopped consuming; stopping the executor", "err", failed)
 	}
 	stopServing()
+	// The shutdown timeout counts from here, withdrawal included.
+	timeout := time.NewTimer(e.opts.ShutdownTimeout)
+	defer timeout.Stop()
 	// Withdraw first, so dispatchers stop counting this process before its
 	// running calls finish.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(withdrawTimeout, e.opts.ShutdownTimeout/2))
 	if err := keeper.Withdraw(wctx); err != nil {
 		e.log.Warn("withdrawing declarations failed; they lapse with their leases", "err", err, "lease", protocol.LeaseTTL.String())
 	}
 	cancel()
 	stopped := make(chan struct{})
 	go func() { wg.Wait(); close(stopped) }()
-	timeout := time.NewTimer(e.opts.ShutdownTimeout)
-	defer timeout.Stop()
 	select {
 	case <-stopped:
 	case <-timeout.C:

@@ -13,30 +13,30 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/attrcache"
+	"github.com/toolrelay/toolrelay/internal/otelconv"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// w3c is the propagation the wire contract fixes: traceparent and
-// tracestate (and baggage) in the message headers, whatever global
-// propagator the process installed.
-var w3c = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+// w3c is the propagation the wire contract fixes, shared with the
+// dispatcher.
+var w3c = otelconv.Propagator
 
 const instrumentation = "github.com/toolrelay/toolrelay/pkg/exec"
 
 var (
-	attrToolName   = attribute.Key("gen_ai.tool.name")
-	attrToolCallID = attribute.Key("gen_ai.tool.call.id")
+	attrToolName   = otelconv.ToolName
+	attrToolCallID = otelconv.ToolCallID
 	attrOperation  = attribute.Key("gen_ai.operation.name")
-	attrTurnKey    = attribute.Key("toolrelay.turn.key")
-	attrTeam       = attribute.Key("toolrelay.team")
+	attrTurnKey    = otelconv.TurnKey
+	attrTeam       = otelconv.Team
 	attrAttempt    = attribute.Key("toolrelay.attempt")
-	attrOutcome    = attribute.Key("toolrelay.outcome")
-	attrFunction   = attribute.Key("function")
+	attrOutcome    = otelconv.Outcome
+	attrFunction   = otelconv.Function
 	attrReason     = attribute.Key("reason")
 	attrExecutor   = attribute.Key("toolrelay.executor")
 	attrDelivered  = attribute.Key("messaging.nats.delivery_count")
-	attrPlatform   = attribute.Key("toolrelay.platform")
-	attrScope      = attribute.Key("toolrelay.scope")
+	attrPlatform   = otelconv.Platform
+	attrScope      = otelconv.Scope
 	attrArgsSize   = attribute.Key("gen_ai.tool.call.arguments.size")
 	attrOutputSize = attribute.Key("gen_ai.tool.call.result.size")
 )
@@ -80,7 +80,7 @@ func Metrics(mp metric.MeterProvider) Middleware {
 	calls, _ := m.Int64Counter("toolrelay.executor.calls", metric.WithDescription("Handler runs, by function and outcome (ok or error)."))
 	duration, _ := m.Float64Histogram("toolrelay.executor.call.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long handlers ran, by function."),
-		metric.WithExplicitBucketBoundaries(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+		metric.WithExplicitBucketBoundaries(otelconv.DurationBuckets()...))
 	var sets attrcache.Cache
 	return func(next Handler) Handler {
 		return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {

@@ -47,6 +47,22 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, it.Drain)
 	defer stop()
+	// Drain lets Next hand out what is buffered, each handed back at once.
+	// Without a connection the drain never completes, so every Next runs
+	// under nexts, which ends drainWait after ctx: the iterator is then
+	// stopped, and what it still held is redelivered after its ack wait.
+	nexts, endNexts := context.WithCancel(context.WithoutCancel(ctx))
+	defer endNexts()
+	stopGrace := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(drainWait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			endNexts()
+		case <-nexts.Done():
+		}
+	})
+	defer stopGrace()
 
 	// A fixed pool of goroutines runs the calls: their stacks, grown once by
 	// decoding and handling, are reused instead of regrown for every call.
@@ -72,7 +88,13 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
 		}
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(nexts))
+		if nexts.Err() != nil && errors.Is(err, context.Canceled) {
+			w.log.Warn("consumer not drained in time (is NATS away?); its buffered calls are redelivered after their ack wait",
+				"fn", w.fn.Name, "after", drainWait.String())
+			it.Stop()
+			return nil
+		}
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 			if ctx.Err() == nil {
 				return fmt.Errorf("exec: consuming %s stopped: %w", w.fn.Name, errors.Join(lastErr, err))
@@ -94,6 +116,10 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 		work <- msg
 	}
 }
+
+// drainWait bounds how long a stopping worker waits for its consumer to
+// drain: a round trip to the server when it is there.
+const drainWait = time.Second
 
 // crashAllowance is how many deliveries beyond MaxAttempts a call gets for
 // executors that died mid-run (those attempts end in no result at all).

@@ -2,7 +2,6 @@ package protocol
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -26,9 +25,6 @@ const MaxEnvelopeSize = 1 << 20
 // MaxOutputSize bounds the output a result carries, leaving room for the rest
 // of the envelope within MaxEnvelopeSize even after JSON escaping.
 const MaxOutputSize = 256 << 10
-
-// ErrMalformed is wrapped by every decoding and validation error.
-var ErrMalformed = errors.New("protocol: malformed envelope")
 
 // Call is what the dispatcher publishes for an executor to run.
 type Call struct {

@@ -1,6 +1,15 @@
 package protocol
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrInvalidName is wrapped by every error about a function or team name.
+var ErrInvalidName = errors.New("protocol: invalid name")
+
+// ErrMalformed is wrapped by every decoding and validation error.
+var ErrMalformed = errors.New("protocol: malformed envelope")
 
 // ErrorCode classifies a failed call. The list is append-only: codes are
 // stored in results and read by other processes and by the model.

@@ -195,3 +195,45 @@ func FuzzNamesMatchPatterns(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeDeclareRequest(f *testing.F) {
+	f.Add("orders", []byte(`{"v":1,"op":"declare","declarations":[{"v":1,"instance":"i","started_at":"2026-01-01T00:00:00Z","spec":{"v":1,"name":"f","team":"orders","parameters":{"type":"object"},"updated_at":"2026-01-01T00:00:00Z"}}]}`))
+	f.Add("orders", []byte(`{"v":1,"op":"withdraw","declarations":[]}`))
+	f.Fuzz(func(t *testing.T, team string, data []byte) {
+		r, err := DecodeDeclareRequest(team, data)
+		if err != nil {
+			return
+		}
+		// An accepted request is of the subject's team alone, and
+		// survives a round trip.
+		for _, d := range r.Declarations {
+			if d.Spec.Team != team {
+				t.Fatalf("declaration of team %q accepted on team %q's subject", d.Spec.Team, team)
+			}
+			if _, _, _, err := ParseDeclarationKey(d.Key()); err != nil {
+				t.Fatalf("accepted declaration has a bad key %q: %v", d.Key(), err)
+			}
+		}
+		b, err := EncodeDeclareRequest(team, r)
+		if err != nil {
+			t.Fatalf("accepted request does not re-encode: %v", err)
+		}
+		if _, err := DecodeDeclareRequest(team, b); err != nil {
+			t.Fatalf("re-encoded request rejected: %v", err)
+		}
+	})
+}
+
+func FuzzParseDeclareSubject(f *testing.F) {
+	f.Add("toolrelay.declare.orders")
+	f.Add("toolrelay.declare.a.b")
+	f.Fuzz(func(t *testing.T, subject string) {
+		team, err := ParseDeclareSubject(subject)
+		if err != nil {
+			return
+		}
+		if DeclareSubject(team) != subject {
+			t.Fatalf("ParseDeclareSubject(%q) = %q, which does not round-trip", subject, team)
+		}
+	})
+}

@@ -1,12 +1,6 @@
 package protocol
 
-import (
-	"errors"
-	"fmt"
-)
-
-// ErrInvalidName is wrapped by every error about a function or team name.
-var ErrInvalidName = errors.New("protocol: invalid name")
+import "fmt"
 
 // FunctionNamePattern and TeamNamePattern are the rules names must match.
 const (

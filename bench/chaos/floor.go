@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// floor is the raw JetStream pipeline on the same cluster and replication:
+// a call published to an R3 work queue, a worker that takes it and
+// publishes a result to an R3 stream, and the caller consuming the result.
+// Four server operations per call, against toolrelay's own. It runs as the
+// dispatcher's user, in the control account.
+type floorResult struct {
+	calls   int
+	elapsed time.Duration
+	rtts    []time.Duration
+}
+
+func (f *fleet) measureFloor(ctx context.Context, d time.Duration, inFlight int) (*floorResult, error) {
+	env, err := readEnv(filepath.Join(f.dir, "conf", "dispatcher.env"))
+	if err != nil {
+		return nil, err
+	}
+	var seed string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "NATS_NKEY="); ok {
+			seed = v
+		}
+	}
+	auth, err := nats.NkeyOptionFromSeed(seed)
+	if err != nil {
+		return nil, err
+	}
+	conn := func() (*nats.Conn, jetstream.JetStream, error) {
+		nc, err := nats.Connect(f.natsURL, auth)
+		if err != nil {
+			return nil, nil, err
+		}
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(inFlight*2))
+		return nc, js, err
+	}
+	nc, js, err := conn()
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	calls, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "FLOOR_CALLS", Subjects: []string{"floor.call.>"},
+		Retention: jetstream.WorkQueuePolicy, Replicas: 3, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
+	}
+	results, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "FLOOR_RESULTS", Subjects: []string{"floor.result.>"},
+		Replicas: 3, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
+	}
+	defer func() {
+		_ = js.DeleteStream(context.WithoutCancel(ctx), "FLOOR_CALLS")
+		_ = js.DeleteStream(context.WithoutCancel(ctx), "FLOOR_RESULTS")
+	}()
+
+	// The worker, on its own connection as an executor is.
+	wnc, wjs, err := conn()
+	if err != nil {
+		return nil, err
+	}
+	defer wnc.Close()
+	wc, err := calls.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: inFlight * 2})
+	if err != nil {
+		return nil, err
+	}
+	// Each call is answered on its own goroutine (at most inFlight), as
+	// an executor runs calls side by side.
+	var working sync.WaitGroup
+	defer working.Wait()
+	wcc, err := wc.Consume(func(m jetstream.Msg) {
+		working.Go(func() {
+			id := strings.TrimPrefix(m.Subject(), "floor.call.")
+			if _, err := wjs.Publish(ctx, "floor.result."+id, m.Data()); err == nil {
+				_ = m.Ack()
+			}
+		})
+	}, jetstream.PullMaxMessages(inFlight))
+	if err != nil {
+		return nil, err
+	}
+	defer wcc.Stop()
+
+	var mu sync.Mutex
+	sent := map[string]time.Time{}
+	res := &floorResult{}
+	slots := make(chan struct{}, inFlight)
+	rc, err := results.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "caller", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		return nil, err
+	}
+	rcc, err := rc.Consume(func(m jetstream.Msg) {
+		id := strings.TrimPrefix(m.Subject(), "floor.result.")
+		mu.Lock()
+		if at, ok := sent[id]; ok {
+			res.rtts = append(res.rtts, time.Since(at))
+			delete(sent, id)
+			res.calls++
+		}
+		mu.Unlock()
+		<-slots
+	}, jetstream.PullMaxMessages(inFlight))
+	if err != nil {
+		return nil, err
+	}
+	defer rcc.Stop()
+
+	start := time.Now()
+	payload := []byte(`{"v":1,"arguments":{"order":"A-1"}}`)
+	for i := 0; time.Since(start) < d && ctx.Err() == nil; i++ {
+		slots <- struct{}{}
+		id := fmt.Sprint(i)
+		mu.Lock()
+		sent[id] = time.Now()
+		mu.Unlock()
+		if _, err := js.PublishAsync("floor.call."+id, payload); err != nil {
+			return nil, err
+		}
+	}
+	mu.Lock()
+	res.elapsed = time.Since(start)
+	slices.Sort(res.rtts)
+	mu.Unlock()
+	return res, nil
+}

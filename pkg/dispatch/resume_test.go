@@ -1,0 +1,278 @@
+package dispatch_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/crashpoint"
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// A replica that stops right after recording a turn (SIGTERM during
+// intake, a crash) has not yet recorded the failures of the calls it
+// rejected; the replica that resumes the turn records them, so the turn
+// closes at once with the reason instead of waiting for its deadline and
+// telling the model the call timed out.
+func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
+	e := newEnv(t, platformsim.Scenario{Name: "unknown", Prompt: "unknown function",
+		Steps: []platformsim.Step{{{Name: "no_such_function"}}}, Answer: `{{out "no_such_function"}}`})
+	nc, js := e.srv.Connect(t)
+	d1, err := dispatch.New(js, openaiplatform.New(e.client), dispatch.Options{Logger: testutil.Logger(t),
+		RunTTL: 10 * time.Minute, ShutdownTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first replica loses NATS the moment the turn is recorded.
+	recorded := make(chan struct{})
+	var once sync.Once
+	crashpoint.Set(func(point, _ string) {
+		if point == crashpoint.Intake {
+			once.Do(func() { nc.Close(); close(recorded) })
+		}
+	})
+	t.Cleanup(func() { crashpoint.Set(nil) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d1.Run(ctx) }()
+	testutil.WaitFor(t, 10*time.Second, d1.Ready)
+	e.redeclare()
+	w, err := d1.Watch(context.Background(), e.response("unknown function"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-recorded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the turn was never recorded")
+	}
+	cancel()
+	<-done // its error (the connection is closed) does not matter here
+	crashpoint.Set(nil)
+
+	d2, _ := e.dispatcher(dispatch.Options{RunTTL: 10 * time.Minute})
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
+	if !strings.Contains(w.Answer, `"type":"unknown_function"`) || !strings.Contains(w.Answer, "no_such_function") {
+		t.Fatalf("answer = %q, want the unknown_function failure decided at intake", w.Answer)
+	}
+	turn, err := d2.Turn(context.Background(), w.Turns[0])
+	if err != nil || turn.CutOff {
+		t.Errorf("turn = %+v, %v; want it closed by its results, not cut off at the deadline", turn, err)
+	}
+}
+
+// A replica that stops leaves the watches it drove to the others at once,
+// not after the minute a silent driver is given: a rolling restart does not
+// hold up the conversations in flight.
+func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
+	e := newEnv(t, weatherScenario("handover", "handover weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	release := make(chan struct{})
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) {
+		<-release // the result comes only after the first replica is gone
+		return "sunny", false
+	})
+	d2, _ := e.dispatcher(dispatch.Options{SweepInterval: 200 * time.Millisecond})
+	d1, stop1 := e.dispatcher(dispatch.Options{})
+	w, err := d1.Watch(context.Background(), e.response("handover weather"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		w, err = d1.WatchStatus(context.Background(), w.ID)
+		return err == nil && len(w.Turns) == 1
+	})
+	stop1()
+	close(release)
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after the handover: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+}
+
+// stopOnAction is a platform whose required action, once a watch's driver
+// polls it, stops the dispatcher: the poll returns it only once the
+// driver's context has ended, as when SIGTERM arrives while a turn is being
+// taken in. (Watch's own first poll, which checks the object exists, passes.)
+type stopOnAction struct {
+	dispatch.Platform
+	stop  func()
+	polls atomic.Int32
+}
+
+func (p *stopOnAction) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Observation, error) {
+	obs, err := p.Platform.Poll(ctx, ref)
+	if err == nil && obs.State == dispatch.ObjectRequiresAction && p.polls.Add(1) == 2 {
+		p.stop()
+		<-ctx.Done()
+	}
+	return obs, err
+}
+
+// A dispatcher stopped while it takes a turn in logs no error and records
+// no failure for a call it could not finish resolving: nothing failed, and
+// the restart takes the turn in and runs its call.
+func TestStoppingMidIntakeLogsNoError(t *testing.T) {
+	e := newEnv(t, weatherScenario("stop", "stop weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
+	hook := &stopOnAction{}
+	var logs testutil.Buffer
+	d, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { hook.Platform = p; return hook },
+		&logs, dispatch.Options{})
+	hook.stop = cancel
+	w, err := d.Watch(context.Background(), e.response("stop weather"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("stopping logged errors:\n%s", logs.String())
+	}
+
+	d2, _ := e.dispatcher(dispatch.Options{})
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after the restart: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+}
+
+// blockSubmit is a platform whose submissions hang until their context
+// ends, as a platform that stopped answering would.
+type blockSubmit struct {
+	dispatch.Platform
+	started chan struct{}
+	once    sync.Once
+}
+
+func (p *blockSubmit) Submit(ctx context.Context, turn *dispatch.Turn, outputs []dispatch.Output) (*dispatch.Submission, error) {
+	p.once.Do(func() { close(p.started) })
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A submission still hanging when the shutdown timeout ends is cancelled
+// without an error logged and without marking the turn failed: the turn
+// stays in submitting, and the restart submits it again.
+func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
+	e := newEnv(t, weatherScenario("hang", "hang weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
+	hang := &blockSubmit{started: make(chan struct{})}
+	var logs testutil.Buffer
+	d1, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { hang.Platform = p; return hang },
+		&logs, dispatch.Options{ShutdownTimeout: 200 * time.Millisecond})
+	w, err := d1.Watch(context.Background(), e.response("hang weather"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hang.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the turn was never submitted")
+	}
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("a submission cut off by the shutdown logged errors:\n%s", logs.String())
+	}
+
+	d2, _ := e.dispatcher(dispatch.Options{})
+	w = awaitWatch(t, d2, w.ID, 15*time.Second)
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after the restart: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+}
+
+// An intake whose context ends while it resolves its calls (the dispatcher
+// is stopping) records nothing: a call it could not finish resolving must
+// not be stored as rejected, or the restart would fail a call that can run.
+func TestIntakeCancelledWhileResolvingRecordsNothing(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_weather", weatherSchema)
+	d, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 10*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	req := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_cancelled"}, Scope: "resp_cancelled",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: []byte(`{"location":"Oslo"}`)}},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := d.Intake(ctx, req); err == nil {
+		t.Fatal("Intake with an ended context succeeded")
+	}
+	// A turn taken in afterwards on the same connection is stored after
+	// anything the cancelled intake sent.
+	later := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_later"}, Scope: "resp_later",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "no_such_function", Arguments: []byte(`{}`)}},
+	}
+	if _, err := d.Intake(context.Background(), later); err != nil {
+		t.Fatal(err)
+	}
+	if turn, err := d.Turn(context.Background(), req.Key()); !errors.Is(err, dispatch.ErrNotFound) {
+		t.Fatalf("after a cancelled intake: turn %+v, %v; want none recorded", turn, err)
+	}
+}
+
+// awaitWatch waits until the watch id, read through d, has ended.
+func awaitWatch(t *testing.T, d *dispatch.Dispatcher, id string, within time.Duration) *dispatch.Watch {
+	t.Helper()
+	var w *dispatch.Watch
+	testutil.WaitFor(t, within, func() bool {
+		var err error
+		w, err = d.WatchStatus(context.Background(), id)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	return w
+}
+
+// runWith starts a dispatcher whose Responses platform is wrap's, logging
+// to logs, and declares the test's functions to it; cancel ends its Run's
+// context (it may be called from a platform call) and wait returns what
+// Run returned.
+func runWith(t *testing.T, e *env, wrap func(dispatch.Platform) dispatch.Platform, logs *testutil.Buffer,
+	opts dispatch.Options) (d *dispatch.Dispatcher, cancel func(), wait func() error) {
+	t.Helper()
+	_, js := e.srv.Connect(t)
+	var platforms []dispatch.Platform
+	for _, p := range openaiplatform.New(e.client) {
+		if p.Name() == protocol.PlatformResponses {
+			p = wrap(p)
+		}
+		platforms = append(platforms, p)
+	}
+	opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	d, err := dispatch.New(js, platforms, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	testutil.WaitFor(t, 10*time.Second, d.Ready)
+	e.redeclare()
+	return d, cancel, func() error {
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatal("Run did not return")
+			return nil
+		}
+	}
+}
