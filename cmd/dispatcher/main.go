@@ -4,6 +4,8 @@
 //
 //	dispatcher [serve]   the service (settings from the environment)
 //	dispatcher demo      offline demo: embedded JetStream, platform simulator, seed executors
+//	dispatcher dev       a team's local loop: its functions file and scenarios, reloaded on change
+//	dispatcher call      run one function through a running dispatcher's /mcp
 //	dispatcher simulator serve the platform simulator alone (for trying the service locally)
 //	dispatcher tools     print the registry as a platform's tool definitions
 //	dispatcher token     make a bearer token for the HTTP API (TOOLRELAY_API_TOKENS_FILE)
@@ -60,6 +62,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serve(ctx, args, stdout, stderr)
 	case "demo":
 		return demoCmd(ctx, args, stdout, stderr)
+	case "dev":
+		return devCmd(ctx, args, stdout, stderr)
+	case "call":
+		return callCmd(ctx, args, stdout, stderr)
 	case "simulator":
 		return simulatorCmd(ctx, args, stdout, stderr)
 	case "tools":
@@ -87,12 +93,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|simulator|tools|token|nats-config|turns|turn|functions|watches] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|dev|call|simulator|tools|token|nats-config|turns|turn|functions|watches] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
   demo        play one example per platform offline: embedded JetStream, platform simulator,
               in-process seed executors; exits 0 when every answer arrived
+  dev         run a team's functions file locally with the simulator playing its scenarios;
+              reloads and plays again when the files change
+  call        run one function through a running dispatcher (its /mcp) and print the result
   simulator   serve the platform simulator alone, to try the service without OpenAI
   tools       print the functions executors serve as a platform's tool definitions
   token       make a bearer token for the HTTP API and the line for TOOLRELAY_API_TOKENS_FILE

@@ -20,11 +20,21 @@ func simulatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	addr := fs.String("addr", "127.0.0.1:8090", "listen address")
 	key := fs.String("api-key", "", "require this API key (Bearer or Api-Key header); empty accepts any")
 	ttl := fs.Duration("run-ttl", 10*time.Minute, "Assistants runs expire this long after creation")
+	scenariosFile := fs.String("scenarios", "", "also play the scenarios of this YAML file (before the seed examples; see testdata/scenarios.yaml)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	scenarios := platformsim.SeedScenarios()
+	if *scenariosFile != "" {
+		own, err := platformsim.LoadScenarios(*scenariosFile)
+		if err != nil {
+			return err
+		}
+		scenarios = append(own, scenarios...)
+		fmt.Fprintf(stdout, "playing %d scenario(s) from %s\n", len(own), *scenariosFile)
+	}
 	sim := platformsim.New(platformsim.Options{
-		Model: &platformsim.Model{Scenarios: platformsim.SeedScenarios()}, APIKey: *key, RunTTL: *ttl,
+		Model: &platformsim.Model{Scenarios: scenarios}, APIKey: *key, RunTTL: *ttl,
 		Logger: cliutil.Logger(stderr, "warn"),
 	})
 	defer sim.Close()

@@ -26,9 +26,11 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	platform := fs.String("platform", "responses", "agents, assistants or responses")
 	status := fs.Bool("status", false, "print every function with its team, live executors and schemas instead")
+	team := fs.String("team", "", "only the functions this team owns")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses] [-status]\n\n"+
+		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses] [-team T] [-status]\n\n"+
 			"Prints the functions live executors serve as a JSON array of tool definitions\n"+
+			"(a function marked defer_loading is emitted so for agents and responses, with one tool_search tool after them).\n"+
 			"(functions no executor serves, and executors that disagree on a schema, are reported on stderr).\n"+
 			"Connects to NATS_URL, or to the embedded server at TOOLRELAY_NATS_LISTEN (default 127.0.0.1:4222).")
 		fs.PrintDefaults()
@@ -40,6 +42,11 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := p.Validate(); err != nil {
 		return err
 	}
+	if *team != "" {
+		if err := protocol.ValidateTeamName(*team); err != nil {
+			return fmt.Errorf("-team: %w", err)
+		}
+	}
 	js, closeNC, err := connectTo(natsURLForTools(), "toolrelay-tools")
 	if err != nil {
 		return err
@@ -48,6 +55,9 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	all, err := dispatch.Registry(ctx, js)
 	if err != nil {
 		return err
+	}
+	if *team != "" {
+		all = ownedBy(all, *team)
 	}
 	if *status {
 		printStatus(stdout, all)
@@ -63,6 +73,9 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stderr, "warning: %s: its %d live executors declare %d different schemas; printed is the newest (%s, started %s)\n",
 				f.Spec.Name, len(f.Executors), f.Schemas, f.Executors[0].Executor, f.Executors[0].StartedAt.Format(time.RFC3339))
 		}
+		if f.Spec.DeferLoading && p == protocol.PlatformAssistants {
+			fmt.Fprintf(stderr, "note: %s is marked defer_loading, which Assistants do not support; printed in full\n", f.Spec.Name)
+		}
 		specs = append(specs, f.Spec)
 	}
 	defs, err := dispatch.ToolDefinitions(specs, p)
@@ -72,6 +85,17 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(defs)
+}
+
+// ownedBy keeps the functions team owns.
+func ownedBy(all []dispatch.FunctionStatus, team string) []dispatch.FunctionStatus {
+	var out []dispatch.FunctionStatus
+	for _, f := range all {
+		if f.Spec.Team == team {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // printStatus prints one line per function: what serves it now.

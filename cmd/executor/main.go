@@ -23,6 +23,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/demo"
+	"github.com/toolrelay/toolrelay/internal/functionsfile"
 	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
@@ -96,7 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	teams := map[string][]exec.Function{demo.Team: demo.Functions()}
 	if !*demoMode {
 		var err error
-		if teams, err = loadConfig(*configPath); err != nil {
+		if teams, err = functionsfile.Load(*configPath); err != nil {
 			return err
 		}
 	}

@@ -84,6 +84,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		s.badRequest(w, "'input' is required when the environment type is 'none'.", "input")
 		return
 	}
+	if req.Agent != nil {
+		if aerr := checkTools(req.Agent.Tools, "agent.tools", true); aerr != nil {
+			s.writeAPIError(w, aerr)
+			return
+		}
+	}
 	now := unixNow()
 	agent := sessionAgent(&req)
 	if req.Metadata == nil {

@@ -23,6 +23,10 @@ type Scenario struct {
 	// Answer is a text/template for the final answer. {{out "name"}} is the
 	// output of the call named so (its As, or its function name).
 	Answer string
+	// Platform is where `dispatcher dev` plays the scenario: agents,
+	// assistants or responses (the default). The simulator itself plays
+	// any scenario on every platform.
+	Platform string
 }
 
 // Step is one round of parallel calls.
@@ -151,8 +155,22 @@ func (s *script) waiting() []string {
 }
 
 func (s *script) render(text string) (string, error) {
-	t, err := template.New(s.scenario.Name).Option("missingkey=error").Funcs(template.FuncMap{
-		"out": func(name string) string { return s.outputs[name] },
+	t, err := template.New(s.scenario.Name).Option("missingkey=error").Funcs(templateFuncs(s.outputs)).Parse(text)
+	if err != nil {
+		return "", fmt.Errorf("platformsim: scenario %s: %w", s.scenario.Name, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, nil); err != nil {
+		return "", fmt.Errorf("platformsim: scenario %s: %w", s.scenario.Name, err)
+	}
+	return b.String(), nil
+}
+
+// templateFuncs are the functions of argument and answer templates, over
+// the outputs so far.
+func templateFuncs(outputs map[string]string) template.FuncMap {
+	return template.FuncMap{
+		"out": func(name string) string { return outputs[name] },
 		"json": func(v string) string {
 			b, _ := json.Marshal(v)
 			return string(b)
@@ -169,15 +187,7 @@ func (s *script) render(text string) (string, error) {
 			b, _ := json.Marshal(m[name])
 			return string(b)
 		},
-	}).Parse(text)
-	if err != nil {
-		return "", fmt.Errorf("platformsim: scenario %s: %w", s.scenario.Name, err)
 	}
-	var b bytes.Buffer
-	if err := t.Execute(&b, nil); err != nil {
-		return "", fmt.Errorf("platformsim: scenario %s: %w", s.scenario.Name, err)
-	}
-	return b.String(), nil
 }
 
 func compactJSON(s string) string {

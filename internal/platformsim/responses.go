@@ -106,6 +106,9 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prompt, outputs, aerr := parseInput(req.Input)
+	if aerr == nil {
+		aerr = checkTools(req.Tools, "tools", false)
+	}
 	if aerr != nil {
 		s.writeAPIError(w, aerr)
 		return

@@ -130,6 +130,11 @@ func Functions(ctx context.Context, js jetstream.JetStream) ([]*protocol.Functio
 // or Responses functions. "strict" (Assistants, Responses) is set when the
 // schema meets strict mode's rules: every object closed with
 // additionalProperties false and every property required.
+//
+// A function marked DeferLoading is emitted with "defer_loading": true for
+// Agents and Responses, and then one {"type":"tool_search"} tool follows
+// the functions, so the model can load deferred ones on demand. Assistants
+// have no such field: every function is emitted in full.
 func ToolDefinitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]json.RawMessage, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -144,7 +149,7 @@ func ToolDefinitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]jso
 			return nil, fmt.Errorf("dispatch: schema of %s: %w", s.Name, err)
 		}
 		strict := strictCompatible(schema)
-		var def any
+		var def map[string]any
 		switch p {
 		case protocol.PlatformAgents:
 			def = map[string]any{"type": "function", "name": s.Name, "description": s.Description, "parameters": s.Parameters}
@@ -154,11 +159,17 @@ func ToolDefinitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]jso
 		case protocol.PlatformResponses:
 			def = map[string]any{"type": "function", "name": s.Name, "description": s.Description, "parameters": s.Parameters, "strict": strict}
 		}
+		if s.DeferLoading && p != protocol.PlatformAssistants {
+			def["defer_loading"] = true
+		}
 		b, err := json.Marshal(def)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, b)
+	}
+	if p != protocol.PlatformAssistants && slices.ContainsFunc(specs, func(s *protocol.FunctionSpec) bool { return s.DeferLoading }) {
+		out = append(out, json.RawMessage(`{"type":"tool_search"}`))
 	}
 	return out, nil
 }

@@ -43,6 +43,11 @@ type Function struct {
 	Retry *RetryPolicy
 	// Version is a label of the implementation, shown in the registry.
 	Version string
+	// DeferLoading asks agents to load the function's definition on demand
+	// (a tool_search tool finds it) rather than carry it in every request;
+	// `dispatcher tools` emits it so for Agents and Responses. Default:
+	// false.
+	DeferLoading bool
 
 	schema *schema.Schema
 }
@@ -106,6 +111,7 @@ func (f *Function) spec(team string, now time.Time) *protocol.FunctionSpec {
 		MaxConcurrency:  f.MaxConcurrency,
 		SideEffects:     f.SideEffects,
 		FunctionVersion: f.Version,
+		DeferLoading:    f.DeferLoading,
 		UpdatedAt:       now.UTC(),
 	}
 }

@@ -25,8 +25,12 @@ type FunctionSpec struct {
 	// SideEffects marks a function that must never run twice for a call.
 	SideEffects bool `json:"side_effects,omitempty"`
 	// FunctionVersion is the team's own version label of the implementation.
-	FunctionVersion string    `json:"function_version,omitempty"`
-	UpdatedAt       time.Time `json:"updated_at"`
+	FunctionVersion string `json:"function_version,omitempty"`
+	// DeferLoading marks a function whose definition the agent loads on
+	// demand (through a tool_search tool) instead of carrying it in every
+	// request, for platforms that support it.
+	DeferLoading bool      `json:"defer_loading,omitempty"`
+	UpdatedAt    time.Time `json:"updated_at"`
 }
 
 // Validate reports whether s is complete.

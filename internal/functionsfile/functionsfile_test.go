@@ -1,32 +1,26 @@
-package main
+package functionsfile
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/toolrelay/toolrelay/internal/testutil"
 )
 
-func writeFile(t *testing.T, body string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "functions.yaml")
-	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func TestLoadConfigAcceptsTheExample(t *testing.T) {
-	teams, err := loadConfig("../../testdata/functions.yaml")
+func TestLoadAcceptsTheExample(t *testing.T) {
+	teams, err := Load("../../testdata/functions.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fns := teams["orders"]; len(fns) != 2 || fns[0].Name != "get_order_status" || fns[0].Timeout.String() != "10s" || fns[0].Concurrency != 4 {
 		t.Errorf("orders = %+v", fns)
 	}
+	if fns := teams["orders"]; len(fns) == 2 && (fns[0].DeferLoading || !fns[1].DeferLoading) {
+		t.Errorf("defer_loading: get_order_status %v, get_shipping_eta %v; want false, true", fns[0].DeferLoading, fns[1].DeferLoading)
+	}
 }
 
-func TestLoadConfigErrorsNameFileAndField(t *testing.T) {
+func TestLoadErrorsNameFileAndField(t *testing.T) {
 	const ok = "    owner: t\n    command: [\"cat\"]\n"
 	tests := map[string]struct {
 		body string
@@ -45,11 +39,12 @@ func TestLoadConfigErrorsNameFileAndField(t *testing.T) {
 		"empty list":        {"functions: []\n", []string{"empty"}},
 		"bad backoff":       {"functions:\n  - name: f\n    retry: {max_attempts: 3, max_backoff: never}\n" + ok, []string{"retry.max_backoff", "never"}},
 		"empty file":        {"", []string{"empty"}},
+		"bad defer_loading": {"functions:\n  - name: f\n    defer_loading: sometimes\n" + ok, []string{"sometimes"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			path := writeFile(t, tc.body)
-			_, err := loadConfig(path)
+			path := testutil.WriteFile(t, "functions.yaml", tc.body)
+			_, err := Load(path)
 			if err == nil {
 				t.Fatal("accepted")
 			}

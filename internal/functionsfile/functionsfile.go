@@ -1,16 +1,14 @@
-package main
+// Package functionsfile reads a team's functions file: the YAML (or JSON)
+// list of functions that `executor -config` and `dispatcher dev` serve,
+// each run as a command or forwarded to an HTTP endpoint.
+package functionsfile
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
+	"github.com/toolrelay/toolrelay/internal/yamlfile"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -30,6 +28,7 @@ type functionConfig struct {
 	MaxConcurrency int            `yaml:"max_concurrency"`
 	SideEffects    bool           `yaml:"side_effects"`
 	Version        string         `yaml:"version"`
+	DeferLoading   bool           `yaml:"defer_loading"`
 	Retry          *retryConfig   `yaml:"retry"`
 	Command        []string       `yaml:"command"`
 	HTTP           *httpConfig    `yaml:"http"`
@@ -45,22 +44,13 @@ type httpConfig struct {
 	URL string `yaml:"url"`
 }
 
-// loadConfig reads a functions file. Unknown keys, a bad schema, a bad or
+// Load reads a functions file. Unknown keys, a bad schema, a bad or
 // duplicate name: the error names the file and the field, and nothing runs.
-// Functions are grouped by owning team.
-func loadConfig(path string) (map[string][]exec.Function, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
+// Functions are grouped by owning team, in the file's order.
+func Load(path string) (map[string][]exec.Function, error) {
 	var fc fileConfig
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&fc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: the file is empty; it needs a functions: list", path)
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if err := yamlfile.Decode(path, &fc, "functions"); err != nil {
+		return nil, err
 	}
 	if len(fc.Functions) == 0 {
 		return nil, fmt.Errorf("%s: functions: the list is empty", path)
@@ -101,6 +91,7 @@ func (f *functionConfig) function(where string) (exec.Function, error) {
 	fn := exec.Function{
 		Name: f.Name, Description: f.Description, Concurrency: f.Concurrency,
 		MaxConcurrency: f.MaxConcurrency, SideEffects: f.SideEffects, Version: f.Version,
+		DeferLoading: f.DeferLoading,
 	}
 	if f.Timeout != "" {
 		if fn.Timeout, err = time.ParseDuration(f.Timeout); err != nil || fn.Timeout <= 0 {

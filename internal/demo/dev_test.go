@@ -1,0 +1,216 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+)
+
+// copyTestdata copies testdata files into a directory the test may edit.
+func copyTestdata(t *testing.T, names ...string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	var paths []string
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join("../../testdata", n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, n)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	return paths
+}
+
+// devLoop runs RunDev until the test ends and returns its output and its
+// HTTP address once the scenarios were played the first time.
+func devLoop(t *testing.T, opts DevOptions) (*testutil.Buffer, string, <-chan error) {
+	t.Helper()
+	out := &testutil.Buffer{}
+	ready := make(chan string, 1)
+	opts.Out, opts.HTTPAddr, opts.NATSListen = out, "127.0.0.1:0", "127.0.0.1:0"
+	opts.PollInterval, opts.Timeout = 20*time.Millisecond, 30*time.Second
+	opts.Ready = func(addr string) { ready <- addr }
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- RunDev(ctx, opts) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("RunDev did not return within 30s of its context ending")
+		}
+	})
+	select {
+	case addr := <-ready:
+		return out, addr, done
+	case err := <-done:
+		t.Fatalf("RunDev returned before it was ready: %v\n%s", err, out.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("not ready within 60s:\n%s", out.String())
+	}
+	return nil, "", nil
+}
+
+func playAgain(t *testing.T, addr, scenario string) (int, []PlayResult) {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+"/dev/play?scenario="+scenario, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var res []PlayResult
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, res
+}
+
+// The example files, played at start through the simulator, the
+// dispatcher and executors running the file's commands: every scenario's
+// answer, calls and traces are printed; /dev/play plays one again.
+func TestDevPlaysTheScenariosAndAgainOnRequest(t *testing.T) {
+	paths := copyTestdata(t, "dev-functions.yaml", "scenarios.yaml")
+	out, addr, _ := devLoop(t, DevOptions{FunctionsFile: paths[0], ScenariosFile: paths[1]})
+	got := out.String()
+	for _, want := range []string{
+		"[responses] order-status", "[agents] two-orders", "[assistants] refund",
+		"Calling get_order_status...", "Calling get_shipping_eta...", "Calling issue_refund...",
+		"answer: Order A-1001 is shipped with ups, arriving 2026-12-03.",
+		"answer: A-1001 is shipped; A-1002 is packing.",
+		"answer: refund of 500 cents issued",
+		"turn submitted: 2 call(s)", "execute_tool get_shipping_eta", "submit assistants",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	status, res := playAgain(t, addr, "two-orders")
+	if status != http.StatusOK || len(res) != 1 {
+		t.Fatalf("/dev/play?scenario=two-orders: %d %+v", status, res)
+	}
+	r := res[0]
+	if r.Answer != "A-1001 is shipped; A-1002 is packing." || r.Platform != "agents" || len(r.Calls) != 2 || len(r.Traces) != 1 || r.Error != "" {
+		t.Errorf("played again: %+v", r)
+	}
+	for _, c := range r.Calls {
+		if c.Function != "get_order_status" || c.Result != "ok" || !strings.Contains(c.Output, `"status"`) {
+			t.Errorf("call %+v", c)
+		}
+	}
+	if status, _ := playAgain(t, addr, "no-such-scenario"); status != http.StatusNotFound {
+		t.Errorf("/dev/play of an unknown scenario: %d, want 404", status)
+	}
+	if t.Failed() {
+		t.Log(out.String())
+	}
+}
+
+// Saving the functions file with a mistake prints the error and keeps the
+// running executors; saving a valid change restarts them and plays the
+// scenarios again with the new functions.
+func TestDevReloadsTheFunctionsFile(t *testing.T) {
+	paths := copyTestdata(t, "dev-functions.yaml", "scenarios.yaml")
+	out, addr, _ := devLoop(t, DevOptions{FunctionsFile: paths[0], ScenariosFile: paths[1]})
+	orig, err := os.ReadFile(paths[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bad := strings.Replace(string(orig), "    timeout: 10s\n", "    timeout: 10s\n    colour: blue\n", 1)
+	if err := os.WriteFile(paths[0], []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool { return strings.Contains(out.String(), "not valid") })
+	if got := out.String(); !strings.Contains(got, paths[0]) || !strings.Contains(got, "colour") {
+		t.Errorf("the refused change's error does not name the file and the field:\n%s", got)
+	}
+	if _, res := playAgain(t, addr, "order-status"); len(res) != 1 || !strings.Contains(res[0].Answer, "is shipped") {
+		t.Errorf("after a bad change the old functions should serve: %+v", res)
+	}
+
+	good := strings.Replace(string(orig), `\"status\":\"shipped\"`, `\"status\":\"delivered\"`, 1)
+	if good == string(orig) {
+		t.Fatal("the example's get_order_status changed; update this test")
+	}
+	mark := len(out.String())
+	if err := os.WriteFile(paths[0], []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Every scenario plays again, the first with the new output.
+	testutil.WaitFor(t, 30*time.Second, func() bool {
+		got := out.String()[mark:]
+		return strings.Contains(got, "answer: Order A-1001 is delivered with ups") && strings.Contains(got, "answer: refund of 500 cents issued")
+	})
+	if got := out.String()[mark:]; !strings.Contains(got, "changed: reloading") {
+		t.Errorf("after the change:\n%s", got)
+	}
+}
+
+// Without a scenarios file each function is called once with arguments
+// made up from its schema; one the made-up arguments do not satisfy shows
+// the message the model gets.
+func TestDevDefaultScenarios(t *testing.T) {
+	paths := copyTestdata(t, "dev-functions.yaml")
+	out, _, _ := devLoop(t, DevOptions{FunctionsFile: paths[0]})
+	got := out.String()
+	for _, want := range []string{
+		"[responses] get_order_status", "[responses] get_shipping_eta", "[responses] issue_refund",
+		`answer: get_shipping_eta returned: {"eta":"2026-12-03"}`,
+		"answer: issue_refund returned: refund of 500 cents issued",
+		"invalid_arguments", "does not match pattern",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(got)
+	}
+}
+
+func TestDevRefusesABadFileAtStart(t *testing.T) {
+	p := testutil.WriteFile(t, "functions.yaml", "functions:\n  - name: f\n    owner: t\n")
+	err := RunDev(t.Context(), DevOptions{FunctionsFile: p, Out: &bytes.Buffer{}, HTTPAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0"})
+	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "command") {
+		t.Errorf("RunDev with a function without implementation: %v", err)
+	}
+}
+
+func TestUndeclaredFunctionsAreWarnedOf(t *testing.T) {
+	teams := map[string][]exec.Function{"orders": {{Name: "get_order_status"}}}
+	scenarios := []platformsim.Scenario{{Name: "s", Steps: []platformsim.Step{{{Name: "get_order_status"}, {Name: "get_invoice"}}, {{Name: "get_invoice"}}}}}
+	got := undeclared(teams, scenarios)
+	if len(got) != 1 || !strings.Contains(got[0], "scenario s calls get_invoice") {
+		t.Errorf("undeclared = %q, want one warning about get_invoice", got)
+	}
+}
+
+func TestExampleArguments(t *testing.T) {
+	tests := []struct{ schema, want string }{
+		{`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer","minimum":3}},"required":["a","b"]}`, `{"a":"example","b":3}`},
+		{`{"type":"object","properties":{"c":{"enum":["ups","dhl"]},"d":{"type":"string","examples":["A-1"]}}}`, `{"c":"ups","d":"A-1"}`},
+		{`{"type":"object","properties":{"o":{"type":"object","properties":{"x":{"type":"boolean"}}},"l":{"type":"array","items":{"type":"number"}}},"required":["o","l"]}`, `{"l":[1],"o":{"x":true}}`},
+		{`{"type":"object","properties":{"when":{"type":"string","format":"date"},"opt":{"type":"string"}},"required":["when"]}`, `{"when":"2026-01-01"}`},
+		{`{"type":"object","properties":{"t":{"type":"string","default":"{{x}}"}},"required":["t"]}`, `{"t":"{{"{{"}}x}}"}`},
+	}
+	for _, tc := range tests {
+		if got := exampleArguments([]byte(tc.schema)); got != tc.want {
+			t.Errorf("exampleArguments(%s) = %s, want %s", tc.schema, got, tc.want)
+		}
+	}
+}
