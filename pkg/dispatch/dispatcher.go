@@ -452,10 +452,14 @@ func (d *Dispatcher) background(f func(context.Context)) bool {
 // resume sweeps once at start (a restart finds what it left open), then
 // every SweepInterval.
 func (d *Dispatcher) resume(ctx context.Context) {
-	d.sweep(ctx, true)
+	// The startup sweep runs in the background, after Run reports ready:
+	// with thousands of turns open it takes a while, and a replica that can
+	// take new turns should say so meanwhile (found by the soak: a restart
+	// under load was not ready within a minute).
 	d.background(func(bctx context.Context) {
 		ctx, stop := d.withRunContext(bctx)
 		defer stop()
+		d.sweep(ctx, true)
 		for ctx.Err() == nil {
 			backoff.Sleep(ctx, backoff.Jitter(d.opts.SweepInterval))
 			if ctx.Err() == nil {

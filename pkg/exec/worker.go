@@ -36,6 +36,58 @@ type worker struct {
 	handler   Handler
 	tel       *telemetry
 	log       *slog.Logger
+	// running holds the calls this process runs now, each closed when its
+	// run ends: a redelivery of one of them waits instead of running it a
+	// second time beside the first.
+	runningMu sync.Mutex
+	running   map[protocol.CallKey]chan struct{}
+}
+
+// claim records that this process runs key, returning the release that
+// ends the claim, or the channel of the run already under way.
+func (w *worker) claim(key protocol.CallKey) (release func(), busy <-chan struct{}) {
+	w.runningMu.Lock()
+	defer w.runningMu.Unlock()
+	if ch, ok := w.running[key]; ok {
+		return nil, ch
+	}
+	if w.running == nil {
+		w.running = map[protocol.CallKey]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	w.running[key] = ch
+	return func() {
+		w.runningMu.Lock()
+		delete(w.running, key)
+		w.runningMu.Unlock()
+		close(ch)
+	}, nil
+}
+
+// awaitOwnRun settles a redelivery of a call this process is still running
+// (it was stalled past its ack wait, say): it keeps the delivery alive
+// until that run ends, then acknowledges it if the run recorded a result
+// and hands it back otherwise, so the call is never run twice at once by
+// one process.
+func (w *worker) awaitOwnRun(ctx context.Context, d decision, busy <-chan struct{}) {
+	d.log.Info("redelivered while this process still runs it; waiting for that run")
+	tick := time.NewTicker(w.e.opts.AckWait / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-busy:
+			if w.resultRecorded(ctx, d.call) {
+				_ = d.msg.Ack()
+			} else {
+				_ = d.msg.Nak()
+			}
+			return
+		case <-tick.C:
+			_ = d.msg.InProgress()
+		case <-ctx.Done():
+			return // shutting down: redelivered later
+		}
+	}
 }
 
 func (w *worker) serve(ctx, hctx context.Context) error {
@@ -163,6 +215,12 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
+	release, busy := w.claim(call.Key)
+	if busy != nil {
+		w.awaitOwnRun(ctx, d, busy)
+		return
+	}
+	defer release()
 	now := time.Now()
 	if replay == 0 && w.cancels.cancelled(call.Key.Turn()) {
 		d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
