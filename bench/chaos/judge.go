@@ -256,7 +256,7 @@ func (r *result) writeReport(path string) error {
 	b.WriteString("Written by `cd bench && go run ./chaos " + r.flags() + "` (the soak's own\nreport; run it again with the same seed to replay the fault schedule).\n\n")
 	b.WriteString("## Topology\n\n")
 	b.WriteString("- three `nats-server` processes (built from the module), a JetStream cluster configured by\n  `dispatcher nats-config -cluster 3` with an account per team, `sync_interval: always`, every\n  stream and bucket R3;\n")
-	b.WriteString("- two dispatcher processes; executors of two teams, `orders` (2) and `billing` (2), each in\n  its own account; the platform simulator playing Agents sessions, Assistants runs (a quarter\n  of them expiring 30 s after creation, the rest 90 s) and Responses chains;\n")
+	b.WriteString("- two dispatcher processes; executors of two teams, `orders` (two functions-file executors\n  and a Go one) and `billing` (two), each team in its own account; the platform simulator\n  playing Agents sessions (half of them reaching the dispatchers by signed webhooks alone),\n  Assistants runs (half of them expiring 30 s after creation, the rest 90 s), Responses\n  chains, and MCP `tools/call` through `/mcp`;\n")
 	b.WriteString("- functions: `charge` (HTTP, side effects), `lookup` and `slow` (commands), `quote`\n  (command), `flaky` (HTTP answering 503 to a third of attempts: retried), `refuse` (a\n  command failing: the model reads the error), and from a Go executor built on `pkg/exec`,\n  `refund` (side effects, with a `Reconcile` hook that asks the effect log) and `tally`.\n\n")
 	fmt.Fprintf(&b, "Seed **%d**; %s of load at %.1f conversations/s, a fault every %s on average; %s in all.\n\n",
 		r.seed, r.cfg.duration, r.cfg.rate, r.cfg.faults, r.elapsed.Round(time.Second))
