@@ -41,6 +41,12 @@ func (d *Dispatcher) serveDeclarations(ctx context.Context) (stop func(), err er
 	if err != nil {
 		return nil, err
 	}
+	// Ready means executors can declare: the server must have the
+	// subscription before Run says so, not merely this client.
+	if err := d.js.Conn().FlushTimeout(declareTimeout); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
 	return func() { _ = sub.Drain() }, nil
 }
 
