@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
+	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -247,7 +248,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("dispatch: Run called twice")
 	}
-	err := d.provisionWhenReady(ctx)
+	// A dispatcher started with its servers waits for JetStream to answer.
+	err := jsretry.UntilReady(ctx, d.log, "provisioning", d.provision)
 	if ctx.Err() != nil {
 		return nil // stopped while starting: a clean stop
 	}
@@ -320,28 +322,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.ready.Store(false)
 	d.log.InfoContext(ctx, "dispatcher stopping: no new work; open turns are left to other replicas or the restart")
 	return nil
-}
-
-// provisionWhenReady provisions, waiting while JetStream cannot answer yet
-// (a cluster electing its leaders, servers restarting): a dispatcher
-// started with its servers waits for them, as it waits to connect. Other
-// errors, and ctx ending, end the wait; ctx ending is not an error.
-func (d *Dispatcher) provisionWhenReady(ctx context.Context) error {
-	retry := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 5 * time.Second}
-	for {
-		err := d.provision(ctx)
-		if err == nil || !mayPass(err) {
-			return err
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		wait := retry.Next()
-		d.log.Warn("JetStream not ready yet; provisioning again", "err", err, "in", wait.String())
-		if !backoff.Sleep(ctx, wait) {
-			return nil
-		}
-	}
 }
 
 // provision creates (or checks) the streams and buckets the dispatchers

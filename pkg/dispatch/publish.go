@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -88,7 +89,7 @@ func callPubOpts(t *Turn, c *TurnCall) []jetstream.PublishOpt {
 // retry of a publish that did land a no-op. It returns nil once the call
 // is stored.
 func (d *Dispatcher) republish(ctx context.Context, t *Turn, c *TurnCall, msg *nats.Msg, first error) error {
-	if !mayPass(first) {
+	if !jsretry.MayPass(first) {
 		return first // a full queue, a call too large: retrying cannot help
 	}
 	ctx, cancel := context.WithDeadline(ctx, t.Deadline)

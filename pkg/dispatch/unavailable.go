@@ -4,42 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
+	"github.com/toolrelay/toolrelay/internal/jsretry"
 )
-
-// errCodeDuplicateInProcess is the server's JSStreamDuplicateMessageConflict
-// ("duplicate message id is in process"), which nats.go does not name.
-const errCodeDuplicateInProcess jetstream.ErrorCode = 10158
 
 // unavailableRetryFor bounds how long an operation is retried while
 // JetStream is unavailable: long enough for a stream to elect a new leader.
 const unavailableRetryFor = 10 * time.Second
-
-// mayPass reports whether a JetStream failure may pass by itself: a request
-// timed out or found no responder (a server went away), the server
-// answered that it is temporarily unavailable (a leader is being elected),
-// or too many publications await their acknowledgement. Anything else (a
-// full queue, a message too large, a refused compare-and-set) will not.
-func mayPass(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		// A publication whose message ID another one, still in flight,
-		// carries (a duplicate intake publishing a turn's calls again)
-		// passes as soon as that one is stored: tried again, it is a
-		// duplicate, which is success.
-		return apiErr.Code == http.StatusServiceUnavailable || apiErr.ErrorCode == errCodeDuplicateInProcess
-	}
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
-		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
-		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected)
-}
 
 // ackTimeout bounds the wait for a publication's acknowledgement.
 const ackTimeout = 5 * time.Second
@@ -81,7 +56,7 @@ func whileUnavailable[T any](ctx context.Context, within time.Duration, op func(
 		actx, cancel := context.WithTimeout(ctx, unavailableAttemptTimeout)
 		v, err := op(actx)
 		cancel()
-		if err == nil || !mayPass(err) || errors.Is(ctx.Err(), context.Canceled) {
+		if err == nil || !jsretry.MayPass(err) || errors.Is(ctx.Err(), context.Canceled) {
 			return v, err
 		}
 		wait := retry.Next()

@@ -3,7 +3,6 @@ package dispatch
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,42 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
-
-func TestMayPassTellsFailoverFromRefusal(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		want bool
-	}{
-		{nats.ErrTimeout, true},
-		{nats.ErrNoResponders, true},
-		{fmt.Errorf("get: %w", context.DeadlineExceeded), true},
-		{jetstream.ErrNoStreamResponse, true},
-		{jetstream.ErrTooManyStalledMsgs, true},
-		{jetstream.ErrAsyncPublishTimeout, true},
-		{nats.ErrDisconnected, true},
-		{&jetstream.APIError{Code: http.StatusInternalServerError, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
-		{&jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jetstream.JSErrCodeStreamMessageExceedsMaximum}, false},
-		{&jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
-		// The server's own code, by its name there.
-		{&jetstream.APIError{Code: http.StatusConflict, ErrorCode: jetstream.ErrorCode(server.JSStreamDuplicateMessageConflict), Description: "duplicate message id is in process"}, true},
-		{&jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}, false},
-		{jetstream.ErrKeyNotFound, false},
-		{context.Canceled, false},
-		{errors.New("permission denied"), false},
-	} {
-		if got := mayPass(tc.err); got != tc.want {
-			t.Errorf("mayPass(%v) = %v, want %v", tc.err, got, tc.want)
-		}
-	}
-}
 
 func TestWhileUnavailableRetriesUntilTheStoreIsBack(t *testing.T) {
 	attempts := 0
@@ -156,7 +127,7 @@ func (lostAck) Msg() *nats.Msg               { return nil }
 // failure that may pass, so the publication is retried instead of hanging.
 func TestAwaitAckGivesUpOnALostAcknowledgement(t *testing.T) {
 	_, err := awaitAck(context.Background(), lostAck{}, time.Now().Add(-ackTimeout))
-	if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) || !mayPass(err) {
+	if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) || !jsretry.MayPass(err) {
 		t.Fatalf("lost acknowledgement: %v; want ErrAsyncPublishTimeout, which may pass", err)
 	}
 }

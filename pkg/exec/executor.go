@@ -10,12 +10,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/toolrelay/toolrelay/internal/backoff"
+	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -148,11 +147,21 @@ func (e *Executor) Run(ctx context.Context) error {
 		return errors.New("exec: no functions registered")
 	}
 
-	workers, stopCancels, err := e.setUpWhenReady(ctx, funcs)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while starting
+	// Set up, waiting while JetStream cannot answer yet (a cluster
+	// electing leaders), as Connect waits for the servers themselves.
+	var workers []*worker
+	var stopCancels func()
+	err := jsretry.UntilReady(ctx, e.log, "setting up", func(ctx context.Context) (err error) {
+		workers, stopCancels, err = e.setUp(ctx, funcs)
+		return err
+	})
+	if ctx.Err() != nil {
+		if stopCancels != nil {
+			stopCancels()
 		}
+		return nil // stopped while starting
+	}
+	if err != nil {
 		return err
 	}
 	defer stopCancels()
@@ -238,34 +247,6 @@ func (e *Executor) Run(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// setUpWhenReady is setUp, tried again while JetStream cannot answer yet
-// (a cluster electing leaders, a server restarting), as Connect waits for
-// the servers themselves.
-func (e *Executor) setUpWhenReady(ctx context.Context, funcs []*Function) ([]*worker, func(), error) {
-	retry := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 5 * time.Second}
-	for {
-		workers, stop, err := e.setUp(ctx, funcs)
-		if err == nil || !notReady(err) || ctx.Err() != nil {
-			return workers, stop, err
-		}
-		wait := retry.Next()
-		e.log.Warn("JetStream not ready yet; setting up again", "err", err, "in", wait.String())
-		if !backoff.Sleep(ctx, wait) {
-			return nil, nil, ctx.Err()
-		}
-	}
-}
-
-// notReady reports whether err says JetStream could not answer yet.
-func notReady(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.Code == 503
-	}
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 // setUp provisions what the team keeps in its own account (its call
