@@ -149,14 +149,7 @@ func (f *fleet) mcpCorpus(ctx context.Context, base string) []corpusResult {
 // subjects and malformed declarations.
 func (f *fleet) natsCorpus(ctx context.Context) []corpusResult {
 	var out []corpusResult
-	env, _ := readEnv(filepath.Join(f.dir, "conf", "orders.env"))
-	seed := ""
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "NATS_NKEY="); ok {
-			seed = v
-		}
-	}
-	auth, err := nats.NkeyOptionFromSeed(seed)
+	auth, err := f.auth("orders")
 	if err != nil {
 		return []corpusResult{{door: "NATS as orders", input: "connect", got: err.Error()}}
 	}

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/tenancy"
 )
@@ -450,6 +452,21 @@ func waitLog(ctx context.Context, path, text string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// auth is the NATS credential of a user of the generated configuration
+// (dispatcher, or a team), from its env file.
+func (f *fleet) auth(user string) (nats.Option, error) {
+	env, err := readEnv(filepath.Join(f.dir, "conf", user+".env"))
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range env {
+		if seed, ok := strings.CutPrefix(kv, "NATS_NKEY="); ok {
+			return nats.NkeyOptionFromSeed(seed)
+		}
+	}
+	return nil, fmt.Errorf("%s.env has no NATS_NKEY", user)
 }
 
 // readEnv reads KEY=VALUE lines of an env file the generator wrote.

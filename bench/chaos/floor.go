@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -25,17 +24,7 @@ type floorResult struct {
 }
 
 func (f *fleet) measureFloor(ctx context.Context, d time.Duration, inFlight int) (*floorResult, error) {
-	env, err := readEnv(filepath.Join(f.dir, "conf", "dispatcher.env"))
-	if err != nil {
-		return nil, err
-	}
-	var seed string
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "NATS_NKEY="); ok {
-			seed = v
-		}
-	}
-	auth, err := nats.NkeyOptionFromSeed(seed)
+	auth, err := f.auth("dispatcher")
 	if err != nil {
 		return nil, err
 	}

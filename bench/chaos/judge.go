@@ -100,7 +100,7 @@ func judge(ctx context.Context, f *fleet, l *load, timeout time.Duration) *resul
 		}
 		time.Sleep(500 * time.Millisecond) // polling the ledger; the deadline bounds the wait
 	}
-	res.ledger, res.effects = f.sim.Ledger(), f.effects.runs()
+	res.ledger, res.effects = f.sim.Ledger(), f.effects.effects()
 	return res
 }
 

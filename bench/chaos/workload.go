@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -90,38 +91,32 @@ var prompts = []string{"chaos pay", "chaos mixed", "chaos refund"}
 // effectLog is the side-effect function's own record: each run of charge,
 // by call ID, as the function saw it (not as toolrelay reports it).
 type effectLog struct {
-	mu       sync.Mutex
-	charged  map[string]int
-	refunded map[string]int
-	flakyN   atomic.Int64
+	mu     sync.Mutex
+	runs   map[string]int // call ID → effects (call IDs are unique across functions)
+	flakyN atomic.Int64
 }
 
-func newEffectLog() *effectLog {
-	return &effectLog{charged: map[string]int{}, refunded: map[string]int{}}
-}
+func newEffectLog() *effectLog { return &effectLog{runs: map[string]int{}} }
 
 func (l *effectLog) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /charge", func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("Toolrelay-Call-Id")
-		l.mu.Lock()
-		l.charged[id]++
-		l.mu.Unlock()
-		fmt.Fprintf(w, "charged %s", id)
-	})
-	// refund is the Go side-effect function's effect; its Reconcile hook
-	// asks GET /refunded whether one happened.
-	mux.HandleFunc("POST /refund", func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("Toolrelay-Call-Id")
-		l.mu.Lock()
-		l.refunded[id]++
-		l.mu.Unlock()
-		fmt.Fprintf(w, "refunded %s", id)
-	})
+	// charge (HTTP) and refund (Go) have the effect; refund's Reconcile
+	// hook asks GET /refunded whether one happened.
+	effect := func(done string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			id := r.Header.Get("Toolrelay-Call-Id")
+			l.mu.Lock()
+			l.runs[id]++
+			l.mu.Unlock()
+			fmt.Fprintf(w, "%s %s", done, id)
+		}
+	}
+	mux.HandleFunc("POST /charge", effect("charged"))
+	mux.HandleFunc("POST /refund", effect("refunded"))
 	mux.HandleFunc("GET /refunded", func(w http.ResponseWriter, r *http.Request) {
 		id := r.URL.Query().Get("id")
 		l.mu.Lock()
-		n := l.refunded[id]
+		n := l.runs[id]
 		l.mu.Unlock()
 		if n == 0 {
 			http.NotFound(w, r)
@@ -139,19 +134,11 @@ func (l *effectLog) handler() http.Handler {
 	return mux
 }
 
-// runs returns the effects by call ID (charge's and refund's; call IDs
-// are unique across functions).
-func (l *effectLog) runs() map[string]int {
+// effects returns the effects by call ID.
+func (l *effectLog) effects() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[string]int, len(l.charged)+len(l.refunded))
-	for k, v := range l.charged {
-		out[k] = v
-	}
-	for k, v := range l.refunded {
-		out[k] += v
-	}
-	return out
+	return maps.Clone(l.runs)
 }
 
 // faultyPlatform answers the dispatchers with 429 or 500 while told to;
