@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"syscall"
@@ -14,6 +15,7 @@ type faultKind string
 const (
 	killDispatcher  faultKind = "kill -9 dispatcher"
 	termDispatcher  faultKind = "SIGTERM dispatcher (restart)"
+	rollDispatchers faultKind = "rolling restart of every dispatcher (SIGTERM, one by one)"
 	killExecutor    faultKind = "kill -9 executor"
 	termExecutor    faultKind = "SIGTERM executor (restart)"
 	stallExecutor   faultKind = "SIGSTOP executor past its ack wait"
@@ -22,7 +24,7 @@ const (
 	platformDown    faultKind = "platform answers 500"
 )
 
-var faultKinds = []faultKind{killDispatcher, termDispatcher, killExecutor, termExecutor, stallExecutor, killNode, platformLimited, platformDown}
+var faultKinds = []faultKind{killDispatcher, termDispatcher, rollDispatchers, killExecutor, termExecutor, stallExecutor, killNode, platformLimited, platformDown}
 
 // faultRecord is one injected fault, for the report.
 type faultRecord struct {
@@ -80,13 +82,25 @@ func (f *fleet) inject(ctx context.Context, rng *rand.Rand, rec *faultRecord) {
 			rec.err = fmt.Errorf("%s did not exit 0 on SIGTERM within 20s (exit %d)", p.name, p.exitCode())
 		}
 		time.Sleep(down) // the outage itself
-		rec.recovered, rec.err = p.restart(ctx)
+		back, err := p.restart(ctx)
+		rec.recovered, rec.err = back, errors.Join(rec.err, err) // an unclean exit is not masked by a good restart
 	}
 	switch rec.kind {
 	case killDispatcher:
 		restart(pick(f.dispatchers), syscall.SIGKILL)
 	case termDispatcher:
 		restart(pick(f.dispatchers), syscall.SIGTERM)
+	case rollDispatchers:
+		// As a deploy does: each replica stopped and back before the next.
+		var stop, back time.Duration
+		for _, d := range f.dispatchers {
+			restart(d, syscall.SIGTERM)
+			stop, back = stop+rec.stopTook, back+rec.recovered
+			if rec.err != nil {
+				break
+			}
+		}
+		rec.target, rec.stopTook, rec.recovered = "every dispatcher", stop, back
 	case killExecutor:
 		restart(pick(f.executors), syscall.SIGKILL)
 	case termExecutor:
