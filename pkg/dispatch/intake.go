@@ -66,15 +66,13 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		span.SetAttributes(attrOutcome.String("duplicate"))
 		span.End() // another channel or replica took it in
 		existing, _, err := d.turns.get(ctx, key)
-		if err == nil && existing.State == TurnCollecting && time.Since(existing.CreatedAt) >= ackTimeout {
+		if err == nil && existing.State == TurnCollecting {
 			// Whoever recorded it may not have published its calls: an
 			// intake whose record was stored but whose acknowledgement was
-			// lost in a failover fails (after ackTimeout), and its retry
-			// lands here. Calls carry their key as message ID, so
-			// publishing them again is dropped by the server wherever the
-			// first publication got through. A duplicate sooner than that
-			// is another channel seeing the same action while the first
-			// intake is still publishing: it publishes nothing more.
+			// lost in a failover fails, and its retry lands here. Calls
+			// carry their key as message ID, so publishing them again is
+			// dropped by the server wherever the first publication got
+			// through.
 			d.publishCalls(ctx, existing, nil)
 		}
 		return existing, err
