@@ -251,11 +251,18 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 				return nil, obs, nil
 			}
 			if err == nil && obs.State == ObjectDone {
-				// Make sure it is not our own submission that finished it.
-				if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
+				// Make sure it is not our own submission that finished it:
+				// a turn still submitting (its submitted mark not yet
+				// stored, as during a failover) or unreadable now is waited
+				// for; only a turn nobody began to submit means the run
+				// finished without its results.
+				t, _, err := d.turns.get(ctx, key)
+				switch {
+				case err == nil && closed(t):
 					return t, nil, nil
+				case err == nil && t.State == TurnCollecting:
+					return nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
 				}
-				return nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
 			}
 			poll.Reset(polls.Next())
 		case <-ctx.Done():
