@@ -55,7 +55,25 @@ func (d *Dispatcher) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	d.routeInspect(mux)
-	return d.guard(mux)
+	return d.guard(d.whenReady(mux))
+}
+
+// whenReady answers 503 (with Retry-After) to every request but the health
+// checks until Run is ready: before that the streams and buckets the
+// handlers use may not be provisioned yet (JetStream still electing its
+// leaders), and after Run stops they are no longer served. Found by the
+// soak: a webhook or an MCP call reaching a dispatcher restarted under load
+// dereferenced a bucket not yet set up.
+func (d *Dispatcher) whenReady(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !d.Ready() && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]string{
+				"message": "the dispatcher is starting or stopping; try again in a moment"}})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // watchRequest is the body of POST /v1/watch. "agent" is a Foundry agent
