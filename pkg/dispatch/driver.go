@@ -171,8 +171,15 @@ func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Wa
 	key := req.Key()
 	for _, k := range w.Turns {
 		if k == key {
-			t, _, err := d.turns.get(ctx, key)
+			t, rev, err := d.turns.get(ctx, key)
 			if err == nil {
+				if t.State == TurnCollecting && !d.gather.tracking(key) {
+					// A driver taking over from a replica that stopped
+					// mid-intake: the turn is recorded but its calls may
+					// never have gone out. Resume it now rather than wait
+					// for the sweep to find it stuck.
+					d.resumeTurn(ctx, t, rev)
+				}
 				return t, false, nil
 			}
 			if !errors.Is(err, jetstream.ErrKeyNotFound) {

@@ -34,6 +34,9 @@ func (l *limiter) team(name string) chan struct{} {
 // acquire waits for a slot of team's and then a global one; release gives
 // both back.
 func (l *limiter) acquire(ctx context.Context, team string) (release func(), err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // stopping: a free slot must not win the select by chance
+	}
 	t := l.team(team)
 	select {
 	case t <- struct{}{}:

@@ -99,6 +99,48 @@ func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
 	}
 }
 
+// A replica stopped between recording a turn and publishing its calls
+// hands the watch over, and the replica that drives it next sends the
+// calls out itself instead of leaving the turn to the sweep, which only
+// touches turns old enough to look stuck. (Whether the stop beats the
+// publication is a race: without the resumption this fails about half the
+// time, never with it.)
+func TestAWatchTakenOverMidIntakeSendsItsCalls(t *testing.T) {
+	e := newEnv(t, weatherScenario("midintake", "mid-intake weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	var ran atomic.Int32
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) {
+		ran.Add(1)
+		return "sunny", false
+	})
+	d2, _ := e.dispatcher(dispatch.Options{SweepInterval: 200 * time.Millisecond})
+	var logs testutil.Buffer
+	d1, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { return p }, &logs, dispatch.Options{})
+	var once sync.Once
+	crashpoint.Set(func(point, _ string) {
+		if point == crashpoint.Intake {
+			once.Do(cancel) // stop with the turn recorded, its calls not yet out
+		}
+	})
+	t.Cleanup(func() { crashpoint.Set(nil) })
+	w, err := d1.Watch(context.Background(), e.response("mid-intake weather"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	crashpoint.Set(nil)
+	w = awaitWatch(t, d2, w.ID, 10*time.Second) // well inside the sweep's stuck age
+	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
+		t.Fatalf("after the handover: watch %s %q %s", w.State, w.Answer, w.Error)
+	}
+
+	if n := ran.Load(); n != 1 {
+		t.Errorf("the call ran %d times, want once", n)
+	}
+}
+
 // stopOnAction is a platform whose required action, once a watch's driver
 // polls it, stops the dispatcher: the poll returns it only once the
 // driver's context has ended, as when SIGTERM arrives while a turn is being
