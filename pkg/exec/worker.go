@@ -276,7 +276,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 // call. It reports whether the handler should run now; when not, it has
 // dealt with the delivery.
 func (w *worker) guardSideEffects(ctx context.Context, d decision, now time.Time) bool {
-	may, err := w.attempts.mayHaveRun(ctx, d.call.Key)
+	may, rev, err := w.attempts.mayHaveRun(ctx, d.call.Key)
 	if err != nil {
 		d.log.Warn("cannot tell whether an earlier attempt ran; retrying later", "err", err)
 		_ = d.msg.NakWithDelay(time.Second)
@@ -300,7 +300,14 @@ func (w *worker) guardSideEffects(ctx context.Context, d decision, now time.Time
 		}
 		d.log.Info("reconcile found no effect; running the call")
 	}
-	if err := w.attempts.mark(ctx, d.call.Key, attemptRunning, d.attempt, w.e.opts.Name); err != nil {
+	if err := w.attempts.start(ctx, d.call.Key, rev, d.attempt, w.e.opts.Name); errors.Is(err, errAttemptRaced) {
+		// The other attempt runs the call and answers it; this delivery is
+		// stale (it outlived its ack wait), so leave it unacknowledged:
+		// should the other attempt die too, the next delivery finds its
+		// mark and does not run the call blindly.
+		d.log.Warn("another attempt of this call started meanwhile; leaving the call to it")
+		return false
+	} else if err != nil {
 		d.log.Warn("cannot record the attempt; retrying later", "err", err)
 		_ = d.msg.NakWithDelay(time.Second)
 		return false
