@@ -332,3 +332,43 @@ func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
 		t.Errorf("turn = %+v, %v; want the call rejected at intake, not cut off", turn, err)
 	}
 }
+
+// Arguments too large to keep in the turn record (one call's, or a turn's
+// together) fail their call at intake with a reason the model can act on;
+// the turn's other calls run, and nothing is retried for ever.
+func TestOversizedArgumentsFailAtIntake(t *testing.T) {
+	pad := func(kib int) string { return `{"pad":"` + strings.Repeat("x", kib<<10) + `"}` }
+	e := newEnv(t,
+		platformsim.Scenario{Name: "one", Prompt: "one huge call",
+			Steps: []platformsim.Step{{{Name: "f1", Arguments: pad(300)}}}, Answer: `{{out "f1"}}`},
+		platformsim.Scenario{Name: "four", Prompt: "four large calls",
+			Steps: []platformsim.Step{{{Name: "f1", Arguments: pad(200)}, {Name: "f2", Arguments: pad(200)},
+				{Name: "f3", Arguments: pad(200)}, {Name: "f4", Arguments: pad(200)}}},
+			Answer: `{{out "f1"}}|{{out "f2"}}|{{out "f3"}}|{{out "f4"}}`})
+	fns := []string{"f1", "f2", "f3", "f4"}
+	for _, fn := range fns {
+		e.register("big", fn, `{"type":"object"}`)
+	}
+	e.serve("big", fns, func(c *protocol.Call) (string, bool) { return "ran", false })
+	d, _ := e.dispatcher(dispatch.Options{})
+
+	w, err := d.Watch(context.Background(), e.response("one huge call"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = awaitWatch(t, d, w.ID, 15*time.Second)
+	if !strings.Contains(w.Answer, "invalid_arguments") || !strings.Contains(w.Answer, "KiB, more than the 256 KiB a call may carry") {
+		t.Errorf("one 300 KiB call: answer %.300q", w.Answer)
+	}
+
+	w, err = d.Watch(context.Background(), e.response("four large calls"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = awaitWatch(t, d, w.ID, 15*time.Second)
+	outs := strings.Split(w.Answer, "|")
+	if len(outs) != 4 || outs[0] != "ran" || outs[1] != "ran" || outs[2] != "ran" ||
+		!strings.Contains(outs[3], "more than the 768 KiB this turn's calls may carry together") {
+		t.Errorf("four 200 KiB calls: answer %.600q", w.Answer)
+	}
+}

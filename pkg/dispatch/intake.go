@@ -108,22 +108,57 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, error) {
 	failures := map[protocol.CallKey]*protocol.CallError{}
 	seen := map[string]bool{}
+	budget := turnArgumentsBudget
 	for _, c := range calls {
 		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments}
 		if seen[c.ID] {
 			return nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
 		}
 		seen[c.ID] = true
-		if cerr := d.resolve(ctx, &tc, d.opts.ServeGrace); cerr != nil {
+		stored := tc.Arguments // as the record keeps them
+		if !json.Valid(stored) {
+			stored = mustJSONString(string(stored))
+		}
+		cerr := oversized(tc.Name, len(stored), budget)
+		if cerr != nil {
+			stored = mustJSONString(fmt.Sprintf("(%d bytes, not kept)", len(stored)))
+		} else {
+			cerr = d.resolve(ctx, &tc, d.opts.ServeGrace)
+		}
+		if cerr != nil {
 			failures[tc.Key] = cerr
 			tc.Rejected = true
+		} else {
+			budget -= len(stored)
 		}
-		if !json.Valid(tc.Arguments) {
-			tc.Arguments = mustJSONString(string(tc.Arguments))
-		}
+		tc.Arguments = stored
 		t.Calls = append(t.Calls, tc)
 	}
 	return failures, nil
+}
+
+// The turn record carries every call's arguments (a replica that resumes
+// the turn publishes them again), and a record must fit in one message.
+// So one call's arguments may be at most protocol.MaxArgumentsSize, and a
+// turn's together at most turnArgumentsBudget; a call over either limit
+// fails at intake with a reason the model can act on, and its arguments
+// are not kept.
+const turnArgumentsBudget = 3 * protocol.MaxArgumentsSize
+
+// oversized returns the failure of a call whose arguments, n bytes, are
+// over the limits, budget being what the turn has left; or nil.
+func oversized(name string, n, budget int) *protocol.CallError {
+	var limit string
+	switch {
+	case n > protocol.MaxArgumentsSize:
+		limit = fmt.Sprintf("more than the %d KiB a call may carry", protocol.MaxArgumentsSize>>10)
+	case n > budget:
+		limit = fmt.Sprintf("more than the %d KiB this turn's calls may carry together", turnArgumentsBudget>>10)
+	default:
+		return nil
+	}
+	return &protocol.CallError{Code: protocol.CodeInvalidArguments,
+		Message: fmt.Sprintf("The arguments for %s are %d KiB, %s. Call it again with smaller arguments.", name, (n+1023)>>10, limit)}
 }
 
 // record makes the turn durable: its deadline timer and its record (created

@@ -112,6 +112,7 @@ func renderValues() string {
 		{"envelope version", fmt.Sprint(Version), "`v` written; decoders accept 1 up to it and ignore unknown fields"},
 		{"max envelope size", fmt.Sprint(MaxEnvelopeSize), "bytes of an encoded envelope"},
 		{"max output size", fmt.Sprint(MaxOutputSize), "bytes of a result's `output`"},
+		{"max arguments size", fmt.Sprint(MaxArgumentsSize), "bytes of one call's `arguments`: larger ones fail at intake (`invalid_arguments`)"},
 		{"lease TTL", LeaseTTL.String(), "a declaration not renewed within it is removed by the server"},
 		{"lease renewal", LeaseRenewal.String(), "how often an executor sends its declarations again"},
 		{"cancel memory", CancelMemory.String(), "how long cancellations are kept, and how far back an executor reads them"},
@@ -131,7 +132,7 @@ func renderCodes() string {
 		when string
 	}{
 		{CodeTimeout, "the call did not finish before its deadline"},
-		{CodeInvalidArguments, "the arguments are not JSON or break the function's schema"},
+		{CodeInvalidArguments, "the arguments are not JSON, break the function's schema, or are over the max arguments size"},
 		{CodeUnknownFunction, "no function of that name is registered (written by the dispatcher)"},
 		{CodeUnavailable, "nothing serves the function, the run was cancelled, or it may have run and was not retried"},
 		{CodeFunctionError, "the function ran and failed"},

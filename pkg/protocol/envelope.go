@@ -26,6 +26,11 @@ const MaxEnvelopeSize = 1 << 20
 // of the envelope within MaxEnvelopeSize even after JSON escaping.
 const MaxOutputSize = 256 << 10
 
+// MaxArgumentsSize bounds the arguments of one call: the dispatcher fails a
+// call with larger arguments at intake (invalid_arguments), so a call
+// envelope always fits within MaxEnvelopeSize.
+const MaxArgumentsSize = 256 << 10
+
 // Call is what the dispatcher publishes for an executor to run.
 type Call struct {
 	Version  int      `json:"v"`

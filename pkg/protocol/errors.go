@@ -19,7 +19,7 @@ type ErrorCode string
 const (
 	// CodeTimeout: the call did not finish before its deadline.
 	CodeTimeout ErrorCode = "timeout"
-	// CodeInvalidArguments: the arguments are not JSON or break the schema.
+	// CodeInvalidArguments: the arguments are not JSON, break the schema, or are too large.
 	CodeInvalidArguments ErrorCode = "invalid_arguments"
 	// CodeUnknownFunction: no function of that name is registered.
 	CodeUnknownFunction ErrorCode = "unknown_function"
