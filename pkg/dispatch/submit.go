@@ -141,10 +141,16 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 			r.Next = sub.Next
 		}
 	})
-	if cerr != nil || final == nil {
+	if cerr != nil {
 		// Left in submitting: the sweep takes it over and submits it again,
 		// which the platform answers as already submitted.
 		d.log.Error("recording the submission failed", "turn", t.Key, "err", cerr)
+		return
+	}
+	if final == nil {
+		// No longer in submitting: another replica took the turn over
+		// (this one looked stuck) and recorded its outcome first.
+		d.log.Info("the submission's outcome was recorded by another replica", "turn", t.Key)
 		return
 	}
 	d.tel.submitted(ctx, final, outputs, final.State, now)
