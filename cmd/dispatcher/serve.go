@@ -51,6 +51,7 @@ type config struct {
 	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	ResultBytes   int64         `envconfig:"TOOLRELAY_TEAM_RESULT_BYTES" default:"268435456" desc:"size limit of each team's result stream, so one team's flood fills only its own"`
 	MaxDecls      int           `envconfig:"TOOLRELAY_MAX_DECLARATIONS_PER_TEAM" default:"4096" desc:"live declarations (function × executor process) one team may have"`
+	TeamAPIPrefix string        `envconfig:"TOOLRELAY_TEAM_API_PREFIX" desc:"where each team's account's JetStream API is reached, {team} for the team: $JS.team.{team}.API under dispatcher nats-config (dispatcher.env sets it), read-only, for queue figures and dead letters; empty: one shared account"`
 	Shutdown      time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"after SIGTERM, how long submissions in progress may finish before they are left to another replica or the restart"`
 	OpenAIAPIKey  secret        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
 	OpenAIBaseURL string        `envconfig:"OPENAI_BASE_URL" desc:"platform base URL; Foundry: {project endpoint}/openai/v1"`
@@ -137,7 +138,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
 		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval, MCPCallTimeout: cfg.MCPTimeout,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
-		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls,
+		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls, TeamAPIPrefix: cfg.TeamAPIPrefix,
 		Authenticator: auth,
 	}
 	if cfg.WebhookSecret != "" {
@@ -162,7 +163,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.Metrics)
 	mux.Handle("/", d.Handler())
-	ui, err := console.New(d, js, console.Options{Logger: log, TraceURL: cfg.TraceURL})
+	ui, err := console.New(d, console.Options{Logger: log, TraceURL: cfg.TraceURL})
 	if err != nil {
 		return err
 	}

@@ -63,7 +63,9 @@ func TestConfigsParse(t *testing.T) {
 }
 
 // deployment is a real server on the generated configuration, a dispatcher
-// as the control plane and an executor of the victim team, billing.
+// as the control plane (with the settings of the generated dispatcher.env)
+// and an executor of the victim team, billing, serving get_horoscope and
+// get_tarot.
 type deployment struct {
 	t      *testing.T
 	dir    string
@@ -72,7 +74,13 @@ type deployment struct {
 	client openai.Client
 	d      *dispatch.Dispatcher
 	djs    jetstream.JetStream
-	ran    atomic.Int32 // billing's function runs
+	ran    atomic.Int32 // billing's get_horoscope runs
+	// get_tarot fails for good (a dead letter) until tarotFixed; a call
+	// whose arguments say "hold" runs until hold is closed. One runs at a
+	// time (MaxConcurrency 1).
+	tarotFixed  atomic.Bool
+	hold        chan struct{}
+	releaseOnce sync.Once
 }
 
 const (
@@ -85,7 +93,8 @@ const (
 
 func deploy(t *testing.T) *deployment {
 	t.Helper()
-	x := &deployment{t: t, dir: t.TempDir()}
+	x := &deployment{t: t, dir: t.TempDir(), hold: make(chan struct{})}
+	t.Cleanup(x.release)
 	res, err := tenancy.Write(x.dir, tenancy.Options{Teams: []string{"orders", "billing"},
 		Limits: tenancy.Limits{MaxFile: teamMaxFile, MaxStreams: 8}})
 	if err != nil {
@@ -115,7 +124,7 @@ func deploy(t *testing.T) *deployment {
 
 	_, x.djs = x.connect("dispatcher")
 	x.d, err = dispatch.New(x.djs, openaiplatform.New(x.client), dispatch.Options{Logger: testutil.Logger(t),
-		ResultStreamBytes: resultBytes, MaxDeclarationsPerTeam: maxDecls})
+		ResultStreamBytes: resultBytes, MaxDeclarationsPerTeam: maxDecls, TeamAPIPrefix: x.setting("dispatcher", "TOOLRELAY_TEAM_API_PREFIX")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +132,69 @@ func deploy(t *testing.T) *deployment {
 	testutil.WaitFor(t, 20*time.Second, x.d.Ready)
 
 	_, bjs := x.connect("billing")
-	x.serve(ctx, &wg, bjs, "billing", "get_horoscope", func() { x.ran.Add(1) })
+	x.serve(ctx, &wg, bjs, "billing",
+		exec.Function{Name: "get_horoscope", Parameters: json.RawMessage(horoscopeParam),
+			Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+				x.ran.Add(1)
+				return []byte(secretOutput), nil
+			})},
+		exec.Function{Name: "get_tarot", MaxConcurrency: 1, Handler: exec.HandlerFunc(x.tarot)})
 	return x
+}
+
+// tarot is billing's get_tarot.
+func (x *deployment) tarot(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+	if strings.Contains(string(inv.Call.Arguments), "hold") {
+		select {
+		case <-x.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if !x.tarotFixed.Load() {
+		return nil, errors.New("the deck is missing its cards: " + secretOutput)
+	}
+	return []byte(secretOutput), nil
+}
+
+// release lets held get_tarot calls finish.
+func (x *deployment) release() { x.releaseOnce.Do(func() { close(x.hold) }) }
+
+// setting is the value of name in the env file the generator wrote for
+// user.
+func (x *deployment) setting(user, name string) string {
+	x.t.Helper()
+	b, err := os.ReadFile(filepath.Join(x.dir, user+".env"))
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+"="); ok {
+			return v
+		}
+	}
+	x.t.Fatalf("%s.env sets no %s", user, name)
+	return ""
+}
+
+// callTarot publishes a call of billing's get_tarot with args as the
+// dispatcher publishes calls: as its user, into billing's queue through the
+// control account's import.
+func (x *deployment) callTarot(args string) *protocol.Call {
+	x.t.Helper()
+	id := fmt.Sprintf("call_%d", time.Now().UnixNano())
+	scope := "resp_" + id
+	c := &protocol.Call{Version: protocol.Version, Key: protocol.NewTurnKey(protocol.PlatformResponses, scope, []string{id}).Call(id),
+		Platform: protocol.PlatformResponses, Scope: scope, CallID: id, Team: "billing", Function: "get_tarot",
+		Arguments: json.RawMessage(args), Deadline: time.Now().Add(time.Minute), CreatedAt: time.Now()}
+	data, err := protocol.EncodeCall(c)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	if _, err := x.djs.Publish(short(x.t), c.Subject(), data, jetstream.WithMsgID(string(c.Key))); err != nil {
+		x.t.Fatal(err)
+	}
+	return c
 }
 
 // connect connects as a user of the generated configuration, with its seed.
@@ -137,20 +207,19 @@ func (x *deployment) connect(user string, more ...nats.Option) (*nats.Conn, jets
 	return natstest.Connect(x.t, x.srv.ClientURL(), append([]nats.Option{auth}, more...)...)
 }
 
-// serve runs team's executor of fn, as the executor command would with the
-// env file the generator wrote, and waits until the dispatcher counts it.
-func (x *deployment) serve(ctx context.Context, wg *sync.WaitGroup, js jetstream.JetStream, team, fn string, ran func()) {
+// serve runs team's executor of fns, as the executor command would with
+// the env file the generator wrote, and waits until the dispatcher counts
+// each served.
+func (x *deployment) serve(ctx context.Context, wg *sync.WaitGroup, js jetstream.JetStream, team string, fns ...exec.Function) {
 	x.t.Helper()
-	ex, err := exec.New(js, team, exec.Options{Logger: testutil.Logger(x.t), ControlAPIPrefix: protocol.ControlAPIPrefix})
+	ex, err := exec.New(js, team, exec.Options{Logger: testutil.Logger(x.t), ControlAPIPrefix: x.setting(team, "TOOLRELAY_CONTROL_API_PREFIX")})
 	if err != nil {
 		x.t.Fatal(err)
 	}
-	if err := ex.Register(exec.Function{Name: fn, Parameters: json.RawMessage(horoscopeParam),
-		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-			ran()
-			return []byte(secretOutput), nil
-		})}); err != nil {
-		x.t.Fatal(err)
+	for _, fn := range fns {
+		if err := ex.Register(fn); err != nil {
+			x.t.Fatal(err)
+		}
 	}
 	runErr := make(chan error, 1)
 	wg.Go(func() { runErr <- ex.Run(ctx) })
@@ -160,14 +229,14 @@ func (x *deployment) serve(ctx context.Context, wg *sync.WaitGroup, js jetstream
 			x.t.Fatalf("%s's executor could not start under the generated configuration: %v", team, err)
 		default:
 		}
-		fns, err := dispatch.Registry(context.Background(), x.djs)
-		for _, f := range fns {
-			if f.Spec.Name == fn && f.Spec.Team == team && f.Served() {
-				return true
+		served := 0
+		registered, _ := dispatch.Registry(context.Background(), x.djs)
+		for _, f := range registered {
+			if f.Spec.Team == team && f.Served() {
+				served++
 			}
 		}
-		_ = err
-		return false
+		return served == len(fns)
 	})
 }
 
@@ -368,6 +437,46 @@ func TestTeamsCannotReachEachOther(t *testing.T) {
 			if m, err := onc.Request(subj, []byte(`{"last_by_subj":"$KV.toolrelay_turns.x"}`), time.Second); err == nil && m.Header.Get("Status") == "" {
 				t.Errorf("%s answered %q; want nothing of the control plane", subj, m.Data)
 			}
+		}
+	})
+
+	t.Run("dead letters and the control plane's read paths", func(t *testing.T) {
+		// Billing has a dead letter whose arguments and error carry its
+		// secret; the control plane reads it through billing's read paths.
+		call := x.callTarot(`{"card":"` + secretOutput + `"}`)
+		tjs, err := x.d.TeamJetStream("billing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dls, err := exec.NewTeamDeadLetters(tjs, "billing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 20*time.Second, func() bool { _, err := dls.Get(t.Context(), call.Key); return err == nil })
+
+		// Orders has no import of them, under any team's prefix: nobody
+		// answers but its own listener above, which answers nothing.
+		dlq := protocol.DeadLetterStream
+		reads := []string{"STREAM.INFO." + protocol.CallStream("billing"), "CONSUMER.LIST." + protocol.CallStream("billing"),
+			"STREAM.INFO." + dlq, "DIRECT.GET." + dlq, "DIRECT.GET." + dlq + "." + protocol.DeadLetterSubject("billing", "get_tarot") + "." + string(call.Key)}
+		for _, team := range []string{"billing", "orders"} {
+			for _, req := range reads {
+				subj := protocol.TeamAPIPrefix(protocol.TeamAPIPrefixTemplate, team) + "." + req
+				if _, err := onc.Request(subj, []byte(`{"seq":1}`), 250*time.Millisecond); !refused(err) {
+					t.Errorf("%s as orders: %v, want no answer", subj, err)
+				}
+			}
+		}
+		// ...and its own account's API knows only orders' dead letters.
+		// (What orders' listener saw of all this is checked at the end.)
+		for _, req := range reads {
+			m, err := onc.Request(protocol.DefaultAPIPrefix+"."+req, []byte(`{"seq":1,"subjects_filter":"fndlq.billing.>"}`), time.Second)
+			if err == nil && strings.Contains(string(m.Data), string(call.Key)) {
+				t.Errorf("%s.%s as orders answered with billing's dead letter: %q", protocol.DefaultAPIPrefix, req, m.Data)
+			}
+		}
+		if d, err := exec.NewDeadLetters(ojs).Get(short(t), call.Key); err == nil {
+			t.Errorf("orders read billing's dead letter: %+v", d)
 		}
 	})
 

@@ -8,7 +8,11 @@
 // It reads what the dispatcher's inspection API reads (pkg/dispatch's
 // Inspect* methods), plus the dead letters through pkg/exec's
 // [exec.DeadLetters], which it also serves as JSON: GET /v1/deadletters
-// and POST /v1/deadletters/replay. Everything is behind the dispatcher's
+// and POST /v1/deadletters/replay. Dead letters live in each team's
+// account; it reads them team by team through the dispatcher's way into
+// that account ([dispatch.Dispatcher.TeamJetStream]: the same account in a
+// single-account deployment, read-only paths under dispatcher
+// nats-config), the newest [DeadLetterRecords] records of each. Everything is behind the dispatcher's
 // guard ([dispatch.Dispatcher.Guard]): the API's tokens, or loopback
 // clients only without them. A browser gives its token once, to the login
 // form, which keeps it in an HttpOnly, SameSite=Strict cookie.
@@ -29,10 +33,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
-	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -61,16 +62,15 @@ const DefaultSessionMaxAge = 12 * time.Hour
 // Console serves the operator console of one dispatcher.
 type Console struct {
 	d     *dispatch.Dispatcher
-	dl    *exec.DeadLetters
 	opts  Options
 	log   *slog.Logger
 	pages map[string]*template.Template
 }
 
-// New returns the console of d, reading dead letters on js.
-func New(d *dispatch.Dispatcher, js jetstream.JetStream, opts Options) (*Console, error) {
-	if d == nil || js == nil {
-		return nil, errors.New("console: a dispatcher and a JetStream context are required")
+// New returns the console of d.
+func New(d *dispatch.Dispatcher, opts Options) (*Console, error) {
+	if d == nil {
+		return nil, errors.New("console: a dispatcher is required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -78,7 +78,7 @@ func New(d *dispatch.Dispatcher, js jetstream.JetStream, opts Options) (*Console
 	if opts.SessionMaxAge <= 0 {
 		opts.SessionMaxAge = DefaultSessionMaxAge
 	}
-	c := &Console{d: d, dl: exec.NewDeadLetters(js), opts: opts, log: opts.Logger.With("component", "console"), pages: map[string]*template.Template{}}
+	c := &Console{d: d, opts: opts, log: opts.Logger.With("component", "console"), pages: map[string]*template.Template{}}
 	funcs := template.FuncMap{"traceURL": c.traceURL, "pct": pct, "clock": clock, "join": strings.Join, "ago": ago, "ms": ms,
 		"unixms": func(t time.Time) int64 { return t.UnixMilli() }, "short": short, "shortid": shortID, "list": func(s ...string) []string { return s },
 		"deref": func(s *string) string { return *s }, "percent": func(f float64) float64 { return 100 * f }, "jsontext": jsonText}

@@ -49,20 +49,53 @@ type Replay struct {
 // replayOutputPreview bounds the output of a replay the list carries.
 const replayOutputPreview = 512
 
-// deadLetters lists the dead letters caller sees, newest first, filtered
-// by team and function when not empty. An admin's list reads every team's
-// records; a team token's, its teams' alone.
-func (c *Console) deadLetters(ctx context.Context, caller dispatch.Caller, team, function string) ([]DeadLetter, error) {
-	if team != "" && !caller.Sees(team) {
+// DeadLetterRecords bounds what the dead-letter list reads of each team:
+// its newest records (a dead letter and each replay's outcome are one
+// record each), so a page costs the same however many the teams keep.
+const DeadLetterRecords = 1000
+
+// teamsOf lists the teams whose dead letters caller asks for: team when
+// given (one caller sees), else every team caller sees (for an admin,
+// every team the dispatcher knows).
+func (c *Console) teamsOf(caller dispatch.Caller, team string) ([]string, error) {
+	switch {
+	case team != "" && !caller.Sees(team):
 		return nil, fmt.Errorf("%w: team %s is not one of your teams (%s)", dispatch.ErrOutOfScope, team, strings.Join(caller.Teams, ", "))
+	case team != "":
+		return []string{team}, nil
+	case caller.Admin:
+		return c.d.Teams(), nil
 	}
-	teams := []string{team}
-	if team == "" && !caller.Admin {
-		teams = caller.Teams
+	return caller.Teams, nil
+}
+
+// teamDeadLetters returns the dead letters kept in team's account, read
+// through the dispatcher's way into it (dispatch.Dispatcher.TeamJetStream).
+// Only records naming team count: in a deployment with an account per
+// team, the team writes them.
+func (c *Console) teamDeadLetters(team string) (*exec.DeadLetters, error) {
+	js, err := c.d.TeamJetStream(team)
+	if err != nil {
+		return nil, err
+	}
+	return exec.NewTeamDeadLetters(js, team)
+}
+
+// deadLetters lists the dead letters caller sees, newest first, filtered
+// by team and function when not empty: of each team in scope, what its
+// newest DeadLetterRecords records say.
+func (c *Console) deadLetters(ctx context.Context, caller dispatch.Caller, team, function string) ([]DeadLetter, error) {
+	teams, err := c.teamsOf(caller, team)
+	if err != nil {
+		return nil, err
 	}
 	var records []*protocol.DeadLetter
 	for _, t := range teams {
-		rs, err := c.dl.List(ctx, t)
+		dls, err := c.teamDeadLetters(t)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := dls.ListNewest(ctx, t, DeadLetterRecords)
 		if err != nil {
 			return nil, err
 		}
@@ -115,6 +148,7 @@ func (c *Console) deadLetters(ctx context.Context, caller dispatch.Caller, team,
 type deadLettersData struct {
 	Team, Function string
 	Letters        []DeadLetter
+	Records        int // DeadLetterRecords
 }
 
 func (c *Console) deadLettersPage(w http.ResponseWriter, r *http.Request) {
@@ -129,7 +163,7 @@ func (c *Console) deadLettersPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, http.StatusOK, "deadletters", page{Title: "Dead letters", Nav: "deadletters",
-		Data: deadLettersData{Team: team, Function: function, Letters: list}})
+		Data: deadLettersData{Team: team, Function: function, Letters: list, Records: DeadLetterRecords}})
 }
 
 // getDeadLetters serves GET /v1/deadletters?team=&function=.
@@ -203,19 +237,20 @@ func (c *Console) postReplay(w http.ResponseWriter, r *http.Request) {
 	caller := dispatch.CallerOf(r)
 	ctx, cancel := requestContext(r)
 	defer cancel()
+	teams, _ := c.teamsOf(caller, "")
 	out := make([]ReplayOutcome, 0, len(req.Keys))
 	for _, key := range req.Keys {
 		o := ReplayOutcome{Key: key}
-		dl, err := c.dl.Get(ctx, key)
+		dls, err := c.findDeadLetter(ctx, teams, key)
 		switch {
+		case errors.Is(err, exec.ErrNoDeadLetter) && !caller.Admin:
+			o.Error = "no dead letter for this call among your teams' (" + strings.Join(caller.Teams, ", ") + ")"
 		case errors.Is(err, exec.ErrNoDeadLetter):
 			o.Error = "no dead letter for this call"
 		case err != nil:
 			o.Error = err.Error()
-		case !caller.Sees(dl.Call.Team):
-			o.Error = "this call is another team's (" + dl.Call.Team + ")"
 		default:
-			if o.Replay, err = c.dl.Replay(ctx, key, timeout); err != nil {
+			if o.Replay, err = dls.Replay(ctx, key, timeout); err != nil {
 				o.Error = err.Error()
 			} else {
 				c.log.InfoContext(ctx, "dead letter replayed", "call", key, "replay", o.Replay, "caller", caller)
@@ -224,6 +259,21 @@ func (c *Console) postReplay(w http.ResponseWriter, r *http.Request) {
 		out = append(out, o)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"replays": out})
+}
+
+// findDeadLetter returns the dead letters of the one of teams that holds
+// key's dead letter. The error is exec.ErrNoDeadLetter when none does.
+func (c *Console) findDeadLetter(ctx context.Context, teams []string, key protocol.CallKey) (*exec.DeadLetters, error) {
+	for _, t := range teams {
+		dls, err := c.teamDeadLetters(t)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := dls.Get(ctx, key); !errors.Is(err, exec.ErrNoDeadLetter) {
+			return dls, err
+		}
+	}
+	return nil, fmt.Errorf("%w %s", exec.ErrNoDeadLetter, key)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

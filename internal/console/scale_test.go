@@ -46,8 +46,8 @@ func BenchmarkTurnsPage(b *testing.B) {
 // loopback clients only) over n open turns, once its index holds them.
 func consoleOver(tb testing.TB, n int) string {
 	tb.Helper()
-	d, js := turnfixture.Dispatcher(tb, n)
-	ui, err := console.New(d, js, console.Options{Logger: testutil.Logger(tb)})
+	d, _ := turnfixture.Dispatcher(tb, n)
+	ui, err := console.New(d, console.Options{Logger: testutil.Logger(tb)})
 	if err != nil {
 		tb.Fatal(err)
 	}

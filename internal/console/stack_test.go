@@ -141,7 +141,7 @@ func newStack(t *testing.T) *stack {
 		t.Fatal(err)
 	}
 	s.d = d
-	ui, err := console.New(d, js, console.Options{Logger: log, TraceURL: "https://traces.example/trace/{trace_id}"})
+	ui, err := console.New(d, console.Options{Logger: log, TraceURL: "https://traces.example/trace/{trace_id}"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,18 @@
 //	                    toolrelay.declare.<team>   declarations (request/reply)
 //	                    $JS.API.DIRECT.GET.FNRESULTS_<team>.>, imported as
 //	                    $JS.toolrelay.API.DIRECT.GET.FNRESULTS_<team>.>
+//	dispatcher reads    $JS.API.STREAM.INFO.FNCALLS_<team>     queue figures
+//	the team's          $JS.API.CONSUMER.LIST.FNCALLS_<team>   (consumers' pending, ack pending)
+//	                    $JS.API.STREAM.INFO.FNDLQ              dead letters: counts,
+//	                    $JS.API.DIRECT.GET.FNDLQ[.>]           and the records
+//	                    each imported as $JS.team.<team>.API.… (protocol.TeamAPIPrefixTemplate)
+//
+// The reads are JetStream API requests that change nothing: no request
+// that writes, deletes, purges or creates a consumer, and nothing that
+// reads FNCALLS_<team>'s messages (the calls' arguments) is exported. The
+// dead-letter records do hold the calls' arguments and results: the
+// operator console is there to show them. Replaying a dead letter
+// publishes its call on fncall.<team>.<function>, the first path above.
 //
 // Each export names the one account that may import it, so no team can
 // import another's subjects; inboxes, streams, mirrors, direct-get groups
@@ -125,8 +137,8 @@ type Result struct {
 // Write writes the configuration for opts into dir: accounts.conf, the
 // server files, one NKEY seed per user (dispatcher.nk, <team>.nk, sys.nk,
 // mode 0600) and one environment file per user (dispatcher.env,
-// <team>.env) with NATS_URL, NATS_NKEY and, for teams,
-// TOOLRELAY_CONTROL_API_PREFIX. Seeds already in dir are kept, so running
+// <team>.env) with NATS_URL, NATS_NKEY, TOOLRELAY_TEAM_API_PREFIX for the
+// dispatcher and TOOLRELAY_CONTROL_API_PREFIX for teams. Seeds already in dir are kept, so running
 // it again with one more team leaves every existing credential valid.
 func Write(dir string, opts Options) (*Result, error) {
 	if len(opts.Teams) == 0 {
@@ -194,7 +206,7 @@ func Write(dir string, opts Options) (*Result, error) {
 		}
 		return writeFile(filepath.Join(dir, stem+".env"), body, 0o600)
 	}
-	if err := env("dispatcher", ""); err != nil {
+	if err := env("dispatcher", "TOOLRELAY_TEAM_API_PREFIX="+protocol.TeamAPIPrefixTemplate+"\n"); err != nil {
 		return nil, err
 	}
 	for _, t := range teams {
@@ -262,6 +274,10 @@ func accounts(teams []string, users map[string]string, l Limits) string {
 		from := TeamAccount(t)
 		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", from, protocol.CallSubjectPrefix+"."+t+".>")
 		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", from, protocol.CancelSubjectPrefix+"."+t+".>")
+		for _, api := range teamReads(t) {
+			fmt.Fprintf(&b, "      { service: { account: %s, subject: %q }, to: %q }\n", from,
+				protocol.DefaultAPIPrefix+"."+api, protocol.TeamAPIPrefix(protocol.TeamAPIPrefixTemplate, t)+"."+api)
+		}
 	}
 	b.WriteString("    ]\n  }\n")
 
@@ -274,6 +290,9 @@ func accounts(teams []string, users map[string]string, l Limits) string {
 		b.WriteString("    exports: [\n")
 		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.CallSubjectPrefix+"."+t+".>", ControlAccount)
 		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.CancelSubjectPrefix+"."+t+".>", ControlAccount)
+		for _, api := range teamReads(t) {
+			fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.DefaultAPIPrefix+"."+api, ControlAccount)
+		}
 		b.WriteString("    ]\n    imports: [\n")
 		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", ControlAccount, protocol.ResultSubjectPrefix+"."+t+".>")
 		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", ControlAccount, protocol.DeclareSubject(t))
@@ -284,6 +303,22 @@ func accounts(teams []string, users map[string]string, l Limits) string {
 	b.WriteString("}\n")
 	fmt.Fprintf(&b, "system_account: %s\n", SystemAccount)
 	return b.String()
+}
+
+// teamReads are the JetStream API requests of team's account that the
+// control account may make (under the team's TeamAPIPrefix), all
+// read-only: the info of its call stream and of its dead-letter stream,
+// the consumers of its call stream, and direct gets of its dead letters.
+// Nothing here writes, deletes, creates a consumer or reads a call.
+func teamReads(team string) []string {
+	calls := protocol.CallStream(team)
+	return []string{
+		"STREAM.INFO." + calls,
+		"CONSUMER.LIST." + calls,
+		"STREAM.INFO." + protocol.DeadLetterStream,
+		"DIRECT.GET." + protocol.DeadLetterStream,
+		"DIRECT.GET." + protocol.DeadLetterStream + ".>",
+	}
 }
 
 func server(i, nodes int, o Options) string {

@@ -102,6 +102,14 @@ type Options struct {
 	// and /ui) need, and says which teams each caller sees. Nil: those
 	// routes serve loopback clients only, who see everything.
 	Authenticator Authenticator
+	// TeamAPIPrefix is where the dispatcher reaches each team's account's
+	// JetStream API, "{team}" standing for the team: the read-only paths
+	// of a deployment with an account per team (dispatcher nats-config:
+	// protocol.TeamAPIPrefixTemplate), through which it reads the teams'
+	// queue figures and which the console reads dead letters through
+	// (see TeamJetStream). Default: empty, the teams' streams are in js's
+	// own account.
+	TeamAPIPrefix string
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -150,6 +158,7 @@ type Dispatcher struct {
 	limiter      *limiter
 	tel          *telemetry
 	inspect      *inspector // what the inspection API and the console read
+	teamAPIs     *teamAPIs
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -225,6 +234,11 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if _, ok := d.platforms[protocol.PlatformMCP]; !ok {
 		d.platforms[protocol.PlatformMCP] = mcpPlatform{}
 	}
+	teamAPIs, err := newTeamAPIs(js, opts.TeamAPIPrefix)
+	if err != nil {
+		return nil, err
+	}
+	d.teamAPIs = teamAPIs
 	d.registry = newRegistry(d.log)
 	tel, err := newTelemetry(opts.TracerProvider, opts.MeterProvider, d.registry.fleet)
 	if err != nil {

@@ -85,4 +85,9 @@
 // [Dispatcher.InspectWatches], served as GET /v1/turns (and its event
 // stream), /v1/functions and /v1/watches, and read by the console
 // (internal/console) and the dispatcher command's inspection commands.
+// What lives in a team's own account (its call stream's consumers: the
+// functions' queue figures; its dead letters) is read through
+// [Dispatcher.TeamJetStream], which with [Options.TeamAPIPrefix] reaches
+// each team's account over the read-only paths dispatcher nats-config
+// writes; [Dispatcher.Teams] lists the teams to read.
 package dispatch

@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -217,38 +219,92 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 	if keys, err := d.openTurns(ctx); err == nil {
 		g.openTurns, g.haveOpen = int64(len(keys)), true
 	}
-	var fns []functionGauge
-	names := d.js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.CallSubjectPrefix+".>"))
-	for name := range names.Name() {
-		s, err := d.js.Stream(ctx, name)
+	var fns, dls []functionGauge
+	for _, team := range d.Teams() {
+		js, err := d.TeamJetStream(team)
 		if err != nil {
 			continue
 		}
-		team := strings.TrimPrefix(name, protocol.CallStream(""))
-		infos := s.ListConsumers(ctx)
-		for ci := range infos.Info() {
-			fns = append(fns, functionGauge{team: team, function: ci.Name, queued: int64(ci.NumPending), running: int64(ci.NumAckPending)})
+		q, err := queueFigures(ctx, js, team)
+		if err != nil {
+			d.log.DebugContext(ctx, "reading a team's queue figures failed", "team", team, "err", err)
+			q = ofTeam(g.functions, team)
 		}
-	}
-	if names.Err() == nil {
-		g.functions = fns
-	}
-	if s, err := d.js.Stream(ctx, protocol.DeadLetterStream); err == nil {
-		if info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.DeadLetterSubjectPrefix+".>")); err == nil {
-			var dl []functionGauge
-			for subj, n := range info.State.Subjects {
-				parts := strings.Split(subj, ".")
-				if len(parts) == 3 {
-					dl = append(dl, functionGauge{team: parts[1], function: parts[2], queued: int64(n)})
-				}
-			}
-			g.deadLetters = dl
+		fns = append(fns, q...)
+		l, err := deadLetterFigures(ctx, js, team)
+		if err != nil {
+			d.log.DebugContext(ctx, "reading a team's dead-letter figures failed", "team", team, "err", err)
+			l = ofTeam(g.deadLetters, team)
 		}
+		dls = append(dls, l...)
 	}
+	g.functions, g.deadLetters = fns, dls
 	g.refreshedAt = time.Now()
 	t.gaugesMu.Lock()
 	t.gauges = g
 	t.gaugesMu.Unlock()
+}
+
+// queueFigures reads team's functions' calls waiting (consumer lag) and
+// delivered but not acknowledged, from the consumers of its call stream on
+// js (the team's account). A team whose executors made no call stream yet
+// has no figures.
+func queueFigures(ctx context.Context, js jetstream.JetStream, team string) ([]functionGauge, error) {
+	s, err := optionalStream(ctx, js, protocol.CallStream(team))
+	if s == nil || err != nil {
+		return nil, err
+	}
+	var out []functionGauge
+	infos := s.ListConsumers(ctx)
+	for ci := range infos.Info() {
+		out = append(out, functionGauge{team: team, function: ci.Name, queued: int64(ci.NumPending), running: int64(ci.NumAckPending)})
+	}
+	return out, infos.Err()
+}
+
+// deadLetterFigures counts the dead letters of team's functions from the
+// subjects of the dead-letter stream on js (the team's account): each
+// call's records share one subject (fndlq.<team>.<function>.<call key>),
+// which counts as one dead letter however often it was replayed; records
+// of the layout before that (fndlq.<team>.<function>) count one each.
+func deadLetterFigures(ctx context.Context, js jetstream.JetStream, team string) ([]functionGauge, error) {
+	s, err := optionalStream(ctx, js, protocol.DeadLetterStream)
+	if s == nil || err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.DeadLetterSubjectPrefix+"."+team+".>"))
+	if err != nil {
+		return nil, err
+	}
+	byFunction := map[string]int64{}
+	for subj, n := range info.State.Subjects {
+		switch parts := strings.SplitN(subj, ".", 4); len(parts) {
+		case 3:
+			byFunction[parts[2]] += int64(n)
+		case 4:
+			byFunction[parts[2]]++
+		}
+	}
+	out := make([]functionGauge, 0, len(byFunction))
+	for fn, n := range byFunction {
+		out = append(out, functionGauge{team: team, function: fn, queued: n})
+	}
+	return out, nil
+}
+
+// optionalStream returns the stream name on js, or nil when it does not
+// exist (yet: a team's executors create theirs).
+func optionalStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil
+	}
+	return s, err
+}
+
+// ofTeam returns the figures of team among fs.
+func ofTeam(fs []functionGauge, team string) []functionGauge {
+	return slices.DeleteFunc(slices.Clone(fs), func(f functionGauge) bool { return f.team != team })
 }
 
 // startTurn opens the turn's span as a child of ctx and stores its context

@@ -1,6 +1,7 @@
 package exec
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,8 +21,16 @@ const DefaultReplayTimeout = 5 * time.Minute
 // DeadLetters reads the dead letters executors leave (calls that failed
 // for good, and the outcomes of their replays) and replays them. It holds
 // no state beyond js and is safe for concurrent use.
+//
+// It reads by direct get alone (the dead-letter stream allows them), never
+// by a consumer, so it also works where only stream info and direct gets
+// of the stream are allowed: from the control account of a deployment with
+// an account per team, through the read-only paths dispatcher nats-config
+// gives it to each team's account.
 type DeadLetters struct {
 	js jetstream.JetStream
+	// team, when set, is the only team whose records count.
+	team string
 }
 
 // NewDeadLetters returns the dead letters kept on js.
@@ -29,10 +38,37 @@ func NewDeadLetters(js jetstream.JetStream) *DeadLetters {
 	return &DeadLetters{js: js}
 }
 
+// NewTeamDeadLetters returns team's dead letters kept on js: List lists
+// only team's, and Get and Replay find only a dead letter whose call is
+// team's, whatever subject a record is on. It is for reading a team's own
+// account from the control plane: there the team writes the dead-letter
+// stream itself, so it could forge a record naming another team, whose
+// replay would reach that team's queue.
+func NewTeamDeadLetters(js jetstream.JetStream, team string) (*DeadLetters, error) {
+	if err := protocol.ValidateTeamName(team); err != nil {
+		return nil, fmt.Errorf("exec: dead letters: %w", err)
+	}
+	return &DeadLetters{js: js, team: team}, nil
+}
+
 // List returns the dead letters (and replay outcomes) recorded for team, or
 // for every team when team is empty, oldest first. It reads every record of
-// those teams; to find one call, use Get.
+// those teams, one direct get each; ListNewest reads the newest alone, and
+// Get finds one call's.
 func (d *DeadLetters) List(ctx context.Context, team string) ([]*protocol.DeadLetter, error) {
+	return d.ListNewest(ctx, team, 0)
+}
+
+// ListNewest is List bounded to the newest n records (all of them when
+// n <= 0), still oldest first. It reads back from the newest, so what it
+// costs follows n, not how many records the stream keeps. Since a call's
+// replays come after its dead letter, a dead letter it returns comes with
+// all its replays' outcomes.
+func (d *DeadLetters) ListNewest(ctx context.Context, team string, n int) ([]*protocol.DeadLetter, error) {
+	team = cmp.Or(team, d.team)
+	if d.team != "" && team != d.team {
+		return nil, nil // another team's are not in d
+	}
 	filter := protocol.DeadLetterSubjectPrefix + ".>"
 	if team != "" {
 		if err := protocol.ValidateTeamName(team); err != nil {
@@ -44,7 +80,7 @@ func (d *DeadLetters) List(ctx context.Context, team string) ([]*protocol.DeadLe
 	if s == nil || err != nil {
 		return nil, err
 	}
-	return readDeadLetters(ctx, s, filter, func(*protocol.DeadLetter) bool { return true })
+	return readRecords(ctx, s, filter, n, func(r *protocol.DeadLetter) bool { return team == "" || r.Call.Team == team })
 }
 
 // Get returns the dead letter of the call with key (not its replays'
@@ -104,7 +140,7 @@ func (d *DeadLetters) lookup(ctx context.Context, key protocol.CallKey) (*protoc
 	if s == nil {
 		return nil, 0, fmt.Errorf("%w %s", ErrNoDeadLetter, key)
 	}
-	subject := deadLetterCallSubject("*", "*", key)
+	subject := deadLetterCallSubject(cmp.Or(d.team, "*"), "*", key)
 	var orig *protocol.DeadLetter
 	replays := 0
 	first, err := decodeRecord(s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject)))
@@ -117,13 +153,13 @@ func (d *DeadLetters) lookup(ctx context.Context, key protocol.CallKey) (*protoc
 			return nil, 0, err
 		}
 		replays = last.Replay
-		if first.Replay == 0 {
+		if first.Replay == 0 && d.counts(first, key) {
 			orig = first
 		}
 	}
 	if orig == nil {
 		// Not under the per-call layout: look in the old one.
-		old, err := readOldLayout(ctx, s, key)
+		old, err := d.readOldLayout(ctx, s, key)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -168,11 +204,16 @@ func decodeRecord(m *jetstream.RawStreamMsg, err error) (*protocol.DeadLetter, e
 	return dl, nil
 }
 
+// counts reports whether r is a record of key's that d may use.
+func (d *DeadLetters) counts(r *protocol.DeadLetter, key protocol.CallKey) bool {
+	return r.Call.Key == key && (d.team == "" || r.Call.Team == d.team)
+}
+
 // readOldLayout returns key's records kept on its function's subject
 // alone (fndlq.<team>.<function>), the layout before per-call subjects.
 // It reads nothing when no such record is left.
-func readOldLayout(ctx context.Context, s jetstream.Stream, key protocol.CallKey) ([]*protocol.DeadLetter, error) {
-	filter := protocol.DeadLetterSubjectPrefix + ".*.*"
+func (d *DeadLetters) readOldLayout(ctx context.Context, s jetstream.Stream, key protocol.CallKey) ([]*protocol.DeadLetter, error) {
+	filter := protocol.DeadLetterSubject(cmp.Or(d.team, "*"), "*")
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
 		return nil, fmt.Errorf("exec: dead letters: %w", err)
@@ -180,41 +221,61 @@ func readOldLayout(ctx context.Context, s jetstream.Stream, key protocol.CallKey
 	if len(info.State.Subjects) == 0 {
 		return nil, nil
 	}
-	return readDeadLetters(ctx, s, filter, func(d *protocol.DeadLetter) bool { return d.Call.Key == key })
+	return readRecords(ctx, s, filter, 0, func(r *protocol.DeadLetter) bool { return d.counts(r, key) })
 }
 
-// readDeadLetters reads the records on filter that keep says to keep,
-// oldest first, skipping what does not decode.
-func readDeadLetters(ctx context.Context, s jetstream.Stream, filter string, keep func(*protocol.DeadLetter) bool) ([]*protocol.DeadLetter, error) {
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	if err != nil {
-		return nil, fmt.Errorf("exec: dead letters: %w", err)
+// readRecords returns the newest n records on filter (all of them when
+// n <= 0) that keep accepts, oldest first, skipping what does not decode.
+// It reads back from the stream's last message, a window of sequences at
+// a time, doubling the window until it has n records or reached the first
+// message; each window it reads forward, one direct get (next by subject)
+// a record.
+func readRecords(ctx context.Context, s jetstream.Stream, filter string, n int, keep func(*protocol.DeadLetter) bool) ([]*protocol.DeadLetter, error) {
+	st := s.CachedInfo().State
+	if st.Msgs == 0 {
+		return nil, nil
 	}
-	pending := int(c.CachedInfo().NumPending)
+	if n <= 0 {
+		return readRange(ctx, s, filter, st.FirstSeq, st.LastSeq, keep)
+	}
 	var out []*protocol.DeadLetter
-	for read := 0; read < pending; {
-		batch, err := c.Fetch(min(pending-read, 256), jetstream.FetchMaxWait(5*time.Second))
+	for end, window := st.LastSeq, uint64(n); len(out) < n; window *= 2 {
+		start := st.FirstSeq
+		if end-start >= window {
+			start = end - window + 1
+		}
+		got, err := readRange(ctx, s, filter, start, end, keep)
+		if err != nil {
+			return nil, err
+		}
+		out = append(got, out...)
+		if start == st.FirstSeq {
+			break
+		}
+		end = start - 1
+	}
+	return out[max(len(out)-n, 0):], nil
+}
+
+// readRange returns the records on filter with sequences from to to that
+// keep accepts, in order, skipping what does not decode.
+func readRange(ctx context.Context, s jetstream.Stream, filter string, from, to uint64, keep func(*protocol.DeadLetter) bool) ([]*protocol.DeadLetter, error) {
+	var out []*protocol.DeadLetter
+	for seq := from; seq <= to; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
 		if err != nil {
 			return nil, fmt.Errorf("exec: dead letters: %w", err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			d, err := protocol.DecodeDeadLetter(m.Data())
-			if err != nil {
-				continue // not ours to judge; skip what does not decode
-			}
-			if keep(d) {
-				out = append(out, d)
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return nil, fmt.Errorf("exec: dead letters: %w", err)
-		}
-		if n == 0 {
+		if m.Sequence > to {
 			break
 		}
-		read += n
+		seq = m.Sequence + 1
+		if r, err := protocol.DecodeDeadLetter(m.Data); err == nil && keep(r) {
+			out = append(out, r) // what does not decode is not ours to judge
+		}
 	}
 	return out, nil
 }

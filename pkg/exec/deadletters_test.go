@@ -3,10 +3,12 @@ package exec_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -93,17 +95,7 @@ func TestDeadLettersReadTheOldLayout(t *testing.T) {
 	}
 	call := h.call("team-a", "charge", `{}`, time.Now().Add(time.Minute))
 	h.result(call, 10*time.Second) // it succeeds now; the old record says it failed once
-	old := &protocol.DeadLetter{Version: protocol.Version, Call: call, Reason: protocol.ReasonPermanent, Attempts: 1, At: time.Now().UTC(),
-		Result: protocol.NewFailure(call, protocol.CodeFunctionError, "card processor rejected it", time.Now())}
-	data, err := protocol.EncodeDeadLetter(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(protocol.DeadLetterSubject("team-a", "charge"))
-	m.Data = data
-	if _, err := h.js.PublishMsg(t.Context(), m, jetstream.WithMsgID(old.MsgID())); err != nil {
-		t.Fatal(err)
-	}
+	putDeadLetter(t, h.js, protocol.DeadLetterSubject("team-a", "charge"), call, "card processor rejected it")
 
 	got, err := dls.Get(t.Context(), call.Key)
 	if err != nil || got.Result.Error.Message != "card processor rejected it" {
@@ -125,5 +117,77 @@ func TestDeadLettersReadTheOldLayout(t *testing.T) {
 	all, _ := dls.List(t.Context(), "team-a")
 	if r := all[2]; r.Replay != 2 || r.Reason != protocol.ReasonReplayed || !r.Result.OK() || r.Result.Output != "charged" {
 		t.Errorf("second replay = %+v", r)
+	}
+}
+
+// putDeadLetter records a dead letter of call on subject, as an executor
+// (or, on a subject not its own, a forger) would.
+func putDeadLetter(t *testing.T, js jetstream.JetStream, subject string, call *protocol.Call, msg string) {
+	t.Helper()
+	d := &protocol.DeadLetter{Version: protocol.Version, Call: call, Reason: protocol.ReasonPermanent, Attempts: 1, At: time.Now().UTC(),
+		Result: protocol.NewFailure(call, protocol.CodeFunctionError, msg, time.Now())}
+	data, err := protocol.EncodeDeadLetter(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(subject)
+	m.Data = data
+	if _, err := js.PublishMsg(t.Context(), m, jetstream.WithMsgID(d.MsgID())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ListNewest reads back from the newest record: the newest n of a team's,
+// still oldest first, past other teams' records between them. A team's
+// DeadLetters ignores a record naming another team, whatever its subject:
+// in a team's own account, the team could forge one.
+func TestDeadLettersNewestAndOfOneTeam(t *testing.T) {
+	var fixed atomic.Bool
+	h := start(t, "team-a", exec.Options{}, failing("charge", &fixed))
+	dls := exec.NewDeadLetters(h.js)
+	for i := range 6 {
+		c := h.call("team-a", "charge", `{}`, time.Now().Add(time.Minute))
+		h.result(c, 10*time.Second)
+		testutil.WaitFor(t, 5*time.Second, func() bool { _, err := dls.Get(t.Context(), c.Key); return err == nil })
+		other := *c
+		other.Team, other.Key = "team-b", protocol.NewTurnKey("agents", fmt.Sprint("b", i), nil).Call(c.CallID)
+		putDeadLetter(t, h.js, protocol.DeadLetterSubject("team-b", "charge")+"."+string(other.Key), &other, "b's")
+	}
+	all, err := dls.List(t.Context(), "team-a")
+	if err != nil || len(all) != 6 {
+		t.Fatalf("List = %d records, %v; want 6", len(all), err)
+	}
+	for _, n := range []int{1, 4, 6, 10} {
+		newest, err := dls.ListNewest(t.Context(), "team-a", n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(all[max(len(all)-n, 0):], newest); diff != "" {
+			t.Errorf("ListNewest(%d) (-want +got):\n%s", n, diff)
+		}
+	}
+	if newest, err := dls.ListNewest(t.Context(), "", 1); err != nil || len(newest) != 1 || newest[0].Call.Team != "team-b" {
+		t.Errorf("ListNewest of every team = %+v, %v; want team-b's last record", newest, err)
+	}
+
+	// A record naming team-b on team-a's subjects.
+	forged := *all[0].Call
+	forged.Team, forged.Key = "team-b", protocol.NewTurnKey("agents", "forged", nil).Call("call_forged")
+	putDeadLetter(t, h.js, protocol.DeadLetterSubject("team-a", "charge")+"."+string(forged.Key), &forged, "forged")
+	mine, err := exec.NewTeamDeadLetters(h.js, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := mine.List(t.Context(), ""); err != nil || len(got) != 6 {
+		t.Errorf("team-a's List = %d records, %v; want its 6, not the forged one", len(got), err)
+	}
+	if _, err := mine.Replay(t.Context(), forged.Key, time.Minute); !errors.Is(err, exec.ErrNoDeadLetter) {
+		t.Errorf("team-a's Replay of the forged record = %v; want ErrNoDeadLetter", err)
+	}
+	if got, err := mine.List(t.Context(), "team-b"); err != nil || len(got) != 0 {
+		t.Errorf("team-a's List of team-b = %d records, %v; want none", len(got), err)
+	}
+	if _, err := mine.Get(t.Context(), all[5].Call.Key); err != nil {
+		t.Errorf("team-a's Get of its own = %v", err)
 	}
 }

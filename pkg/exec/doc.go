@@ -49,9 +49,11 @@
 // the deadline leaves room. A permanent error, a recovered panic (its stack
 // logged, never shown to the model) or exhausted attempts end in exactly one
 // failed result and a dead-letter record, kept per call. [NewDeadLetters]
-// returns the inspector: [DeadLetters.List] lists a team's,
-// [DeadLetters.Get] finds one call's by its key and [DeadLetters.Replay]
-// runs it again.
+// returns the inspector: [DeadLetters.List] lists a team's
+// ([DeadLetters.ListNewest] the newest few), [DeadLetters.Get] finds one
+// call's by its key and [DeadLetters.Replay] runs it again. It reads by
+// direct get only, so the control plane can read a team's dead letters
+// across accounts ([NewTeamDeadLetters]) without any right to write them.
 //
 // An expected refusal is not a failure an operator must look at: a
 // handler that declines a request as designed (the order has already

@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
 // Executors declare what they serve by request to the dispatchers, which
@@ -148,6 +149,20 @@ const ControlAPIPrefix = "$JS.toolrelay.API"
 
 // DefaultAPIPrefix is JetStream's own API prefix.
 const DefaultAPIPrefix = "$JS.API"
+
+// TeamAPIPrefixTemplate is where, in a deployment with an account per team
+// (dispatcher nats-config), the control account reaches each team's
+// JetStream API, "{team}" standing for the team: only reads, of the team's
+// call stream (its info and consumers: queue figures) and of its dead
+// letters (stream info and direct gets), which the operator console shows.
+// The dispatcher takes it as its TOOLRELAY_TEAM_API_PREFIX setting.
+const TeamAPIPrefixTemplate = "$JS.team.{team}.API"
+
+// TeamAPIPrefix is template (such as TeamAPIPrefixTemplate) with "{team}"
+// replaced by team.
+func TeamAPIPrefix(template, team string) string {
+	return strings.ReplaceAll(template, "{team}", team)
+}
 
 // ResultGetSubject is the direct-get subject of the last (the only) result
 // on key's result subject in team's result stream, under apiPrefix
