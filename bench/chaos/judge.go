@@ -124,7 +124,7 @@ func (r *result) violations() []string {
 		if fn := r.ledger.Calls[id]; sideEffect(fn) {
 			n := r.effects[id]
 			if n > 1 {
-				add("side effect of call %s (%s) ran %d times", id, fn, n)
+				add("side effect of call %s (%s on %s) ran %d times", id, fn, r.ledger.Platform[id], n)
 			}
 			if len(outs) > 0 && isEffect(outs[0]) && n != 1 {
 				add("call %s (%s) reported done but the effect log has %d runs", id, fn, n)

@@ -55,6 +55,10 @@ const (
 	// ResponseBucket maps the responses the dispatcher drives to their
 	// watch, so a response.completed webhook finds its watch.
 	ResponseBucket = "toolrelay_responses"
+	// StepBucket remembers, per Agents session turn, the calls of its
+	// latest step, so that the step's remaining calls, seen again while
+	// their results are being submitted one by one, are not a new turn.
+	StepBucket = "toolrelay_steps"
 
 	// turnTTL outlives any turn (at most an hour).
 	turnTTL = 2 * time.Hour
@@ -245,6 +249,12 @@ func WebhookBucketConfig(o Options) jetstream.KeyValueConfig {
 // ResponseBucketConfig maps driven responses to their watches.
 func ResponseBucketConfig(o Options) jetstream.KeyValueConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: ResponseBucket, Description: "toolrelay responses driven by a watch", History: 1, TTL: turnTTL}, o)
+}
+
+// StepBucketConfig holds the calls of each Agents session turn's latest
+// step.
+func StepBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: StepBucket, Description: "toolrelay steps of Agents session turns", History: 1, TTL: turnTTL}, o)
 }
 
 // Stream checks that the stream exists and is compatible, or creates it.

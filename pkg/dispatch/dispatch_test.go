@@ -372,3 +372,53 @@ func TestOversizedArgumentsFailAtIntake(t *testing.T) {
 		t.Errorf("four 200 KiB calls: answer %.600q", w.Answer)
 	}
 }
+
+// An Agents session answers a step's calls one tool_result at a time and
+// until the last lands still lists the others as required. Seen then (a
+// webhook retried, a restarted driver's poll), the remaining calls are the
+// step already taken in, not a new turn that runs them again.
+func TestTheRestOfAnAgentsStepIsNotANewTurn(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_weather", weatherSchema)
+	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
+	d, _ := e.dispatcher(dispatch.Options{})
+	ref := dispatch.Ref{Platform: protocol.PlatformAgents, SessionID: "as_step"}
+	call := func(id string) dispatch.CallRequest {
+		return dispatch.CallRequest{ID: id, Name: "get_weather", Arguments: json.RawMessage(`{"location":"Oslo"}`)}
+	}
+	ctx := context.Background()
+	step, err := d.Intake(ctx, &dispatch.TurnRequest{Ref: ref, Scope: "as_step/turn_1", TurnID: "turn_1",
+		Calls: []dispatch.CallRequest{call("call_1"), call("call_2")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, err := d.Intake(ctx, &dispatch.TurnRequest{Ref: ref, Scope: "as_step/turn_1", TurnID: "turn_1",
+		Calls: []dispatch.CallRequest{call("call_2")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rest.Key != step.Key {
+		t.Errorf("the step's remaining call was taken in as turn %s, want the step's turn %s", rest.Key, step.Key)
+	}
+	// The session turn's next step is a turn of its own.
+	next, err := d.Intake(ctx, &dispatch.TurnRequest{Ref: ref, Scope: "as_step/turn_1", TurnID: "turn_1",
+		Calls: []dispatch.CallRequest{call("call_3")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Key == step.Key {
+		t.Error("the next step of the session turn was taken for the first")
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool { return ran.Load() >= 3 })
+	calls, err := e.js.Stream(ctx, protocol.CallStream("geo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := calls.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.LastSeq != 3 || ran.Load() != 3 {
+		t.Errorf("calls stored %d, run %d; want 3 and 3 (call_2 once)", info.State.LastSeq, ran.Load())
+	}
+}

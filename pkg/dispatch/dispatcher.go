@@ -152,13 +152,15 @@ type Dispatcher struct {
 	// webhooksSeen and responses back the webhook intake.
 	webhooksSeen jetstream.KeyValue
 	responses    jetstream.KeyValue
-	timers       jetstream.Stream
-	registry     *registry
-	gather       *gatherer
-	limiter      *limiter
-	tel          *telemetry
-	inspect      *inspector // what the inspection API and the console read
-	teamAPIs     *teamAPIs
+	// steps backs stepOf (Agents sessions).
+	steps    jetstream.KeyValue
+	timers   jetstream.Stream
+	registry *registry
+	gather   *gatherer
+	limiter  *limiter
+	tel      *telemetry
+	inspect  *inspector // what the inspection API and the console read
+	teamAPIs *teamAPIs
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -361,6 +363,9 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 		return err
 	}
 	if d.responses, err = provision.KeyValue(ctx, d.js, provision.ResponseBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.steps, err = provision.KeyValue(ctx, d.js, provision.StepBucketConfig(popts)); err != nil {
 		return err
 	}
 	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {

@@ -48,6 +48,9 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		t.Deadline = req.Deadline.UTC()
 	}
 
+	if existing, err := d.stepOf(ctx, req, key); existing != nil || err != nil {
+		return existing, err // the rest of a step taken in already, or unknown yet
+	}
 	// Resolve every call first: the record must say which team owns each.
 	failures, err := d.resolveCalls(ctx, t, req.Calls)
 	if err != nil {
@@ -59,6 +62,9 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	// take the turn in.
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
+	}
+	if err := d.rememberStep(ctx, t); err != nil {
+		return nil, err
 	}
 	tctx, span := d.tel.startTurn(ctx, t)
 	rev, err := d.record(ctx, t)
