@@ -109,8 +109,17 @@ func (req *watchRequest) ref() (Ref, error) {
 	return ref, ref.Validate()
 }
 
+// maxWatchBody bounds a POST /v1/watch body: a reference to a platform
+// object and a little metadata.
+const maxWatchBody = 64 << 10
+
 func (d *Dispatcher) postWatch(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWatchBody))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than the %d KiB a watch request may be", maxWatchBody>>10))
+		return
+	}
 	if err != nil {
 		writeFieldError(w, &FieldError{Message: "could not read the body"})
 		return

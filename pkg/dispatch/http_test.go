@@ -285,3 +285,17 @@ func TestWatchAcceptedWhileThePlatformFails(t *testing.T) {
 		t.Errorf("watch %s (%s); want completed once the platform answers", w.State, w.Error)
 	}
 }
+
+// A watch request over the size limit is told so (413), not that its
+// JSON is truncated.
+func TestWatchBodyOverTheLimitIs413(t *testing.T) {
+	e := newEnv(t)
+	d, _ := e.dispatcher(dispatch.Options{})
+	hs := httptest.NewServer(d.Handler())
+	t.Cleanup(hs.Close)
+	status, reply := postWatch(t, hs.URL, `{"platform":"responses","response_id":"`+strings.Repeat("r", 1<<20)+`"}`)
+	errObj, _ := reply["error"].(map[string]any)
+	if msg, _ := errObj["message"].(string); status != http.StatusRequestEntityTooLarge || !strings.Contains(msg, "larger than the 64 KiB") {
+		t.Errorf("a 1 MiB watch request: %d %v; want 413 naming the limit", status, reply)
+	}
+}
