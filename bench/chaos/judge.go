@@ -305,6 +305,9 @@ func (r *result) writeReport(path string) error {
 	}
 	fmt.Fprintf(&b, "| all | %d | %d | %d |\n\n", total(fg.convs), total(fg.turns), total(fg.calls))
 	fmt.Fprintf(&b, "MCP `tools/call` through `/mcp` (the official client, a dispatcher chosen at random): %d answered\nright, %d failed (a transport error or `isError`, as when the dispatcher holding the request\nis killed), %d answered wrong.\n\n", r.mcpOK, r.mcpFailed, r.mcpWrong)
+	mcp := r.mcpOK + r.mcpFailed + r.mcpWrong
+	fmt.Fprintf(&b, "In all, %d turns: %d of the platforms and %d MCP calls (each a one-call turn of its own).\n\n",
+		total(fg.turns)+mcp, total(fg.turns), mcp)
 	for _, e := range r.mcpErrors {
 		fmt.Fprintf(&b, "- a failure: `%s`\n", strings.ReplaceAll(e, "`", "'"))
 	}
