@@ -44,13 +44,13 @@ func main() {
 	flag.IntVar(&cfg.samples, "samples", 1000, "closed-loop samples per latency measurement")
 	flag.StringVar(&cfg.out, "out", "../docs", "where to write benchmarks.md and the plots")
 	flag.BoolVar(&cfg.quick, "quick", false, "small counts, to check the bench itself")
-	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, scale, memory")
+	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, mcp, scale, memory")
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.IntVar(&inflightCalls, "inflight", inflightCalls, "calls kept in flight in the saturation runs")
 	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
-	only := flag.String("only", "", "comma-separated phases to run (floor, toolrelay, parallel, scale, memory, micro, asynq); default all")
+	only := flag.String("only", "", "comma-separated phases to run (floor, toolrelay, parallel, scale, memory, micro, mcp, asynq); default all")
 	flag.Parse()
 	cfg.skip = map[string]bool{}
 	for _, s := range splitComma(skip) {
@@ -75,7 +75,7 @@ func main() {
 		for _, s := range splitComma(*only) {
 			keep[s] = true
 		}
-		for _, s := range []string{"floor", "toolrelay", "parallel", "scale", "memory", "micro", "asynq"} {
+		for _, s := range []string{"floor", "toolrelay", "parallel", "scale", "memory", "micro", "mcp", "asynq"} {
 			if !keep[s] {
 				cfg.skip[s] = true
 			}
@@ -128,6 +128,7 @@ func run(ctx context.Context, cfg config) error {
 		{"scale", measureScale},
 		{"memory", measureMemory},
 		{"micro", measureMicro},
+		{"mcp", measureMCP},
 		{"asynq", measureAsynq},
 	}
 	for _, s := range steps {

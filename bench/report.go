@@ -43,6 +43,7 @@ type report struct {
 	memory     []memory
 	microRate  float64
 	microLat   latencies
+	mcpLat     latencies
 	asynqRate  float64
 	asynqLat   latencies
 }
@@ -117,6 +118,13 @@ func (r *report) rows() []row {
 	}
 	if r.microRate > 0 {
 		rows = append(rows, row{"NATS micro request-reply (at most once)", fmt.Sprintf("%.0f calls/s; %s", r.microRate, pcts(r.microLat)), ratio(r.microRate, r.floorRate), "", ""})
+	}
+	if len(r.mcpLat) > 0 {
+		ratio := ""
+		if len(r.microLat) > 0 {
+			ratio = fmt.Sprintf("%.1f× NATS micro's p50", msf(r.mcpLat.pct(50))/msf(r.microLat.pct(50)))
+		}
+		rows = append(rows, row{"MCP tools/call through /mcp, no-op, closed loop", pcts(r.mcpLat), ratio, "", ""})
 	}
 	if r.asynqRate > 0 {
 		best := 0.0
