@@ -6,6 +6,7 @@ package turnfixture
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -40,13 +41,28 @@ func Open(tb testing.TB, js jetstream.JetStream, n int) {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		if _, err := js.PublishAsync(provision.TimerSubjectPrefix+".sched."+string(key), []byte(key)); err != nil {
-			tb.Fatal(err)
-		}
-		if _, err := js.PublishAsync("$KV."+provision.TurnBucket+"."+string(key), b); err != nil {
-			tb.Fatal(err)
-		}
+		publish(tb, js, provision.TimerSubjectPrefix+".sched."+string(key), []byte(key))
+		publish(tb, js, "$KV."+provision.TurnBucket+"."+string(key), b)
 	}
+	drained(tb, js)
+}
+
+// publish publishes asynchronously; when too many publications await
+// their acks (a slow machine), it lets them drain and tries again.
+func publish(tb testing.TB, js jetstream.JetStream, subject string, data []byte) {
+	for {
+		_, err := js.PublishAsync(subject, data)
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return
+		}
+		drained(tb, js)
+	}
+}
+
+func drained(tb testing.TB, js jetstream.JetStream) {
 	select {
 	case <-js.PublishAsyncComplete():
 	case <-time.After(30 * time.Second):
