@@ -63,9 +63,6 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
 	}
-	if err := d.rememberStep(ctx, t); err != nil {
-		return nil, err
-	}
 	tctx, span := d.tel.startTurn(ctx, t)
 	rev, err := d.record(ctx, t)
 	if errors.Is(err, errConflict) {
@@ -167,20 +164,29 @@ func oversized(name string, n, budget int) *protocol.CallError {
 		Message: fmt.Sprintf("The arguments for %s are %d KiB, %s. Call it again with smaller arguments.", name, (n+1023)>>10, limit)}
 }
 
-// record makes the turn durable: its deadline timer and its record (created
-// by compare-and-set: errConflict if it exists) are published together, and
-// the calls only go out once both are stored. The timer's subjects are also
-// the index of open turns the sweep reads. It returns the record's
-// revision.
+// record makes the turn durable: its deadline timer, its record (created
+// by compare-and-set: errConflict if it exists) and, for an Agents session,
+// its step are published together, and the calls only go out once all are
+// stored. The timer's subjects are also the index of open turns the sweep
+// reads. It returns the record's revision.
 func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	b, err := encodeTurn(t)
 	if err != nil {
 		return 0, err
 	}
 	sent := time.Now()
-	timer, err := d.scheduleDeadlineAsync(t)
-	if err != nil {
+	// Beside the record go the writes that must exist once it does: the
+	// timer (or the turn has no deadline and the sweep never sees it) and
+	// the step (or its remaining calls are taken in again). Each can be
+	// written again safely.
+	beside := []companion{{failed: "arming deadline failed; the turn has no deadline", again: func(ctx context.Context) error { return d.scheduleDeadline(ctx, t) }}}
+	if beside[0].ack, err = d.scheduleDeadlineAsync(t); err != nil {
 		return 0, err
+	}
+	if step, err := d.stepAsync(t); err != nil {
+		return 0, err
+	} else if step != nil {
+		beside = append(beside, companion{failed: "remembering the step failed; its remaining calls may be taken in again", ack: step, again: func(ctx context.Context) error { return d.rememberStep(ctx, t) }})
 	}
 	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b, jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil {
@@ -193,18 +199,26 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := awaitAck(ctx, timer, sent); err != nil {
-		// The record exists: the timer must too, or the turn has no
-		// deadline and the sweep (which finds open turns by their timers)
-		// never sees it. Publishing it again is safe (one schedule per
-		// turn's subject), so keep at it while JetStream fails over.
-		if _, err := whileUnavailable(ctx, armRetryFor, func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, d.scheduleDeadline(ctx, t)
-		}); err != nil {
-			d.log.ErrorContext(ctx, "arming deadline failed; the turn has no deadline", "turn", t.Key, "err", err)
+	for _, c := range beside {
+		if _, err := awaitAck(ctx, c.ack, sent); err != nil {
+			// The record exists, so this write must too: keep at it while
+			// JetStream fails over.
+			if _, err := whileUnavailable(ctx, armRetryFor, func(ctx context.Context) (struct{}, error) {
+				return struct{}{}, c.again(ctx)
+			}); err != nil {
+				d.log.ErrorContext(ctx, c.failed, "turn", t.Key, "err", err)
+			}
 		}
 	}
 	return ack.Sequence, nil
+}
+
+// companion is a write published beside a turn's record: its pending
+// acknowledgement, how to write it again, and what to log if that fails.
+type companion struct {
+	ack    jetstream.PubAckFuture
+	again  func(context.Context) error
+	failed string
 }
 
 // armRetryFor bounds how long arming a recorded turn's deadline is

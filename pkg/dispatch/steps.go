@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -22,8 +23,8 @@ import (
 // step's outputs in one request and never show part of a step.
 //
 // So each Agents session turn (its scope) remembers the calls of its
-// latest step, and a request whose calls are all among them is the turn
-// already taken in for that step.
+// latest step, written beside the turn's record, and a request whose calls
+// are all among them is the turn already taken in for that step.
 
 // step is what the step bucket keeps per Agents session turn.
 type step struct {
@@ -67,18 +68,23 @@ func (d *Dispatcher) stepOf(ctx context.Context, req *TurnRequest, key protocol.
 	return t, nil
 }
 
-// rememberStep records t as its session turn's latest step (Agents only),
-// before the turn is recorded: by the time any of its results is
-// submitted, a request for its remaining calls finds it.
-func (d *Dispatcher) rememberStep(ctx context.Context, t *Turn) error {
+// stepAsync publishes t as its session turn's latest step (Agents only:
+// nil otherwise), beside its record (see record): by the time any of its
+// results is submitted, a request for its remaining calls finds it.
+func (d *Dispatcher) stepAsync(t *Turn) (jetstream.PubAckFuture, error) {
 	if t.Ref.Platform != protocol.PlatformAgents {
-		return nil
+		return nil, nil
 	}
-	s := step{Turn: t.Key}
-	for _, c := range t.Calls {
-		s.Calls = append(s.Calls, c.ID)
+	b, err := encodeStep(t)
+	if err != nil {
+		return nil, err
 	}
-	b, err := json.Marshal(&s)
+	return d.js.PublishAsync(kvSubject(provision.StepBucket, stepKey(t.Scope)), b)
+}
+
+// rememberStep writes t's step again, waiting for it.
+func (d *Dispatcher) rememberStep(ctx context.Context, t *Turn) error {
+	b, err := encodeStep(t)
 	if err != nil {
 		return err
 	}
@@ -86,4 +92,12 @@ func (d *Dispatcher) rememberStep(ctx context.Context, t *Turn) error {
 		return fmt.Errorf("dispatch: remember the step of %s: %w", t.Scope, err)
 	}
 	return nil
+}
+
+func encodeStep(t *Turn) ([]byte, error) {
+	s := step{Turn: t.Key}
+	for _, c := range t.Calls {
+		s.Calls = append(s.Calls, c.ID)
+	}
+	return json.Marshal(&s)
 }
