@@ -76,6 +76,19 @@ func (e *natsEnv) close() {
 // latencies summarises closed-loop samples.
 type latencies []time.Duration
 
+// closedLoop times call n times, one at a time.
+func closedLoop(n int, call func() error) (latencies, error) {
+	lat := make(latencies, 0, n)
+	for range n {
+		t0 := time.Now()
+		if err := call(); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	return lat, nil
+}
+
 func (l latencies) sorted() latencies {
 	s := slices.Clone(l)
 	slices.Sort(s)

@@ -112,18 +112,19 @@ func measureFloor(ctx context.Context, cfg config, r *report) error {
 	fmt.Printf("   throughput %.0f calls/s\n", r.floorRate)
 
 	// Round trip, closed loop: one call at a time.
-	lat := make(latencies, 0, cfg.samples)
-	for range cfg.samples {
-		t0 := time.Now()
+	lat, err := closedLoop(cfg.samples, func() error {
 		if _, err := js.PublishAsync("fncall.bench.noop", payload); err != nil {
 			return err
 		}
 		select {
 		case <-f.got:
+			return nil
 		case <-time.After(10 * time.Second):
 			return fmt.Errorf("floor: round trip lost")
 		}
-		lat = append(lat, time.Since(t0))
+	})
+	if err != nil {
+		return err
 	}
 	r.floorLat = lat
 	fmt.Printf("   round trip p50 %.3fms p99 %.3fms\n", msf(lat.pct(50)), msf(lat.pct(99)))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -44,13 +43,9 @@ func measureMCP(ctx context.Context, cfg config, r *report) error {
 			return err
 		}
 	}
-	lat := make(latencies, 0, cfg.samples)
-	for range cfg.samples {
-		t0 := time.Now()
-		if err := call(); err != nil {
-			return err
-		}
-		lat = append(lat, time.Since(t0))
+	lat, err := closedLoop(cfg.samples, call)
+	if err != nil {
+		return err
 	}
 	r.mcpLat = lat
 	fmt.Printf("   tools/call round trip p50 %.3fms\n", msf(lat.pct(50)))

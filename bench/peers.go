@@ -60,13 +60,12 @@ func measureMicro(ctx context.Context, cfg config, r *report) error {
 	default:
 	}
 	r.microRate = float64(per*workers) / time.Since(start).Seconds()
-	lat := make(latencies, 0, cfg.samples)
-	for range cfg.samples {
-		t0 := time.Now()
-		if _, err := cnc.Request("bench.noop", payload, 10*time.Second); err != nil {
-			return err
-		}
-		lat = append(lat, time.Since(t0))
+	lat, err := closedLoop(cfg.samples, func() error {
+		_, err := cnc.Request("bench.noop", payload, 10*time.Second)
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	r.microLat = lat
 	fmt.Printf("   %.0f calls/s; round trip p50 %.3fms\n", r.microRate, msf(lat.pct(50)))
