@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,8 +34,11 @@ type gatherer struct {
 type gathering struct {
 	turn *Turn
 	// rev is the record's revision when turn was read or written here.
-	rev     uint64
-	results map[protocol.CallKey]*protocol.Result
+	rev uint64
+	// results holds the results seen here, in the order of turn.Calls;
+	// it is allocated with the first, so an open turn waiting for its
+	// calls (most of them, under load) costs no more than its record.
+	results []*protocol.Result
 	recheck *time.Timer
 }
 
@@ -128,8 +132,8 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	_ = msg.Ack()
-	call := st.turn.call(key)
-	if call == nil || call.Team != team {
+	i := st.turn.callIndex(key)
+	if i < 0 || st.turn.Calls[i].Team != team {
 		span.SetStatus(codes.Error, "result from a team that does not own the call")
 		log.WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
 		return
@@ -137,7 +141,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	g.d.tel.result(ctx, st.turn, res)
 	g.d.inspect.stats.record(st.turn, res)
 	crashpoint.Reached(crashpoint.Gather, string(turnKey))
-	if g.add(st, res) {
+	if g.add(st, i, res) {
 		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
 	}
 }
@@ -173,18 +177,21 @@ func (g *gatherer) track(t *Turn, rev uint64) *gathering {
 	if st := g.turns[t.Key]; st != nil {
 		return st
 	}
-	st := &gathering{turn: t, rev: rev, results: map[protocol.CallKey]*protocol.Result{}}
+	st := &gathering{turn: t, rev: rev}
 	g.turns[t.Key] = st
 	return st
 }
 
-// add records a result; it reports whether the turn is now complete here.
-// If not, it schedules a re-check of the stream.
-func (g *gatherer) add(st *gathering, res *protocol.Result) bool {
+// add records the result of the turn's call i; it reports whether the
+// turn is now complete here. If not, it schedules a re-check of the stream.
+func (g *gatherer) add(st *gathering, i int, res *protocol.Result) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st.results[res.Key] = res
-	if len(st.results) >= len(st.turn.Calls) {
+	if st.results == nil {
+		st.results = make([]*protocol.Result, len(st.turn.Calls))
+	}
+	st.results[i] = res
+	if !slices.Contains(st.results, nil) {
 		return true
 	}
 	g.scheduleRecheck(st)
@@ -283,8 +290,10 @@ func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.
 	g.mu.Lock()
 	st := g.turns[t.Key]
 	var res *protocol.Result
-	if st != nil {
-		res = st.results[c.Key]
+	if st != nil && st.results != nil {
+		if i := st.turn.callIndex(c.Key); i >= 0 {
+			res = st.results[i]
+		}
 	}
 	g.mu.Unlock()
 	if res != nil {

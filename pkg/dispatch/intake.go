@@ -188,11 +188,16 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	} else if step != nil {
 		beside = append(beside, companion{failed: "remembering the step failed; its remaining calls may be taken in again", ack: step, again: func(ctx context.Context) error { return d.rememberStep(ctx, t) }})
 	}
-	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b, jetstream.WithExpectLastSequencePerSubject(0))
+	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b.Bytes(), jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil {
 		return 0, err
 	}
 	ack, err := awaitAck(ctx, rec, sent)
+	if err == nil || firstwins.Lost(err) {
+		// Answered: the client will not publish b again. (After a
+		// timeout or while no server answers, it may still retry.)
+		b.release()
+	}
 	if firstwins.Lost(err) {
 		return 0, errConflict
 	}

@@ -1,11 +1,13 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -88,15 +90,53 @@ func (t *Turn) teams() []string {
 func (t *Turn) Open() bool { return t.State == TurnCollecting || t.State == TurnSubmitting }
 
 func (t *Turn) call(key protocol.CallKey) *TurnCall {
-	for i := range t.Calls {
-		if t.Calls[i].Key == key {
-			return &t.Calls[i]
-		}
+	if i := t.callIndex(key); i >= 0 {
+		return &t.Calls[i]
 	}
 	return nil
 }
 
-func encodeTurn(t *Turn) ([]byte, error) { return json.Marshal(t) }
+// callIndex returns the index of the call with key in t.Calls, or -1.
+func (t *Turn) callIndex(key protocol.CallKey) int {
+	for i := range t.Calls {
+		if t.Calls[i].Key == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// A turn record is encoded into a pooled buffer, given back once the write
+// that carries it is acknowledged. Records are written three times in a
+// turn's life; without the pool each write leaves a buffer of the record's
+// size behind, in the allocator's size class of the Turn held meanwhile,
+// and the spans those buffers leave half empty stay resident.
+var recordBuffers = sync.Pool{New: func() any { return new(recordBuffer) }}
+
+// maxPooledRecord keeps the buffers of turns with large arguments out of
+// the pool.
+const maxPooledRecord = 16 << 10
+
+// recordBuffer holds one encoded turn record.
+type recordBuffer struct{ bytes.Buffer }
+
+func encodeTurn(t *Turn) (*recordBuffer, error) {
+	b := recordBuffers.Get().(*recordBuffer)
+	b.Reset()
+	if err := json.NewEncoder(b).Encode(t); err != nil {
+		b.release()
+		return nil, fmt.Errorf("dispatch: encode turn record: %w", err)
+	}
+	b.Truncate(b.Len() - 1) // the newline Encode ends with
+	return b, nil
+}
+
+// release gives b back to the pool; b must not be used after.
+func (b *recordBuffer) release() {
+	if b.Cap() <= maxPooledRecord {
+		recordBuffers.Put(b)
+	}
+}
 
 func decodeTurn(b []byte) (*Turn, error) {
 	var t Turn
@@ -130,7 +170,8 @@ func (s turnStore) create(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	rev, err := s.kv.Create(ctx, string(t.Key), b)
+	defer b.release() // a synchronous write: done with b when it returns
+	rev, err := s.kv.Create(ctx, string(t.Key), b.Bytes())
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, errConflict
 	}
@@ -143,7 +184,8 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 	if err != nil {
 		return 0, err
 	}
-	rev, err = s.kv.Update(ctx, string(t.Key), b, rev)
+	defer b.release() // a synchronous write: done with b when it returns
+	rev, err = s.kv.Update(ctx, string(t.Key), b.Bytes(), rev)
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, errConflict
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -30,27 +31,38 @@ type CallKey string
 func NewTurnKey(p Platform, scope string, callIDs []string) TurnKey {
 	ids := slices.Clone(callIDs)
 	slices.Sort(ids)
-	h := sha256.New()
-	writeField(h, string(p))
-	writeField(h, scope)
+	b := make([]byte, 0, 64)
+	b = appendField(b, string(p))
+	b = appendField(b, scope)
 	for _, id := range ids {
-		writeField(h, id)
+		b = appendField(b, id)
 	}
-	return TurnKey(hex.EncodeToString(h.Sum(nil))[:turnKeyLen])
+	sum := sha256.Sum256(b)
+	var h [turnKeyLen]byte
+	hex.Encode(h[:], sum[:turnKeyLen/2])
+	return TurnKey(h[:]) // the only allocation: keys are held by every open turn
 }
 
-// writeField writes a length-prefixed field so that ("ab","c") and ("a","bc")
-// hash differently.
-func writeField(h interface{ Write([]byte) (int, error) }, s string) {
-	_, _ = fmt.Fprintf(h, "%d:%s;", len(s), s)
+// appendField appends a length-prefixed field ("<len>:<s>;") so that
+// ("ab","c") and ("a","bc") hash differently.
+func appendField(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	b = append(b, s...)
+	return append(b, ';')
 }
 
 // Call derives the key of the call with the given platform call ID.
 func (t TurnKey) Call(callID string) CallKey {
-	h := sha256.New()
-	writeField(h, string(t))
-	writeField(h, callID)
-	return CallKey(string(t) + "." + hex.EncodeToString(h.Sum(nil))[:callTokLen])
+	sum := sha256.Sum256(appendField(appendField(make([]byte, 0, 64), string(t)), callID))
+	var h [callTokLen]byte
+	hex.Encode(h[:], sum[:callTokLen/2])
+	var k strings.Builder // one allocation, as for the turn key
+	k.Grow(len(t) + 1 + callTokLen)
+	k.WriteString(string(t))
+	k.WriteByte('.')
+	k.Write(h[:])
+	return CallKey(k.String())
 }
 
 // Validate reports whether t is well formed.

@@ -388,3 +388,19 @@ func TestHeaderCarrierKeepsCase(t *testing.T) {
 		t.Errorf("keys = %v", c.Keys())
 	}
 }
+
+// Keys are stored (turn records, message IDs, result subjects), so a
+// dispatcher of one version must derive the keys an older one did: these
+// values were computed by the first release's derivation.
+func TestKeysAreStableAcrossVersions(t *testing.T) {
+	turn := NewTurnKey(PlatformAgents, "s:1", []string{"b", "a"})
+	if want := TurnKey("87ec06af8005b70ef47e453f21a4d31b"); turn != want {
+		t.Errorf("turn key %s, want %s", turn, want)
+	}
+	if got, want := turn.Call("call_1"), CallKey("87ec06af8005b70ef47e453f21a4d31b.e941a8b7066bfdd2"); got != want {
+		t.Errorf("call key %s, want %s", got, want)
+	}
+	if got, want := NewTurnKey(PlatformResponses, "", nil), TurnKey("5884adda0eba558e927840c0e4a6bb5a"); got != want {
+		t.Errorf("empty turn key %s, want %s", got, want)
+	}
+}
