@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -118,23 +117,26 @@ var recordBuffers = sync.Pool{New: func() any { return new(recordBuffer) }}
 const maxPooledRecord = 16 << 10
 
 // recordBuffer holds one encoded turn record.
-type recordBuffer struct{ bytes.Buffer }
+type recordBuffer struct{ b []byte }
 
 func encodeTurn(t *Turn) (*recordBuffer, error) {
-	b := recordBuffers.Get().(*recordBuffer)
-	b.Reset()
-	if err := json.NewEncoder(b).Encode(t); err != nil {
-		b.release()
-		return nil, fmt.Errorf("dispatch: encode turn record: %w", err)
+	rb := recordBuffers.Get().(*recordBuffer)
+	b, err := appendTurn(rb.b[:0], t)
+	if err != nil {
+		rb.release()
+		return nil, err
 	}
-	b.Truncate(b.Len() - 1) // the newline Encode ends with
-	return b, nil
+	rb.b = b
+	return rb, nil
 }
 
-// release gives b back to the pool; b must not be used after.
-func (b *recordBuffer) release() {
-	if b.Cap() <= maxPooledRecord {
-		recordBuffers.Put(b)
+// Bytes returns the record.
+func (rb *recordBuffer) Bytes() []byte { return rb.b }
+
+// release gives rb back to the pool; rb must not be used after.
+func (rb *recordBuffer) release() {
+	if cap(rb.b) <= maxPooledRecord {
+		recordBuffers.Put(rb)
 	}
 }
 
