@@ -171,8 +171,8 @@ func (r *report) markdown() string {
 		"publish a call, pull it, acknowledge it, publish a result, consume the result — with toolrelay's stream settings " +
 		"(file storage, one replica, work-queue calls, first-result-wins results) and no toolrelay code. " +
 		"toolrelay runs its whole path: intake (turn record by compare-and-set, deadline timer), " +
-		"validation against the function's JSON Schema, publication with message IDs and TTLs, the executor (schema check " +
-		"again, handler under the deadline, first-wins result, ack), gathering, the submission compare-and-set and a " +
+		"validation against the function's JSON Schema, publication with message IDs and TTLs, the executor (no second schema check " +
+		"when the call names the executor's own schema, the handler under the deadline, first-wins result, ack), gathering, the submission compare-and-set and a " +
 		"submission to an in-process platform sink. Each phase gets a fresh embedded JetStream server.\n\n")
 	b.WriteString("| measurement | value | ratio to floor | target |\n|---|---|---|---|\n")
 	for _, x := range r.rows() {

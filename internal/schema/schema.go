@@ -7,6 +7,9 @@ package schema
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -19,8 +22,26 @@ import (
 // Schema is a compiled parameter schema. It is safe for concurrent use.
 type Schema struct {
 	function string
+	digest   string
 	s        *jsonschema.Schema
 }
+
+// Digest identifies a schema by its content, whatever its key order and
+// spacing: 16 hex characters.
+func Digest(raw []byte) string {
+	var v any
+	canonical := raw
+	if json.Unmarshal(raw, &v) == nil {
+		if b, err := json.Marshal(v); err == nil {
+			canonical = b
+		}
+	}
+	sum := sha256.Sum256(bytes.TrimSpace(canonical))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Digest returns the Digest of the schema s was compiled from.
+func (s *Schema) Digest() string { return s.digest }
 
 // Compile compiles the parameter schema of function. The schema must be a
 // self-contained JSON object: references to other documents are refused.
@@ -42,7 +63,7 @@ func Compile(function string, raw []byte) (*Schema, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema of %s: %w", function, err)
 	}
-	return &Schema{function: function, s: s}, nil
+	return &Schema{function: function, digest: Digest(raw), s: s}, nil
 }
 
 type refuseLoader struct{}

@@ -485,7 +485,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		}
 		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
-		d.publishCalls(ctx, t, recorded)
+		d.publishCalls(ctx, t, recorded, nil)
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:
 		// The replica that won may have died mid-submission: take the turn

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"slices"
 	"time"
+
+	"github.com/toolrelay/toolrelay/internal/schema"
 )
 
 // FunctionView is a function as GET /v1/functions and the console show
@@ -98,7 +100,7 @@ func (r *registry) views(caller Caller) []FunctionView {
 			continue
 		}
 		v := FunctionView{Name: name, Team: spec.Team, Description: spec.Description, Version: spec.FunctionVersion,
-			Parameters: spec.Parameters, SchemaDigest: schemaDigest(spec.Parameters), MaxConcurrency: spec.MaxConcurrency,
+			Parameters: spec.Parameters, SchemaDigest: schema.Digest(spec.Parameters), MaxConcurrency: spec.MaxConcurrency,
 			SideEffects: spec.SideEffects, Executors: []ExecutorView{}}
 		live := r.liveOf(name, spec.Team)
 		if len(live) > 0 {

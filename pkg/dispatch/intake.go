@@ -52,7 +52,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		return existing, err // the rest of a step taken in already, or unknown yet
 	}
 	// Resolve every call first: the record must say which team owns each.
-	failures, err := d.resolveCalls(ctx, t, req.Calls)
+	failures, checked, err := d.resolveCalls(ctx, t, req.Calls)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +76,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 			// carry their key as message ID, so publishing them again is
 			// dropped by the server wherever the first publication got
 			// through.
-			d.publishCalls(ctx, existing, nil)
+			d.publishCalls(ctx, existing, nil, nil)
 		}
 		return existing, err
 	} else if err != nil {
@@ -101,21 +101,24 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		c := t.call(k)
 		d.recordFailure(ctx, t, c, cerr)
 	}
-	d.publishCalls(ctx, t, nil)
+	d.publishCalls(ctx, t, nil, checked)
 	crashpoint.Reached(crashpoint.Fanout, string(key))
 	return t, nil
 }
 
 // resolveCalls adds req's calls to t, each with the team that owns it, and
-// returns the failures of those that cannot work (marked Rejected).
-func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, error) {
+// returns the failures of those that cannot work (marked Rejected) and,
+// in the order of t.Calls, the digest of the schema each other call's
+// arguments were checked against.
+func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, []string, error) {
 	failures := map[protocol.CallKey]*protocol.CallError{}
+	checked := make([]string, len(calls))
 	seen := map[string]bool{}
 	budget := turnArgumentsBudget
-	for _, c := range calls {
+	for i, c := range calls {
 		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments}
 		if seen[c.ID] {
-			return nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
+			return nil, nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
 		}
 		seen[c.ID] = true
 		stored := tc.Arguments // as the record keeps them
@@ -126,7 +129,7 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 		if cerr != nil {
 			stored = mustJSONString(fmt.Sprintf("(%d bytes, not kept)", len(stored)))
 		} else {
-			cerr = d.resolve(ctx, &tc, d.opts.ServeGrace)
+			checked[i], cerr = d.resolve(ctx, &tc, d.opts.ServeGrace)
 		}
 		if cerr != nil {
 			failures[tc.Key] = cerr
@@ -137,7 +140,7 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 		tc.Arguments = stored
 		t.Calls = append(t.Calls, tc)
 	}
-	return failures, nil
+	return failures, checked, nil
 }
 
 // The turn record carries every call's arguments (a replica that resumes

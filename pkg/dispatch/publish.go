@@ -17,8 +17,10 @@ import (
 
 // publishCalls publishes every call of t not rejected at intake and not in
 // skip. Message IDs make a repeat (resume after a crash) a no-op on the
-// server.
-func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protocol.CallKey]bool) {
+// server. checked, when not nil, holds in the order of t.Calls the digest
+// of the schema each call's arguments were checked against at intake; a
+// call published again without it is checked by its executor.
+func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protocol.CallKey]bool, checked []string) {
 	type pending struct {
 		call    *TurnCall
 		msg     *nats.Msg
@@ -52,7 +54,11 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 		if c.Rejected || skip[c.Key] {
 			continue
 		}
-		msg, err := d.callMsg(t, c)
+		var digest string
+		if checked != nil {
+			digest = checked[i]
+		}
+		msg, err := d.callMsg(t, c, digest)
 		if err != nil {
 			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
 			continue
@@ -100,7 +106,7 @@ func (d *Dispatcher) republish(ctx context.Context, t *Turn, c *TurnCall, msg *n
 	return err
 }
 
-func (d *Dispatcher) callMsg(t *Turn, c *TurnCall) (*nats.Msg, error) {
+func (d *Dispatcher) callMsg(t *Turn, c *TurnCall, checked string) (*nats.Msg, error) {
 	call := &protocol.Call{
 		Version: protocol.Version, Key: c.Key, Platform: t.Ref.Platform, Scope: t.Scope, CallID: c.ID,
 		Team: c.Team, Function: c.Name, Arguments: c.Arguments, Deadline: t.Deadline, CreatedAt: t.CreatedAt,
@@ -114,6 +120,9 @@ func (d *Dispatcher) callMsg(t *Turn, c *TurnCall) (*nats.Msg, error) {
 	m.Header.Set(protocol.HeaderCallKey, string(c.Key))
 	m.Header.Set(protocol.HeaderDeadline, t.Deadline.Format(time.RFC3339Nano))
 	m.Header.Set(protocol.HeaderFunction, c.Name)
+	if checked != "" {
+		m.Header.Set(protocol.HeaderSchema, checked)
+	}
 	return m, nil
 }
 

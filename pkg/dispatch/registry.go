@@ -1,11 +1,7 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -161,7 +157,7 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid declaration", "key", e.Key(), "err", err)
 		return
 	}
-	digest := schemaDigest(decl.Spec.Parameters)
+	digest := schema.Digest(decl.Spec.Parameters)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.schemas[name+"/"+digest]
@@ -385,36 +381,21 @@ func (r *registry) fleet() []fleetGauge {
 }
 
 // validate checks arguments against the live declarations' schemas (see
-// registry) and returns a message for the model, or "" if they are valid.
-func (f *function) validate(args []byte) string {
+// registry). It returns the digest of the schema they match, or a message
+// for the model when they match none.
+func (f *function) validate(args []byte) (digest, problem string) {
 	if len(f.live) == 0 {
-		return ""
+		return "", ""
 	}
-	tried := make(map[*schema.Schema]bool, 1)
-	for _, d := range f.live {
-		if tried[d.schema] {
-			continue
+	for i, d := range f.live {
+		if slices.ContainsFunc(f.live[:i], func(e *declared) bool { return e.schema == d.schema }) {
+			continue // tried already
 		}
-		tried[d.schema] = true
 		if d.schema.Check(args) == "" {
-			return ""
+			return d.digest, ""
 		}
 	}
-	return f.live[0].schema.Check(args)
-}
-
-// schemaDigest identifies a schema by its content, whatever its key order
-// and spacing.
-func schemaDigest(raw json.RawMessage) string {
-	var v any
-	canonical := []byte(raw)
-	if json.Unmarshal(raw, &v) == nil {
-		if b, err := json.Marshal(v); err == nil {
-			canonical = b
-		}
-	}
-	sum := sha256.Sum256(bytes.TrimSpace(canonical))
-	return hex.EncodeToString(sum[:8])
+	return "", f.live[0].schema.Check(args)
 }
 
 // served returns the functions of the teams sees accepts that a live

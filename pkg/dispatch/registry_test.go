@@ -3,10 +3,15 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/internal/schema"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -132,6 +137,47 @@ func TestDispatcherDecidesOwnership(t *testing.T) {
 			if f.Spec.Name == "get_weather" && x.Executor != "geo" {
 				t.Errorf("get_weather is served by %s in the registry, want only geo's executor", x.Executor)
 			}
+		}
+	}
+}
+
+// Each call says which schema its arguments were checked against, so that
+// its executor need not check them again when it declares that schema,
+// and does when it declares another: during a rollout, a call the
+// dispatcher let through under v1's schema names v1's, never v2's.
+func TestACallNamesTheSchemaItsArgumentsMatched(t *testing.T) {
+	e := newEnv(t)
+	e.declare("geo", "get_weather", weatherV1, "exec-v1", "instance-v1")
+	e.declare("geo", "get_weather", weatherV2, "exec-v2", "instance-v2")
+	d, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 2 })
+	ctx := context.Background()
+	calls, err := provision.Stream(ctx, e.js, provision.CallStreamConfig("geo", provision.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := calls.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "inspect", FilterSubject: protocol.CallSubject("geo", "get_weather"), AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct{ args, schema string }{{`{"location":"Oslo"}`, weatherV1}, {`{"city":"Oslo"}`, weatherV2}} {
+		ref := dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_schema_" + strconv.Itoa(i)}
+		if _, err := d.Intake(ctx, &dispatch.TurnRequest{Ref: ref, Scope: ref.ResponseID,
+			Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: json.RawMessage(tc.args)}}}); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range msgs.Messages() {
+			if got, want := m.Headers().Get(protocol.HeaderSchema), schema.Digest([]byte(tc.schema)); got != want {
+				t.Errorf("%s: call says it was checked against schema %q, want %q", tc.args, got, want)
+			}
+			_ = m.Ack()
+		}
+		if msgs.Error() != nil {
+			t.Fatal(msgs.Error())
 		}
 	}
 }

@@ -10,19 +10,20 @@ import (
 
 // resolve finds the team of a call and validates its arguments; it returns
 // the failure the model should see, or nil. A function no live executor
-// serves is waited for up to grace.
-func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Duration) *protocol.CallError {
+// serves is waited for up to grace. With no failure it returns the digest
+// of the schema the arguments match (see protocol.HeaderSchema).
+func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Duration) (checked string, cerr *protocol.CallError) {
 	if err := protocol.ValidateFunctionName(c.Name); err != nil {
-		return &protocol.CallError{Code: protocol.CodeUnknownFunction,
+		return "", &protocol.CallError{Code: protocol.CodeUnknownFunction,
 			Message: fmt.Sprintf("There is no function named %q. Use one of the functions you were given.", c.Name)}
 	}
 	f, err := d.registry.lookup(ctx, c.Name)
 	if err != nil {
-		return &protocol.CallError{Code: protocol.CodeUnavailable,
+		return "", &protocol.CallError{Code: protocol.CodeUnavailable,
 			Message: fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", c.Name)}
 	}
 	if f == nil {
-		return &protocol.CallError{Code: protocol.CodeUnknownFunction,
+		return "", &protocol.CallError{Code: protocol.CodeUnknownFunction,
 			Message: fmt.Sprintf("There is no function named %q. Use one of the functions you were given.", c.Name)}
 	}
 	c.Team = f.team
@@ -31,20 +32,21 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Durati
 	// declaration is a lease its process renews, so it is also the answer
 	// to "is anyone serving this?".
 	if f = d.registry.awaitLive(ctx, f, grace); len(f.live) == 0 {
-		return notServed(c.Name)
+		return "", notServed(c.Name)
 	}
-	if msg := f.validate(c.Arguments); msg != "" {
-		return &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: msg}
+	checked, problem := f.validate(c.Arguments)
+	if problem != "" {
+		return "", &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: problem}
 	}
 	// The team's result stream must exist before its executors can record
 	// a result (it does once the team has declared, unless an operator
 	// removed it since).
 	if _, err := d.gather.streams.stream(ctx, c.Team); err != nil {
 		d.log.Warn("cannot provision the team's result stream", "team", c.Team, "err", err)
-		return &protocol.CallError{Code: protocol.CodeUnavailable,
+		return "", &protocol.CallError{Code: protocol.CodeUnavailable,
 			Message: fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", c.Name)}
 	}
-	return nil
+	return checked, nil
 }
 
 // notServed is the failure of a call to a function no executor serves.
@@ -67,7 +69,7 @@ func (d *Dispatcher) failRejected(ctx context.Context, t *Turn, recorded map[pro
 			continue
 		}
 		probe := *c
-		cerr := d.resolve(ctx, &probe, 0)
+		_, cerr := d.resolve(ctx, &probe, 0)
 		if cerr == nil {
 			cerr = notServed(c.Name)
 		}

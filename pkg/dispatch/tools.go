@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/schema"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -73,7 +74,7 @@ func Registry(ctx context.Context, js jetstream.JetStream) ([]FunctionStatus, er
 			if i == 0 {
 				st.Spec = &d.Spec
 			}
-			digest := schemaDigest(d.Spec.Parameters)
+			digest := schema.Digest(d.Spec.Parameters)
 			schemas[digest] = true
 			st.Executors = append(st.Executors, ExecutorStatus{Executor: d.Executor, Instance: d.Instance, StartedAt: d.StartedAt, Schema: digest})
 		}

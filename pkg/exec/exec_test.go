@@ -16,6 +16,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/internal/schema"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -136,6 +137,12 @@ func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (sto
 
 func (h *harness) call(team, fn, args string, deadline time.Time) *protocol.Call {
 	h.t.Helper()
+	return h.callWith(team, fn, args, deadline, nil)
+}
+
+// callWith is call with headers on the message.
+func (h *harness) callWith(team, fn, args string, deadline time.Time, header nats.Header) *protocol.Call {
+	h.t.Helper()
 	callID := "call_" + strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", "")
 	turn := protocol.NewTurnKey(protocol.PlatformResponses, "resp_test", []string{callID})
 	c := &protocol.Call{
@@ -147,7 +154,8 @@ func (h *harness) call(team, fn, args string, deadline time.Time) *protocol.Call
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	if _, err := h.js.Publish(context.Background(), c.Subject(), data, jetstream.WithMsgID(string(c.Key))); err != nil {
+	m := &nats.Msg{Subject: c.Subject(), Data: data, Header: header}
+	if _, err := h.js.PublishMsg(context.Background(), m, jetstream.WithMsgID(string(c.Key))); err != nil {
 		h.t.Fatal(err)
 	}
 	return c
@@ -188,6 +196,33 @@ func TestCallRunsAndResultIsRecorded(t *testing.T) {
 	}
 	if res.Key != c.Key || res.CallID != c.CallID || res.Attempt != 1 {
 		t.Errorf("result identity = %s %s attempt %d", res.Key, res.CallID, res.Attempt)
+	}
+}
+
+// Arguments are checked once: an executor trusts the dispatcher's check
+// only when the call names the executor's own schema. A call that names
+// another (checked against another version's schema in a rollout) or none
+// (published by something else) is checked again.
+func TestArgumentsAreCheckedAgainUnlessTheCallNamesThisSchema(t *testing.T) {
+	params := `{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}`
+	fn := echo()
+	fn.Parameters = json.RawMessage(params)
+	h := start(t, "team-a", exec.Options{}, fn)
+	deadline := time.Now().Add(time.Minute)
+	for name, header := range map[string]nats.Header{
+		"no schema named":      nil,
+		"another schema named": {protocol.HeaderSchema: []string{schema.Digest([]byte(`{"type":"object"}`))}},
+	} {
+		res := h.result(h.callWith("team-a", "echo", `{"y":1}`, deadline, header), 10*time.Second)
+		if res.OK() || res.Error.Code != protocol.CodeInvalidArguments {
+			t.Errorf("%s: result %+v, want invalid_arguments", name, res)
+		}
+	}
+	// Vouched for against this very schema: not checked again (arguments
+	// the schema refuses show it, as nothing else would let them through).
+	res := h.result(h.callWith("team-a", "echo", `{"y":1}`, deadline, nats.Header{protocol.HeaderSchema: []string{schema.Digest([]byte(params))}}), 10*time.Second)
+	if !res.OK() || res.Output != `{"y":1}` {
+		t.Errorf("call checked against this schema: result %+v, want it run without a second check", res)
 	}
 }
 

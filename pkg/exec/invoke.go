@@ -138,15 +138,24 @@ func minTime(a, b time.Time) time.Time {
 // passed, its arguments break the schema, or its executors died running it
 // too often — with the dead-letter reason it carries, or nil. The worker and
 // package exectest both ask it, so a test sees the executor's rules.
-func (f *Function) precheck(call *protocol.Call, attempt int, retry RetryPolicy, now time.Time) (*protocol.Result, string) {
+//
+// checked is the call's protocol.HeaderSchema: the digest of the schema the
+// dispatcher checked the arguments against.
+func (f *Function) precheck(call *protocol.Call, checked string, attempt int, retry RetryPolicy, now time.Time) (*protocol.Result, string) {
 	if !now.Before(call.Deadline) {
 		return protocol.NewFailure(call, protocol.CodeTimeout,
 			fmt.Sprintf("%s was not started: its deadline passed while it waited to run. Try again later or with a simpler request.", call.Function), now), ""
 	}
-	// The dispatcher validated the arguments; checking again means a call
-	// published by anything else cannot feed a function bad input.
-	if problem := f.schema.Check(call.Arguments); problem != "" {
-		return protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), ""
+	// The dispatcher validated the arguments. Unless it says it did so
+	// against this very schema, they are checked again: a call published
+	// by anything else, or checked against another version's schema while
+	// two run side by side, cannot feed the function bad input. (Only the
+	// dispatchers and the team itself may publish its calls, so a forged
+	// header fools no one but its author.)
+	if checked == "" || checked != f.schema.Digest() {
+		if problem := f.schema.Check(call.Arguments); problem != "" {
+			return protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), ""
+		}
 	}
 	if attempt > retry.MaxAttempts+crashAllowance {
 		return protocol.NewFailure(call, protocol.CodeUnavailable,

@@ -39,7 +39,7 @@ func runDelivery(ctx context.Context, r testhook.Request) (testhook.Outcome, err
 	}
 	retry = retry.withDefaults()
 	now := time.Now()
-	if res, reason := fn.precheck(r.Call, attempt, retry, now); res != nil {
+	if res, reason := fn.precheck(r.Call, "", attempt, retry, now); res != nil {
 		return testhook.Outcome{Result: res, DeadLetter: reason}, nil
 	}
 	log := slog.Default().With("fn", fn.Name, "attempt", attempt)

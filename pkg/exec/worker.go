@@ -227,7 +227,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 			fmt.Sprintf("%s was not run: the platform ended the run before it started.", call.Function), now), "")
 		return
 	}
-	if res, reason := w.fn.precheck(call, attempt, w.retry, now); res != nil {
+	if res, reason := w.fn.precheck(call, msg.Headers().Get(protocol.HeaderSchema), attempt, w.retry, now); res != nil {
 		if res.Error.Code == protocol.CodeInvalidArguments {
 			log.Warn("refusing call with invalid arguments")
 		}

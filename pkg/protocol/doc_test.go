@@ -108,6 +108,7 @@ func renderValues() string {
 		{"header", "`" + HeaderCallKey + "`", "the call key, on calls, results and dead letters"},
 		{"header", "`" + HeaderDeadline + "`", "the call's deadline (RFC 3339, UTC), on calls"},
 		{"header", "`" + HeaderFunction + "`", "the function's name, on calls"},
+		{"header", "`" + HeaderSchema + "`", "the digest of the parameter schema the dispatcher checked the call's arguments against, on calls: an executor with the same schema does not check them again"},
 		{"header", "`" + HeaderReplay + "`", "the replay number (from 1) on a call an operator replayed from the dead letters"},
 		{"envelope version", fmt.Sprint(Version), "`v` written; decoders accept 1 up to it and ignore unknown fields"},
 		{"max envelope size", fmt.Sprint(MaxEnvelopeSize), "bytes of an encoded envelope"},

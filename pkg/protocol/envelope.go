@@ -17,6 +17,10 @@ const (
 	HeaderCallKey  = "Toolrelay-Call-Key"
 	HeaderDeadline = "Toolrelay-Deadline"
 	HeaderFunction = "Toolrelay-Function"
+	// HeaderSchema, on a call, is the digest of the parameter schema the
+	// dispatcher checked its arguments against. An executor whose own
+	// schema has that digest does not check them again; any other does.
+	HeaderSchema = "Toolrelay-Schema"
 )
 
 // MaxEnvelopeSize bounds an encoded envelope: NATS' default max_payload.
