@@ -44,6 +44,9 @@ const (
 	// before the sweep cuts it off itself: its timer fires on the whole
 	// second before the deadline and closes it at once.
 	timerGrace = 2 * time.Second
+	// markersLast is how long after a turn's close the sweep may still
+	// see the markers that removed its timer (they expire after a second).
+	markersLast = 30 * time.Second
 )
 
 func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
@@ -91,6 +94,13 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		return
 	}
 	if !t.Open() {
+		if !t.SubmittedAt.IsZero() && time.Since(t.SubmittedAt) < markersLast {
+			// Closed a moment ago: what the sweep saw is the roll-up
+			// markers its close left, not a timer. Marking it again
+			// would keep the markers and fire the timers' consumer.
+			d.gather.forget(key)
+			return
+		}
 		d.finished(t, true)
 		return
 	}

@@ -48,6 +48,12 @@ func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
 		FilterSubject: provision.TimerSubjectPrefix + ".fire.>",
 		MaxAckPending: 10000,
 	}, 256, func(msg jetstream.Msg) {
+		if len(msg.Data()) == 0 {
+			// The roll-up marker unindex leaves on a fired timer's subject
+			// (a timer that fired carries its turn's key): nothing fired.
+			_ = msg.Ack()
+			return
+		}
 		key, err := parseTimerFireSubject(msg.Subject())
 		if err != nil {
 			d.log.Error("ignoring malformed timer", "subject", msg.Subject(), "err", err)
