@@ -31,6 +31,31 @@ func (l *limiter) team(name string) chan struct{} {
 	return ch
 }
 
+// tryAcquire takes a slot of team's and a global one if both are free at
+// once; ok is false otherwise.
+func (l *limiter) tryAcquire(team string) (release func(), ok bool) {
+	t := l.team(team)
+	select {
+	case t <- struct{}{}:
+	default:
+		return nil, false
+	}
+	select {
+	case l.global <- struct{}{}:
+	default:
+		<-t
+		return nil, false
+	}
+	return l.releaser(t), true
+}
+
+func (l *limiter) releaser(t chan struct{}) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() { <-l.global; <-t })
+	}
+}
+
 // acquire waits for a slot of team's and then a global one; release gives
 // both back.
 func (l *limiter) acquire(ctx context.Context, team string) (release func(), err error) {
@@ -49,8 +74,5 @@ func (l *limiter) acquire(ctx context.Context, team string) (release func(), err
 		<-t
 		return nil, ctx.Err()
 	}
-	var once sync.Once
-	return func() {
-		once.Do(func() { <-l.global; <-t })
-	}, nil
+	return l.releaser(t), nil
 }

@@ -21,34 +21,22 @@ import (
 // of the schema each call's arguments were checked against at intake; a
 // call published again without it is checked by its executor.
 func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protocol.CallKey]bool, checked []string) {
-	type pending struct {
-		call    *TurnCall
-		msg     *nats.Msg
-		ack     jetstream.PubAckFuture
-		sent    time.Time
-		release func()
-		span    trace.Span
-	}
 	ctx = d.tel.turnContext(ctx, t)
-	// Acks are awaited beside the publishing loop, so slots come back as
-	// acks arrive even while the loop waits for one.
-	acks := make(chan pending, len(t.Calls))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for p := range acks {
-			if _, err := awaitAck(ctx, p.ack, p.sent); err != nil && ctx.Err() == nil {
-				if err = d.republish(ctx, t, p.call, p.msg, err); err != nil {
-					p.span.RecordError(err)
-					p.span.SetStatus(codes.Error, "publish failed")
-					d.publishFailed(ctx, t, p.call, err)
-				}
-			}
-			p.span.End()
-			p.release()
+	// Publications go out without waiting, and their acknowledgements are
+	// awaited once the turn's calls are out, in order. A call that finds
+	// no free slot first settles this turn's own oldest publications,
+	// which hold slots; the limiter is only waited on with none held, so
+	// turns waiting for slots never hold each other's.
+	var pending []pendingCall
+	settleOldest := func() {
+		d.settleCall(ctx, t, pending[0])
+		pending = pending[1:]
+	}
+	defer func() {
+		for len(pending) > 0 {
+			settleOldest()
 		}
 	}()
-	defer func() { close(acks); <-done }()
 	for i := range t.Calls {
 		c := &t.Calls[i]
 		if c.Rejected || skip[c.Key] {
@@ -63,24 +51,52 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
 			continue
 		}
-		release, err := d.limiter.acquire(ctx, c.Team)
-		if err != nil {
-			return // shutting down; the sweep re-publishes
+		release, ok := d.limiter.tryAcquire(c.Team)
+		for !ok && len(pending) > 0 {
+			settleOldest()
+			release, ok = d.limiter.tryAcquire(c.Team)
 		}
-		span := d.tel.send(ctx, c, msg.Header, len(msg.Data))
-		sent := time.Now()
-		f, err := d.js.PublishMsgAsync(msg, callPubOpts(t, c)...)
-		if err == nil {
-			acks <- pending{c, msg, f, sent, release, span}
+		if !ok {
+			if release, err = d.limiter.acquire(ctx, c.Team); err != nil {
+				return // shutting down; the sweep re-publishes
+			}
+		}
+		p := pendingCall{call: c, msg: msg, release: release, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
+		if p.ack, p.err = d.js.PublishMsgAsync(msg, callPubOpts(t, c)...); p.err != nil {
+			d.settleCall(ctx, t, p) // not sent: retried at once, in order
 			continue
 		}
-		if err = d.republish(ctx, t, c, msg, err); err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, "publish failed")
-			d.publishFailed(ctx, t, c, err)
+		pending = append(pending, p)
+	}
+}
+
+// pendingCall is a call's publication until its acknowledgement is in.
+type pendingCall struct {
+	call    *TurnCall
+	msg     *nats.Msg
+	ack     jetstream.PubAckFuture
+	err     error // publishing failed before anything was sent
+	sent    time.Time
+	release func()
+	span    trace.Span
+}
+
+// settleCall waits for p's acknowledgement, publishes p again while its
+// failure may pass, fails the call if it cannot be stored, and gives its
+// slot back.
+func (d *Dispatcher) settleCall(ctx context.Context, t *Turn, p pendingCall) {
+	defer p.release()
+	defer p.span.End()
+	err := p.err
+	if err == nil {
+		if _, err = awaitAck(ctx, p.ack, p.sent); err == nil || ctx.Err() != nil {
+			return
 		}
-		span.End()
-		release()
+	}
+	if err = d.republish(ctx, t, p.call, p.msg, err); err != nil {
+		p.span.RecordError(err)
+		p.span.SetStatus(codes.Error, "publish failed")
+		d.publishFailed(ctx, t, p.call, err)
 	}
 }
 
