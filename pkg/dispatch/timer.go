@@ -71,8 +71,9 @@ func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
 // unindex removes a closed turn's timer: it will not fire, and the turn
 // leaves the index of open turns. Each timer subject gets a roll-up marker
 // (which replaces the message on its subject, and so cancels a schedule)
-// that itself expires a second later; the publishes are not awaited, and
-// whatever they miss the sweep removes.
+// that itself expires a second later. The markers are published without
+// asking for an acknowledgement, which nothing would wait for: whatever
+// they miss the sweep removes.
 func (d *Dispatcher) unindex(key protocol.TurnKey, fired bool) {
 	subjects := []string{timerScheduleSubject(key)}
 	if fired {
@@ -81,11 +82,15 @@ func (d *Dispatcher) unindex(key protocol.TurnKey, fired bool) {
 	for _, subj := range subjects {
 		m := nats.NewMsg(subj)
 		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
-		if _, err := d.js.PublishMsgAsync(m, jetstream.WithMsgTTL(time.Second)); err != nil {
+		m.Header.Set(jetstream.MsgTTLHeader, markerTTL)
+		if err := d.js.Conn().PublishMsg(m); err != nil {
 			d.log.Debug("removing a closed turn's timer failed; the sweep will", "turn", key, "err", err)
 		}
 	}
 }
+
+// markerTTL is how long a roll-up marker outlives the timer it removed.
+const markerTTL = "1s"
 
 // kvSubject is where a KV bucket stores key (ADR-8): writing there is a KV
 // put that can go out asynchronously, beside other writes.
