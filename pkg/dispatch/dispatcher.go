@@ -282,8 +282,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	rctx, stopRun := context.WithCancel(ctx)
 	bctx, cancelBackground := context.WithCancelCause(context.WithoutCancel(ctx))
+	pool := newWorkers(bctx, &wg)
 	d.spawnMu.Lock()
-	d.spawn = func(f func(context.Context)) { wg.Go(func() { f(bctx) }) }
+	d.spawn = pool.run
 	d.runDone = rctx.Done()
 	d.spawnMu.Unlock()
 	defer func() {
@@ -291,6 +292,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		d.spawnMu.Lock() // no new background work once stopping
 		d.spawn = nil
 		d.spawnMu.Unlock()
+		pool.stop()
 		d.drain(&wg, cancelBackground)
 	}()
 
