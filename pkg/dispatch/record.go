@@ -1,22 +1,35 @@
 package dispatch
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // A turn record is written three times in its life (taken in, submitting,
-// submitted), on every turn's critical path, and encoding/json spent most
-// of that time in reflection and in re-validating each time.Time and the
-// arguments it had produced. appendTurn writes the same JSON directly.
+// submitted), on every turn's critical path: appendTurn writes it by hand,
+// as pkg/protocol writes the envelopes (see protocol.AppendJSONString).
 // Records are read back with encoding/json; TestRecordEncodingMatchesJSON
 // holds the two to the same meaning for every field, so a field added to
 // Turn, Ref or TurnCall without a line here fails it.
+
+var (
+	appendString   = protocol.AppendJSONString
+	appendKey      = protocol.AppendJSONField
+	appendOptional = protocol.AppendJSONOptional
+)
+
+// appendTime is protocol.AppendJSONTime, naming the record in its error.
+func appendTime(b []byte, name string, t time.Time) ([]byte, error) {
+	b, err := protocol.AppendJSONTime(b, name, t)
+	if err != nil {
+		return nil, errors.New("dispatch: encode turn record: " + err.Error())
+	}
+	return b, nil
+}
 
 func appendTurn(b []byte, t *Turn) ([]byte, error) {
 	var err error
@@ -127,90 +140,12 @@ func appendCall(b []byte, c *TurnCall) ([]byte, error) {
 	b = appendKey(b, "name", c.Name)
 	b = appendKey(b, "key", string(c.Key))
 	b = appendKey(b, "team", c.Team)
-	b = append(b, `,"arguments":`...)
-	if c.Arguments == nil {
-		b = append(b, "null"...)
-	} else {
-		// As encoding/json does: the arguments compacted, and refused
-		// unless they are JSON (intake keeps nothing else).
-		buf := bytes.NewBuffer(b)
-		if err := json.Compact(buf, c.Arguments); err != nil {
-			return nil, errors.New("dispatch: encode turn record: the arguments of call " + strconv.Quote(c.ID) + " are not JSON")
-		}
-		b = buf.Bytes()
+	b, err := protocol.AppendJSONRaw(append(b, `,"arguments":`...), c.Arguments)
+	if err != nil { // intake keeps nothing but JSON
+		return nil, errors.New("dispatch: encode turn record: the arguments of call " + strconv.Quote(c.ID) + " are not JSON")
 	}
 	if c.Rejected {
 		b = append(b, `,"rejected":true`...)
 	}
 	return append(b, '}'), nil
-}
-
-// appendKey appends ,"name":"value".
-func appendKey(b []byte, name, value string) []byte {
-	b = append(append(append(b, `,"`...), name...), `":`...)
-	return appendString(b, value)
-}
-
-// appendOptional is appendKey for an omitempty field.
-func appendOptional(b []byte, name, value string) []byte {
-	if value == "" {
-		return b
-	}
-	return appendKey(b, name, value)
-}
-
-// appendTime appends ,"name":t as encoding/json writes a time (RFC 3339
-// with nanoseconds, refusing years it cannot write).
-func appendTime(b []byte, name string, t time.Time) ([]byte, error) {
-	if y := t.Year(); y < 0 || y >= 10000 {
-		return nil, errors.New("dispatch: encode turn record: " + name + ": year outside of range [0,9999]")
-	}
-	b = append(append(append(b, `,"`...), name...), `":"`...)
-	b = t.AppendFormat(b, time.RFC3339Nano)
-	return append(b, '"'), nil
-}
-
-// appendString appends s as a JSON string. It decodes to what
-// encoding/json's encoding of s decodes to: bytes that are not UTF-8
-// become U+FFFD.
-func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, `\n`...)
-			case '\r':
-				b = append(b, `\r`...)
-			case '\t':
-				b = append(b, `\t`...)
-			default:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 	"unicode/utf8"
 )
@@ -92,7 +93,7 @@ func EncodeCall(c *Call) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(c)
+	b, err := appendCall(make([]byte, 0, envelopeRoom+len(c.Arguments)+len(c.Scope)), c)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: encode call %s: %w", c.Key, err)
 	}
@@ -180,11 +181,68 @@ func EncodeResult(r *Result) ([]byte, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(r)
+	b, err := appendResult(make([]byte, 0, envelopeRoom+len(r.Output)+len(r.Executor)), r)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: encode result %s: %w", r.Key, err)
 	}
 	return b, nil
+}
+
+// envelopeRoom is what an envelope takes besides its variable parts, as
+// a first guess at its size.
+const envelopeRoom = 320
+
+func appendCall(b []byte, c *Call) ([]byte, error) {
+	b = append(b, `{"v":`...)
+	b = strconv.AppendInt(b, int64(c.Version), 10)
+	b = AppendJSONField(b, "key", string(c.Key))
+	b = AppendJSONField(b, "platform", string(c.Platform))
+	b = AppendJSONField(b, "scope", c.Scope)
+	b = AppendJSONField(b, "call_id", c.CallID)
+	b = AppendJSONField(b, "team", c.Team)
+	b = AppendJSONField(b, "function", c.Function)
+	b, err := AppendJSONRaw(append(b, `,"arguments":`...), c.Arguments)
+	if err != nil {
+		return nil, err
+	}
+	if b, err = AppendJSONTime(b, "deadline", c.Deadline); err != nil {
+		return nil, err
+	}
+	if b, err = AppendJSONTime(b, "created_at", c.CreatedAt); err != nil {
+		return nil, err
+	}
+	return append(b, '}'), nil
+}
+
+func appendResult(b []byte, r *Result) ([]byte, error) {
+	b = append(b, `{"v":`...)
+	b = strconv.AppendInt(b, int64(r.Version), 10)
+	b = AppendJSONField(b, "key", string(r.Key))
+	b = AppendJSONField(b, "call_id", r.CallID)
+	b = AppendJSONField(b, "team", r.Team)
+	b = AppendJSONField(b, "function", r.Function)
+	b = AppendJSONOptional(b, "output", r.Output)
+	if r.Error != nil {
+		b = append(b, `,"error":{"type":`...)
+		b = AppendJSONString(b, string(r.Error.Code))
+		b = AppendJSONField(b, "message", r.Error.Message)
+		b = append(b, '}')
+	}
+	b = AppendJSONOptional(b, "executor", r.Executor)
+	if r.Attempt != 0 {
+		b = append(b, `,"attempt":`...)
+		b = strconv.AppendInt(b, int64(r.Attempt), 10)
+	}
+	var err error
+	if !r.StartedAt.IsZero() {
+		if b, err = AppendJSONTime(b, "started_at", r.StartedAt); err != nil {
+			return nil, err
+		}
+	}
+	if b, err = AppendJSONTime(b, "finished_at", r.FinishedAt); err != nil {
+		return nil, err
+	}
+	return append(b, '}'), nil
 }
 
 // DecodeResult decodes and validates a result envelope.
