@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,6 +57,10 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if err != nil {
 		return nil, err
 	}
+	// Every call key starts with the turn key: held as part of the first,
+	// the turn key costs an open turn no memory of its own.
+	t.Key = t.Calls[0].Key.Turn()
+	key = t.Key
 	// A context that ended while the calls were resolved (the dispatcher
 	// is stopping) may have turned a lookup's cancellation into a
 	// rejection: record nothing, and let the restart or another replica
@@ -111,16 +116,15 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 // in the order of t.Calls, the digest of the schema each other call's
 // arguments were checked against.
 func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, []string, error) {
-	failures := map[protocol.CallKey]*protocol.CallError{}
+	var failures map[protocol.CallKey]*protocol.CallError // most turns have none
 	checked := make([]string, len(calls))
-	seen := map[string]bool{}
+	t.Calls = make([]TurnCall, 0, len(calls))
 	budget := turnArgumentsBudget
 	for i, c := range calls {
-		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments}
-		if seen[c.ID] {
+		if slices.ContainsFunc(calls[:i], func(o CallRequest) bool { return o.ID == c.ID }) {
 			return nil, nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
 		}
-		seen[c.ID] = true
+		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments}
 		stored := tc.Arguments // as the record keeps them
 		if !json.Valid(stored) {
 			stored = mustJSONString(string(stored))
@@ -132,6 +136,9 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 			checked[i], cerr = d.resolve(ctx, &tc, d.opts.ServeGrace)
 		}
 		if cerr != nil {
+			if failures == nil {
+				failures = map[protocol.CallKey]*protocol.CallError{}
+			}
 			failures[tc.Key] = cerr
 			tc.Rejected = true
 		} else {
