@@ -172,6 +172,9 @@ type Dispatcher struct {
 	driversMu sync.Mutex
 	drivers   map[string]bool // watches this replica drives
 
+	// lastSweep is when the last sweep began; only the sweep loop uses it.
+	lastSweep time.Time
+
 	// unavailableFor is how long requests wait for JetStream to come back
 	// before answering that it is unavailable.
 	unavailableFor time.Duration

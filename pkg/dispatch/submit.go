@@ -24,6 +24,9 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	var timedOut []protocol.CallKey
 	if cutOff {
 		t, _, err := d.turns.get(ctx, key)
+		if err == nil && t.State != TurnCollecting {
+			d.gather.forget(key) // closed by another replica
+		}
 		if err != nil || t.State != TurnCollecting {
 			return
 		}
