@@ -109,16 +109,24 @@ func (d *Dispatcher) sweepTracked(t *Turn, now time.Time, sinceLast time.Duratio
 
 // recheckDue reports whether a turn open for age, last swept sinceLast
 // ago, is due a re-check of its results: when its age passes stuckAfter,
-// and twice, four times... that since, so a turn open for long is read a
-// handful of times, not every sweep.
+// then twice that, four times... until the gap is recheckEvery, and every
+// recheckEvery after. A turn open for long is read a few times a
+// quarter hour, not every sweep; the price is that a turn whose last
+// result was seen only by a replica that died at once waits up to
+// recheckEvery to be closed (before the deadline, which would close it
+// with that result too).
 func recheckDue(age, sinceLast time.Duration) bool {
-	for at := stuckAfter; at <= age; at *= 2 {
+	for at := stuckAfter; at <= age; at = min(2*at, at+recheckEvery) {
 		if age-sinceLast < at {
 			return true
 		}
 	}
 	return false
 }
+
+// recheckEvery is the longest gap between re-checks of a turn this
+// replica gathers for.
+const recheckEvery = 2 * time.Minute
 
 func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool) {
 	t, rev, err := d.turns.get(ctx, key)

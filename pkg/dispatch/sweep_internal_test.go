@@ -6,18 +6,18 @@ import (
 )
 
 // A turn this replica gathers for is re-checked when its age passes
-// stuckAfter, 2×, 4×... that: a handful of times in a turn's life, however
-// often the sweep runs, and never twice for one mark.
+// stuckAfter, 2×, 4×... that, then every recheckEvery: a few times in a
+// turn's life, however often the sweep runs, and never twice for one mark.
 func TestRecheckDueOnAgesThatDouble(t *testing.T) {
 	const every = 3 * time.Second // about how often the sweep runs
 	var due []time.Duration
-	for age := time.Duration(0); age <= 10*time.Minute; age += every {
+	for age := time.Duration(0); age < 10*time.Minute; age += every {
 		if recheckDue(age, every) {
 			due = append(due, age)
 		}
 	}
-	// One sweep just after each of 15 s, 30 s, 1 m, 2 m, 4 m and 8 m.
-	want := []time.Duration{15 * time.Second, 30 * time.Second, 60 * time.Second, 120 * time.Second, 240 * time.Second, 480 * time.Second}
+	// One sweep just after each of 15 s, 30 s, 1 m, 2 m, then every 2 m.
+	want := []time.Duration{15 * time.Second, 30 * time.Second, 60 * time.Second, 120 * time.Second, 240 * time.Second, 360 * time.Second, 480 * time.Second}
 	if len(due) != len(want) {
 		t.Fatalf("re-checked at %v, want once just after each of %v", due, want)
 	}
