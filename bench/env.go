@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -105,6 +106,21 @@ func (l latencies) pct(p float64) time.Duration {
 }
 
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// usf formats a duration in microseconds.
+func usf(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
+
+// cpuTime is the CPU time this process has used, user and system. The
+// pipelines measured run in this process (the embedded server included),
+// so its change over a run, per call, is what a call costs the machine:
+// unlike a rate, it does not move with what else the machine is doing.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // payload mimics a call envelope's size: a few hundred bytes.
 var payload = []byte(`{"v":1,"key":"891ba37957aad57674e84d4889f5b53a.e1e1856e112d8be5","platform":"responses","scope":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy","call_id":"call_hTthyt3Sx8AzZZi3qmgYfH1O","team":"bench","function":"noop","arguments":{"order_id":"A-1001","carrier":"ups"},"deadline":"2026-01-01T00:09:30Z","created_at":"2026-01-01T00:00:01Z"}`)

@@ -94,7 +94,7 @@ func measureFloor(ctx context.Context, cfg config, r *report) error {
 	defer js.Conn().Close()
 
 	// Throughput at saturation: every call published asynchronously.
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	for range cfg.calls {
 		if _, err := js.PublishAsync("fncall.bench.noop", payload); err != nil {
 			return err
@@ -109,7 +109,8 @@ func measureFloor(ctx context.Context, cfg config, r *report) error {
 	}
 	elapsed := time.Since(start)
 	r.floorRate = float64(cfg.calls) / elapsed.Seconds()
-	fmt.Printf("   throughput %.0f calls/s\n", r.floorRate)
+	r.floorCPU = (cpuTime() - cpu0) / time.Duration(cfg.calls)
+	fmt.Printf("   throughput %.0f calls/s, %s CPU per call\n", r.floorRate, usf(r.floorCPU))
 
 	// Round trip, closed loop: one call at a time.
 	lat, err := closedLoop(cfg.samples, func() error {

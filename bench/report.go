@@ -19,6 +19,9 @@ import (
 type e2eResult struct {
 	size         int
 	calls, turns float64
+	// cpu is the process's CPU time per call (server, dispatcher,
+	// executor and driver, all in this process).
+	cpu time.Duration
 }
 
 type scaleResult struct {
@@ -34,6 +37,7 @@ type report struct {
 	notes   []string
 
 	floorRate  float64
+	floorCPU   time.Duration // per call, as e2eResult.cpu
 	floorLat   latencies
 	e2e        []e2eResult
 	e2eLat     latencies
@@ -87,6 +91,13 @@ func (r *report) rows() []row {
 		}
 		rows = append(rows, row{fmt.Sprintf("toolrelay end to end, turns of %d calls", e.size),
 			fmt.Sprintf("%.0f calls/s (%.0f turns/s)", e.calls, e.turns), ratio(e.calls, r.floorRate), target, v})
+	}
+	if r.floorCPU > 0 {
+		rows = append(rows, row{"floor: CPU time per call (whole process)", usf(r.floorCPU), "1.00×", "", ""})
+		for _, e := range r.e2e {
+			rows = append(rows, row{fmt.Sprintf("toolrelay: CPU time per call, turns of %d calls", e.size), usf(e.cpu),
+				ratio(float64(e.cpu), float64(r.floorCPU)) + " the floor's", "", ""})
+		}
 	}
 	if len(r.floorLat) > 0 {
 		rows = append(rows, row{"floor: round trip, closed loop", pcts(r.floorLat), "1.00× (p50)", "", ""})

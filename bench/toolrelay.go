@@ -200,15 +200,17 @@ func measureToolrelay(ctx context.Context, cfg config, r *report) error {
 		}
 		turns := cfg.calls / size
 		inflight := max(inflightCalls/size, 16)
+		cpu0 := cpuTime()
 		elapsed, err := s.drive(ctx, "noop", turns, size, inflight)
+		cpu := (cpuTime() - cpu0) / time.Duration(turns*size)
 		if err != nil {
 			s.stop()
 			env.close()
 			return err
 		}
 		rate := float64(turns*size) / elapsed.Seconds()
-		r.e2e = append(r.e2e, e2eResult{size: size, calls: rate, turns: float64(turns) / elapsed.Seconds()})
-		fmt.Printf("   turns of %2d: %.0f calls/s, %.0f turns/s\n", size, rate, float64(turns)/elapsed.Seconds())
+		r.e2e = append(r.e2e, e2eResult{size: size, calls: rate, turns: float64(turns) / elapsed.Seconds(), cpu: cpu})
+		fmt.Printf("   turns of %2d: %.0f calls/s, %.0f turns/s, %s CPU per call\n", size, rate, float64(turns)/elapsed.Seconds(), usf(cpu))
 
 		if size == 1 {
 			// Closed loop: one single-call turn at a time, intake to
