@@ -108,7 +108,9 @@ func (l latencies) pct(p float64) time.Duration {
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // usf formats a duration in microseconds.
-func usf(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
+func usf(d time.Duration) string {
+	return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
+}
 
 // cpuTime is the CPU time this process has used, user and system. The
 // pipelines measured run in this process (the embedded server included),
