@@ -1,5 +1,10 @@
 package dispatch
 
+import "github.com/toolrelay/toolrelay/pkg/protocol"
+
+// Tracking reports, for tests, whether d gathers results for the turn.
+func Tracking(d *Dispatcher, key protocol.TurnKey) bool { return d.gather.tracking(key) }
+
 // LiveSchemas is, for tests, how many distinct schemas the live executors
 // of a function declare in d's view of the registry (0: none serves it).
 func LiveSchemas(d *Dispatcher, function string) int {

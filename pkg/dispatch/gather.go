@@ -321,6 +321,17 @@ func (g *gatherer) known(key protocol.TurnKey) (*Turn, uint64) {
 	return nil, 0
 }
 
+// trackedTurns returns the records of the turns this replica gathers for.
+func (g *gatherer) trackedTurns() []*Turn {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*Turn, 0, len(g.turns))
+	for _, st := range g.turns {
+		out = append(out, st.turn)
+	}
+	return out
+}
+
 // stopRechecks stops every re-check timer (the dispatcher is stopping).
 func (g *gatherer) stopRechecks() {
 	g.mu.Lock()

@@ -58,17 +58,58 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	now := time.Now()
 	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
 	d.lastSweep = now
+	listed := make(map[protocol.TurnKey]bool, len(keys))
 	for _, key := range keys {
 		if ctx.Err() != nil {
 			return
 		}
-		if t, _ := d.gather.known(key); t != nil && !startup {
-			d.sweepTracked(t, now, sinceLast)
+		listed[key] = true
+		if t, _ := d.gather.known(key); t != nil && !startup && now.Sub(t.CreatedAt) <= stuckAfter {
+			d.sweepYoung(t, now)
 			continue
 		}
-		d.sweepTurn(ctx, key, startup)
+		d.sweepTurn(ctx, key, startup, sinceLast)
+	}
+	if err == nil {
+		d.sweepUnlisted(ctx, listed, now)
 	}
 	d.sweepWatches(ctx, startup)
+}
+
+// sweepYoung sweeps a turn this replica gathers for and took in less than
+// stuckAfter ago, as it knows it: nothing about it can be stuck yet (a
+// replica submitting it has been for less than stuckAfter), so its record
+// is not read. Under load most open turns are young, and reading each
+// one's record every sweep was most of the sweep's cost.
+func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) {
+	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than stuckAfter
+		key := t.Key
+		d.log.Warn("sweep: turn past its deadline; cutting it off", "turn", key)
+		d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
+	}
+}
+
+// sweepUnlisted deals with the turns this replica gathers for that are
+// missing from the index of open turns: one closed by another replica
+// (which removed its timer) while this one waited for results it will
+// never see is forgotten, and one still open whose timer was lost is cut
+// off at its deadline, as its timer would have.
+func (d *Dispatcher) sweepUnlisted(ctx context.Context, listed map[protocol.TurnKey]bool, now time.Time) {
+	for _, t := range d.gather.trackedTurns() {
+		if listed[t.Key] || now.Sub(t.CreatedAt) <= stuckAfter || ctx.Err() != nil {
+			continue // open, or too young to be missing from the listing for long
+		}
+		key := t.Key
+		r, _, err := d.turns.get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && !r.Open()):
+			d.gather.forget(key)
+			d.tel.endTurnOutcome(key, "closed by another replica", false, "")
+		case err == nil && r.State == TurnCollecting && now.After(r.Deadline.Add(timerGrace)):
+			d.log.Warn("sweep: turn without a timer past its deadline; cutting it off", "turn", key)
+			d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
+		}
+	}
 }
 
 // openTurns lists the turns whose timer subjects exist: the open turns.
@@ -89,26 +130,9 @@ func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, error) 
 	return keys, nil
 }
 
-// sweepTracked sweeps a turn this replica gathers results for, as it
-// knows it: reading every open turn's record each sweep cost a KV read per
-// open turn every SweepInterval (with 100k turns open, 10k reads a second
-// for nothing). A turn closed elsewhere meanwhile is found out when it is
-// re-checked or cut off, both of which read the record.
-func (d *Dispatcher) sweepTracked(t *Turn, now time.Time, sinceLast time.Duration) {
-	key := t.Key
-	switch {
-	case now.After(t.Deadline.Add(timerGrace)):
-		d.log.Warn("sweep: turn past its deadline; cutting it off", "turn", key)
-		d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
-	case recheckDue(now.Sub(t.CreatedAt), sinceLast):
-		// Its results may be split with a replica that died before
-		// closing it: look at the stream.
-		d.gather.recheckSoon(key)
-	}
-}
-
-// recheckDue reports whether a turn open for age, last swept sinceLast
-// ago, is due a re-check of its results: when its age passes stuckAfter,
+// recheckDue reports whether a turn this replica gathers for, open for
+// age and last swept sinceLast ago, is due a re-check of its results (a
+// stream-info request each): when its age passes stuckAfter,
 // then twice that, four times... until the gap is recheckEvery, and every
 // recheckEvery after. A turn open for long is read a few times a
 // quarter hour, not every sweep; the price is that a turn whose last
@@ -128,7 +152,7 @@ func recheckDue(age, sinceLast time.Duration) bool {
 // replica gathers for.
 const recheckEvery = 2 * time.Minute
 
-func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool) {
+func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool, sinceLast time.Duration) {
 	t, rev, err := d.turns.get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A timer without a record: intake died in between (or is under
@@ -164,7 +188,10 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 			if !d.gather.tracking(key) || startup {
 				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))
 				d.resumeTurn(ctx, t, rev)
-			} else {
+			} else if recheckDue(age, sinceLast) {
+				// Its results may be split with a replica that died
+				// before closing it: look at the stream, a few times in
+				// the turn's life rather than every sweep.
 				d.gather.recheckSoon(key)
 			}
 		}

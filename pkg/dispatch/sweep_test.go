@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
@@ -64,4 +65,53 @@ func TestTheSweepLeavesTheMarkersOfClosedTurnsAlone(t *testing.T) {
 	if info, err := c.Info(ctx); err != nil || info.Delivered.Consumer != 0 {
 		t.Fatalf("the timers' consumer was handed %d messages (%v), but no deadline fired", info.Delivered.Consumer, err)
 	}
+}
+
+// A turn closed by another replica while this one waited for results it
+// will never see leaves the index of open turns; the sweep must still let
+// this replica forget it, or every such turn stays in memory for good.
+func TestTheSweepForgetsATurnClosedElsewhere(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_weather", `{"type":"object"}`)
+	e.serve("geo", []string{"get_weather"}, func(*protocol.Call) (string, bool) { return "", false }) // never answers
+	d, _ := e.dispatcher(dispatch.Options{SweepInterval: 100 * time.Millisecond})
+	ctx := context.Background()
+	ref := dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_elsewhere"}
+	turn, err := d.Intake(ctx, &dispatch.TurnRequest{Ref: ref, Scope: ref.ResponseID,
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: []byte(`{}`)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dispatch.Tracking(d, turn.Key) {
+		t.Fatal("the replica that took the turn in does not gather for it")
+	}
+	// Another replica closes it: its record says submitted and its timer
+	// is gone, as that replica's close leaves them.
+	turns, err := e.js.KeyValue(ctx, provision.TurnBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := turns.Get(ctx, string(turn.Key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var record map[string]any
+	if err := json.Unmarshal(entry.Value(), &record); err != nil {
+		t.Fatal(err)
+	}
+	record["state"], record["submitted_at"] = "submitted", time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	b, _ := json.Marshal(record)
+	if _, err := turns.Update(ctx, string(turn.Key), b, entry.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	timers, err := e.js.Stream(ctx, provision.TimerStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := timers.Purge(ctx, jetstream.WithPurgeSubject(provision.TimerSubjectPrefix+".*."+string(turn.Key))); err != nil {
+		t.Fatal(err)
+	}
+	// Once the turn is older than a stuck one would be (15 s), the sweep
+	// looks it up and forgets it.
+	testutil.WaitFor(t, 30*time.Second, func() bool { return !dispatch.Tracking(d, turn.Key) })
 }
