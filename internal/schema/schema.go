@@ -27,11 +27,15 @@ type Schema struct {
 }
 
 // Digest identifies a schema by its content, whatever its key order and
-// spacing: 16 hex characters.
+// spacing: 16 hex characters. Numbers are kept as written (not rounded to
+// float64, which would give {"maximum": 9007199254740993} the digest of
+// 9007199254740992), so schemas the validator tells apart differ here too.
 func Digest(raw []byte) string {
 	var v any
 	canonical := raw
-	if json.Unmarshal(raw, &v) == nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if dec.Decode(&v) == nil {
 		if b, err := json.Marshal(v); err == nil {
 			canonical = b
 		}

@@ -52,3 +52,15 @@ func TestCompileRejects(t *testing.T) {
 		}
 	}
 }
+
+// Schemas the validator tells apart get different digests: a call checked
+// against one must not pass for having been checked against the other.
+func TestDigestTellsApartWhatTheValidatorDoes(t *testing.T) {
+	a, b := []byte(`{"type":"integer","maximum":9007199254740993}`), []byte(`{"type":"integer","maximum":9007199254740992}`)
+	if Digest(a) == Digest(b) {
+		t.Error("two maximums the validator tells apart share a digest")
+	}
+	if Digest([]byte(`{"type":"object", "required":["x"]}`)) != Digest([]byte(`{"required":["x"],"type":"object"}`)) {
+		t.Error("key order and spacing changed the digest")
+	}
+}

@@ -76,10 +76,14 @@ func AppendJSONOptional(b []byte, name, value string) []byte {
 }
 
 // AppendJSONTime appends ,"name":t as encoding/json writes a time (RFC
-// 3339 with nanoseconds), refusing the years it refuses.
+// 3339 with nanoseconds), refusing what it refuses: years outside 0-9999
+// and zone offsets of a day or more.
 func AppendJSONTime(b []byte, name string, t time.Time) ([]byte, error) {
 	if y := t.Year(); y < 0 || y >= 10000 {
 		return nil, errors.New(name + ": year outside of range [0,9999]")
+	}
+	if _, off := t.Zone(); off <= -24*60*60 || off >= 24*60*60 {
+		return nil, errors.New(name + ": timezone hour outside of range [0,23]")
 	}
 	b = append(append(append(b, `,"`...), name...), `":"`...)
 	b = t.AppendFormat(b, time.RFC3339Nano)

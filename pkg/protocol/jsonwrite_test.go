@@ -45,7 +45,9 @@ func sameEnvelope[T any](t *testing.T, v *T, encode func([]byte, *T) ([]byte, er
 
 func TestEnvelopeEncodingRefusesWhatJSONRefuses(t *testing.T) {
 	year := time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
-	for name, c := range map[string]*Call{"arguments not JSON": {Arguments: json.RawMessage(`{"a":`)}, "year 10000": {Deadline: year}} {
+	zone := time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 24*60*60))
+	for name, c := range map[string]*Call{"arguments not JSON": {Arguments: json.RawMessage(`{"a":`)}, "year 10000": {Deadline: year},
+		"offset of a day": {CreatedAt: zone}} {
 		if _, err := json.Marshal(c); err == nil {
 			t.Fatalf("%s: encoding/json took it; the case tests nothing", name)
 		}
