@@ -1,7 +1,7 @@
 package dispatch
 
 import (
-	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -16,31 +16,16 @@ import (
 // holds the two to the same meaning for every field, so a field added to
 // Turn, Ref or TurnCall without a line here fails it.
 
-var (
-	appendString   = protocol.AppendJSONString
-	appendKey      = protocol.AppendJSONField
-	appendOptional = protocol.AppendJSONOptional
-)
-
-// appendTime is protocol.AppendJSONTime, naming the record in its error.
-func appendTime(b []byte, name string, t time.Time) ([]byte, error) {
-	b, err := protocol.AppendJSONTime(b, name, t)
-	if err != nil {
-		return nil, errors.New("dispatch: encode turn record: " + err.Error())
-	}
-	return b, nil
-}
-
 func appendTurn(b []byte, t *Turn) ([]byte, error) {
 	var err error
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(t.Version), 10)
-	b = appendKey(b, "key", string(t.Key))
+	b = protocol.AppendJSONField(b, "key", string(t.Key))
 	b = append(b, `,"ref":`...)
 	b = appendRef(b, &t.Ref)
-	b = appendKey(b, "scope", t.Scope)
-	b = appendOptional(b, "turn_id", t.TurnID)
-	b = appendKey(b, "state", string(t.State))
+	b = protocol.AppendJSONField(b, "scope", t.Scope)
+	b = protocol.AppendJSONOptional(b, "turn_id", t.TurnID)
+	b = protocol.AppendJSONField(b, "state", string(t.State))
 	b = append(b, `,"calls":`...)
 	if t.Calls == nil {
 		b = append(b, "null"...)
@@ -60,11 +45,11 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 		name string
 		at   time.Time
 	}{{"created_at", t.CreatedAt}, {"expires_at", t.ExpiresAt}, {"deadline", t.Deadline}} {
-		if b, err = appendTime(b, f.name, f.at); err != nil {
+		if b, err = protocol.AppendJSONTime(b, f.name, f.at); err != nil {
 			return nil, err
 		}
 	}
-	b = appendOptional(b, "owner", t.Owner)
+	b = protocol.AppendJSONOptional(b, "owner", t.Owner)
 	for _, f := range [...]struct {
 		name string
 		at   time.Time
@@ -72,7 +57,7 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 		if f.at.IsZero() {
 			continue // omitzero
 		}
-		if b, err = appendTime(b, f.name, f.at); err != nil {
+		if b, err = protocol.AppendJSONTime(b, f.name, f.at); err != nil {
 			return nil, err
 		}
 	}
@@ -85,11 +70,11 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, string(k))
+			b = protocol.AppendJSONString(b, string(k))
 		}
 		b = append(b, ']')
 	}
-	b = appendOptional(b, "error", t.Error)
+	b = protocol.AppendJSONOptional(b, "error", t.Error)
 	if t.Next != nil {
 		b = append(b, `,"next":`...)
 		b = appendRef(b, t.Next)
@@ -105,8 +90,8 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = append(appendString(b, k), ':')
-			b = appendString(b, t.Trace[k])
+			b = append(protocol.AppendJSONString(b, k), ':')
+			b = protocol.AppendJSONString(b, t.Trace[k])
 		}
 		b = append(b, '}')
 	}
@@ -115,17 +100,17 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 
 func appendRef(b []byte, r *Ref) []byte {
 	b = append(b, `{"platform":`...)
-	b = appendString(b, string(r.Platform))
-	b = appendOptional(b, "session_id", r.SessionID)
-	b = appendOptional(b, "thread_id", r.ThreadID)
-	b = appendOptional(b, "run_id", r.RunID)
-	b = appendOptional(b, "response_id", r.ResponseID)
-	b = appendOptional(b, "conversation", r.Conversation)
-	b = appendOptional(b, "model", r.Model)
+	b = protocol.AppendJSONString(b, string(r.Platform))
+	b = protocol.AppendJSONOptional(b, "session_id", r.SessionID)
+	b = protocol.AppendJSONOptional(b, "thread_id", r.ThreadID)
+	b = protocol.AppendJSONOptional(b, "run_id", r.RunID)
+	b = protocol.AppendJSONOptional(b, "response_id", r.ResponseID)
+	b = protocol.AppendJSONOptional(b, "conversation", r.Conversation)
+	b = protocol.AppendJSONOptional(b, "model", r.Model)
 	if r.Agent != nil {
 		b = append(b, `,"agent":{"name":`...)
-		b = appendString(b, r.Agent.Name)
-		b = appendOptional(b, "version", r.Agent.Version)
+		b = protocol.AppendJSONString(b, r.Agent.Name)
+		b = protocol.AppendJSONOptional(b, "version", r.Agent.Version)
 		b = append(b, '}')
 	}
 	if r.Background {
@@ -136,13 +121,13 @@ func appendRef(b []byte, r *Ref) []byte {
 
 func appendCall(b []byte, c *TurnCall) ([]byte, error) {
 	b = append(b, `{"id":`...)
-	b = appendString(b, c.ID)
-	b = appendKey(b, "name", c.Name)
-	b = appendKey(b, "key", string(c.Key))
-	b = appendKey(b, "team", c.Team)
+	b = protocol.AppendJSONString(b, c.ID)
+	b = protocol.AppendJSONField(b, "name", c.Name)
+	b = protocol.AppendJSONField(b, "key", string(c.Key))
+	b = protocol.AppendJSONField(b, "team", c.Team)
 	b, err := protocol.AppendJSONRaw(append(b, `,"arguments":`...), c.Arguments)
 	if err != nil { // intake keeps nothing but JSON
-		return nil, errors.New("dispatch: encode turn record: the arguments of call " + strconv.Quote(c.ID) + " are not JSON")
+		return nil, fmt.Errorf("the arguments of call %q are not JSON: %w", c.ID, err)
 	}
 	if c.Rejected {
 		b = append(b, `,"rejected":true`...)

@@ -24,11 +24,14 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	var timedOut []protocol.CallKey
 	if cutOff {
 		t, _, err := d.turns.get(ctx, key)
-		if err == nil && t.State != TurnCollecting {
-			d.gather.forget(key) // closed by another replica
-		}
-		if err != nil || t.State != TurnCollecting {
+		if err != nil {
 			return
+		}
+		if t.State != TurnCollecting {
+			if !t.Open() {
+				d.closedElsewhere(key)
+			}
+			return // closed, or being submitted (here, or by a replica the sweep watches)
 		}
 		if early := time.Until(t.Deadline); early > 0 {
 			backoff.Sleep(ctx, early) // the timer fires on the whole second before
@@ -57,8 +60,7 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 		return
 	}
 	if t == nil {
-		d.gather.forget(key) // another replica closed it
-		d.tel.endTurnOutcome(key, "closed by another replica", false, "")
+		d.closedElsewhere(key)
 		return
 	}
 	if cutOff {
@@ -178,6 +180,20 @@ func (d *Dispatcher) finished(t *Turn, fired bool) {
 	d.tel.endTurn(t.Key, t.State, t.Error)
 	d.gather.forget(t.Key)
 	d.unindex(t.Key, fired)
+}
+
+// closedElsewhere drops a turn this replica gathered for that another
+// replica closed (or is submitting).
+func (d *Dispatcher) closedElsewhere(key protocol.TurnKey) {
+	d.gather.forget(key)
+	d.tel.endTurnOutcome(key, "closed by another replica", false, "")
+}
+
+// cutOffLate closes a turn found collecting past its deadline (its timer
+// did not close it), submitting what it has.
+func (d *Dispatcher) cutOffLate(key protocol.TurnKey, why string) {
+	d.log.Warn(why, "turn", key)
+	d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
 }
 
 // releaseTimeout bounds the write that releases a turn at shutdown.

@@ -83,9 +83,7 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 // one's record every sweep was most of the sweep's cost.
 func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) {
 	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than stuckAfter
-		key := t.Key
-		d.log.Warn("sweep: turn past its deadline; cutting it off", "turn", key)
-		d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
+		d.cutOffLate(t.Key, "sweep: turn past its deadline; cutting it off")
 	}
 }
 
@@ -103,11 +101,9 @@ func (d *Dispatcher) sweepUnlisted(ctx context.Context, listed map[protocol.Turn
 		r, _, err := d.turns.get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && !r.Open()):
-			d.gather.forget(key)
-			d.tel.endTurnOutcome(key, "closed by another replica", false, "")
+			d.closedElsewhere(key)
 		case err == nil && r.State == TurnCollecting && now.After(r.Deadline.Add(timerGrace)):
-			d.log.Warn("sweep: turn without a timer past its deadline; cutting it off", "turn", key)
-			d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
+			d.cutOffLate(key, "sweep: turn without a timer past its deadline; cutting it off")
 		}
 	}
 }
@@ -182,8 +178,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 	case TurnCollecting:
 		switch {
 		case now.After(t.Deadline.Add(timerGrace)):
-			d.log.Warn("sweep: turn past its deadline; cutting it off", "turn", key)
-			d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) })
+			d.cutOffLate(key, "sweep: turn past its deadline; cutting it off")
 		case startup || age > stuckAfter:
 			if !d.gather.tracking(key) || startup {
 				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))

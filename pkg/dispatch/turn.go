@@ -124,7 +124,7 @@ func encodeTurn(t *Turn) (*recordBuffer, error) {
 	b, err := appendTurn(rb.b[:0], t)
 	if err != nil {
 		rb.release()
-		return nil, err
+		return nil, fmt.Errorf("dispatch: encode turn record %s: %w", t.Key, err)
 	}
 	rb.b = b
 	return rb, nil

@@ -152,7 +152,7 @@ func (f *Function) precheck(call *protocol.Call, checked string, attempt int, re
 	// two run side by side, cannot feed the function bad input. (Only the
 	// dispatchers and the team itself may publish its calls, so a forged
 	// header fools no one but its author.)
-	if checked == "" || checked != f.schema.Digest() {
+	if checked != f.schema.Digest() {
 		if problem := f.schema.Check(call.Arguments); problem != "" {
 			return protocol.NewFailure(call, protocol.CodeInvalidArguments, problem, now), ""
 		}
