@@ -130,8 +130,7 @@ var turnSeq atomic.Int64
 // turn builds a turn of n calls to fn with unique IDs.
 func turn(fn string, n int) *dispatch.TurnRequest {
 	id := "resp_bench_" + strconv.FormatInt(turnSeq.Add(1), 10)
-	// Created now, as a platform reports a response it just made.
-	req := &dispatch.TurnRequest{Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: id}, Scope: id, CreatedAt: time.Now()}
+	req := &dispatch.TurnRequest{Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: id}, Scope: id}
 	for i := range n {
 		req.Calls = append(req.Calls, dispatch.CallRequest{ID: "call_" + strconv.Itoa(i), Name: fn, Arguments: json.RawMessage(`{"order_id":"A-1001"}`)})
 	}

@@ -79,7 +79,6 @@ func (d *Dispatcher) callDirect(ctx context.Context, c directCall) (*protocol.Re
 		Ref: Ref{Platform: protocol.PlatformMCP}, Scope: "mcp/" + id, Channel: "mcp",
 		Calls:     []CallRequest{{ID: callID, Name: c.name, Arguments: c.args}},
 		ExpiresAt: deadline.Add(directAnswerSlack), Deadline: deadline,
-		CreatedAt: time.Now(), // a new key: no earlier intake of it exists
 	})
 	if err != nil {
 		return nil, err

@@ -40,22 +40,6 @@ type gathering struct {
 	// calls (most of them, under load) costs no more than its record.
 	results []*protocol.Result
 	recheck *time.Timer
-	// early marks a turn whose calls went out beside its record, until the
-	// record is stored (settle). Its results are held meanwhile, not
-	// acknowledged: if the record is not stored, they are delivered again.
-	early bool
-	held  []heldResult
-}
-
-type heldResult struct {
-	msg jetstream.Msg
-	res *protocol.Result
-}
-
-// taken counts a result gathered for turn t.
-func (g *gatherer) taken(ctx context.Context, t *Turn, res *protocol.Result) {
-	g.d.tel.result(ctx, t, res)
-	g.d.inspect.stats.record(t, res)
 }
 
 const (
@@ -147,18 +131,15 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
+	_ = msg.Ack()
 	i := st.turn.callIndex(key)
 	if i < 0 || st.turn.Calls[i].Team != team {
-		_ = msg.Ack()
 		span.SetStatus(codes.Error, "result from a team that does not own the call")
 		log.WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
 		return
 	}
-	if g.hold(st, i, res, msg) {
-		return
-	}
-	g.taken(ctx, st.turn, res)
-	_ = msg.Ack()
+	g.d.tel.result(ctx, st.turn, res)
+	g.d.inspect.stats.record(st.turn, res)
 	crashpoint.Reached(crashpoint.Gather, string(turnKey))
 	if g.add(st, i, res) {
 		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
@@ -201,78 +182,6 @@ func (g *gatherer) track(t *Turn, rev uint64) *gathering {
 	return st
 }
 
-// trackEarly starts gathering for t before its record is stored, as its
-// calls go out beside it; false if this replica gathers for it already.
-func (g *gatherer) trackEarly(t *Turn) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.turns[t.Key] != nil {
-		return false
-	}
-	g.turns[t.Key] = &gathering{turn: t, early: true}
-	return true
-}
-
-// hold keeps the result of call i of a turn whose record is not stored
-// yet, delivered in msg; it reports false, holding nothing, for any other
-// turn.
-func (g *gatherer) hold(st *gathering, i int, res *protocol.Result, msg jetstream.Msg) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !st.early {
-		return false
-	}
-	if st.results == nil {
-		st.results = make([]*protocol.Result, len(st.turn.Calls))
-	}
-	st.results[i] = res
-	st.held = append(st.held, heldResult{msg, res})
-	return true
-}
-
-// settle ends the wait of a turn tracked early, once writing its record
-// ended with err. Stored (nil), the turn is gathered like any other: the
-// results held meanwhile are acknowledged and, if they complete it, it is
-// closed. Not stored, this replica stops gathering for it and hands the
-// results held back for redelivery: at once if another intake stored the
-// record (errConflict), in a second otherwise (this intake's retry may
-// store it by then).
-func (g *gatherer) settle(ctx context.Context, key protocol.TurnKey, rev uint64, err error) {
-	g.mu.Lock()
-	st := g.turns[key]
-	if st == nil || !st.early {
-		g.mu.Unlock()
-		return
-	}
-	held := st.held
-	st.early, st.held = false, nil
-	complete := false
-	if err == nil {
-		st.rev = rev
-		complete = st.results != nil && !slices.Contains(st.results, nil)
-		if !complete && len(held) > 0 {
-			g.scheduleRecheck(st)
-		}
-	} else {
-		delete(g.turns, key)
-	}
-	g.mu.Unlock()
-	for _, h := range held {
-		switch {
-		case err == nil:
-			g.taken(ctx, st.turn, h.res)
-			_ = h.msg.Ack()
-		case errors.Is(err, errConflict):
-			_ = h.msg.Nak()
-		default:
-			_ = h.msg.NakWithDelay(time.Second)
-		}
-	}
-	if complete {
-		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, key, false) })
-	}
-}
-
 // add records the result of the turn's call i; it reports whether the
 // turn is now complete here. If not, it schedules a re-check of the stream.
 func (g *gatherer) add(st *gathering, i int, res *protocol.Result) bool {
@@ -293,7 +202,7 @@ func (g *gatherer) add(st *gathering, i int, res *protocol.Result) bool {
 func (g *gatherer) recheckSoon(key protocol.TurnKey) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if st := g.turns[key]; st != nil && !st.early {
+	if st := g.turns[key]; st != nil {
 		g.scheduleRecheck(st)
 	}
 }
@@ -402,12 +311,11 @@ func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.
 }
 
 // known returns the record of a turn this replica gathers for, and its
-// revision, or nil (also while the record of a turn tracked early is not
-// stored: there is no revision to compare and set yet).
+// revision, or nil.
 func (g *gatherer) known(key protocol.TurnKey) (*Turn, uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if st := g.turns[key]; st != nil && !st.early {
+	if st := g.turns[key]; st != nil {
 		return st.turn, st.rev
 	}
 	return nil, 0
@@ -438,17 +346,11 @@ func (g *gatherer) stopRechecks() {
 // forget drops a closed turn.
 func (g *gatherer) forget(key protocol.TurnKey) {
 	g.mu.Lock()
-	st := g.turns[key]
-	var held []heldResult
-	if st != nil {
+	defer g.mu.Unlock()
+	if st := g.turns[key]; st != nil {
 		if st.recheck != nil {
 			st.recheck.Stop()
 		}
-		held, st.held = st.held, nil
 		delete(g.turns, key)
-	}
-	g.mu.Unlock()
-	for _, h := range held {
-		_ = h.msg.Nak() // whoever closed it takes them as late results
 	}
 }

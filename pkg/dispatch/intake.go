@@ -36,7 +36,19 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	// round trip on every new turn.
 	key := req.Key()
 	now := time.Now()
-	t := d.newTurn(req, key, now)
+	t := &Turn{
+		Version: protocol.Version, Key: key, Ref: req.Ref, Scope: req.Scope, TurnID: req.TurnID,
+		State: TurnCollecting, CreatedAt: now.UTC(), ExpiresAt: req.ExpiresAt,
+	}
+	if t.ExpiresAt.IsZero() {
+		t.ExpiresAt = now.Add(d.opts.RunTTL)
+	}
+	t.ExpiresAt = t.ExpiresAt.UTC()
+	t.Deadline = t.ExpiresAt.Add(-d.margin(t.ExpiresAt.Sub(now)))
+	if !req.Deadline.IsZero() && req.Deadline.Before(t.ExpiresAt) {
+		t.Deadline = req.Deadline.UTC()
+	}
+
 	if existing, err := d.stepOf(ctx, req, key); existing != nil || err != nil {
 		return existing, err // the rest of a step taken in already, or unknown yet
 	}
@@ -57,14 +69,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
 	}
 	tctx, span := d.tel.startTurn(ctx, t)
-	var early func()
-	if publishEarly(req.CreatedAt, now) && d.gather.trackEarly(t) {
-		early = func() { d.publishCalls(tctx, t, nil, checked) }
-	}
-	rev, err := d.record(ctx, t, early)
-	if early != nil {
-		d.gather.settle(tctx, key, rev, err)
-	}
+	rev, err := d.record(ctx, t)
 	if errors.Is(err, errConflict) {
 		span.SetAttributes(attrOutcome.String("duplicate"))
 		span.End() // another channel or replica took it in
@@ -92,9 +97,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		channel = "api"
 	}
 	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Get(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel)))
-	if early == nil {
-		d.gather.track(t, rev)
-	}
+	d.gather.track(t, rev)
 	d.emit(Event{Kind: EventTurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
 		"deadline", t.Deadline, "channel", channel)
@@ -103,58 +106,9 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		c := t.call(k)
 		d.recordFailure(ctx, t, c, cerr)
 	}
-	if early == nil {
-		d.publishCalls(ctx, t, nil, checked)
-	}
+	d.publishCalls(ctx, t, nil, checked)
 	crashpoint.Reached(crashpoint.Fanout, string(key))
 	return t, nil
-}
-
-// publishEarly reports whether the calls of a turn the platform created
-// at created (zero: unknown) may be published beside its record, while it
-// is written, rather than once it is stored: a round trip less between a
-// required action and its calls running.
-//
-// The record's create is what tells a repeat of a required action (a
-// redelivered webhook, a later poll of the same response) from a new
-// turn, and a repeat that published first would run the calls again
-// unless the calls stream drops them as duplicates, which it does within
-// protocol.DuplicateWindow of the first publication. That holds for a
-// turn the platform created less than earlyWithin ago: its first
-// publication came after its creation, so any repeat taken in early
-// comes less than earlyWithin after it. The platform's clock is trusted
-// as the deadline trusts it (an Assistants run's expires_at); a creation
-// time in the future by more than clockSkew is not.
-func publishEarly(created, now time.Time) bool {
-	if created.IsZero() {
-		return false
-	}
-	age := now.Sub(created)
-	return age > -clockSkew && age < earlyWithin
-}
-
-const (
-	// earlyWithin leaves the dedupe window five minutes for clocks
-	// that disagree.
-	earlyWithin = protocol.DuplicateWindow - 5*time.Minute
-	clockSkew   = time.Minute
-)
-
-// newTurn is the record of req's turn, taken in at now, without its calls.
-func (d *Dispatcher) newTurn(req *TurnRequest, key protocol.TurnKey, now time.Time) *Turn {
-	t := &Turn{
-		Version: protocol.Version, Key: key, Ref: req.Ref, Scope: req.Scope, TurnID: req.TurnID,
-		State: TurnCollecting, CreatedAt: now.UTC(), ExpiresAt: req.ExpiresAt,
-	}
-	if t.ExpiresAt.IsZero() {
-		t.ExpiresAt = now.Add(d.opts.RunTTL)
-	}
-	t.ExpiresAt = t.ExpiresAt.UTC()
-	t.Deadline = t.ExpiresAt.Add(-d.margin(t.ExpiresAt.Sub(now)))
-	if !req.Deadline.IsZero() && req.Deadline.Before(t.ExpiresAt) {
-		t.Deadline = req.Deadline.UTC()
-	}
-	return t
 }
 
 // resolveCalls adds req's calls to t, each with the team that owns it, and
@@ -222,13 +176,10 @@ func oversized(name string, n, budget int) *protocol.CallError {
 
 // record makes the turn durable: its deadline timer, its record (created
 // by compare-and-set: errConflict if it exists) and, for an Agents session,
-// its step are published together. The timer's subjects are also the
-// index of open turns the sweep reads. It returns the record's revision.
-//
-// meanwhile, when not nil, runs once the writes are sent and before their
-// acknowledgements are awaited: a young turn's calls go out then (see
-// publishEarly); any other's go out once the record is stored.
-func (d *Dispatcher) record(ctx context.Context, t *Turn, meanwhile func()) (uint64, error) {
+// its step are published together, and the calls only go out once all are
+// stored. The timer's subjects are also the index of open turns the sweep
+// reads. It returns the record's revision.
+func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	b, err := encodeTurn(t)
 	if err != nil {
 		return 0, err
@@ -250,9 +201,6 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn, meanwhile func()) (uin
 	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b.Bytes(), jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil {
 		return 0, err
-	}
-	if meanwhile != nil {
-		meanwhile()
 	}
 	ack, err := awaitAck(ctx, rec, sent)
 	if err == nil || firstwins.Lost(err) {

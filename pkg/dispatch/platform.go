@@ -155,10 +155,6 @@ type TurnRequest struct {
 	// Channel is how the dispatcher learned of it (poll, stream, webhook),
 	// for metrics and logs.
 	Channel string
-	// CreatedAt is when the platform created the object that asks (its
-	// created_at); zero if unknown. A turn known to be young has its calls
-	// published beside its record rather than after it (see publishEarly).
-	CreatedAt time.Time
 }
 
 // CallRequest is one function call the model asked for.

@@ -34,9 +34,6 @@ func (a *Assistants) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Obse
 		if r.ExpiresAt > 0 {
 			turn.ExpiresAt = time.Unix(r.ExpiresAt, 0)
 		}
-		if r.CreatedAt > 0 {
-			turn.CreatedAt = time.Unix(r.CreatedAt, 0)
-		}
 		for _, tc := range r.RequiredAction.SubmitToolOutputs.ToolCalls {
 			turn.Calls = append(turn.Calls, dispatch.CallRequest{ID: tc.ID, Name: tc.Function.Name, Arguments: []byte(tc.Function.Arguments)})
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/conversations"
@@ -40,9 +39,6 @@ func (a *Responses) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Obser
 	switch r.Status {
 	case "completed":
 		turn := &dispatch.TurnRequest{Ref: ref, Scope: r.ID}
-		if r.CreatedAt > 0 {
-			turn.CreatedAt = time.Unix(int64(r.CreatedAt), 0) // whole seconds: older, never younger
-		}
 		if turn.Ref.Model == "" && ref.Agent == nil {
 			turn.Ref.Model = r.Model
 		}
