@@ -34,8 +34,26 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return &Server{Server: s, storeDir: dir}
+	srv := &Server{Server: s, storeDir: dir}
+	// The server running when the test ends (Restart replaces it), shut
+	// down after the test's own cleanups, as it was started before them.
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
+}
+
+// Restart shuts the server down and starts it again on the same address
+// with the same store, as an operator's restart does: clients reconnect,
+// and the server knows only what it rebuilds from its files.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	addr := s.Addr().String()
+	s.Shutdown()
+	s.WaitForShutdown()
+	ns, err := natsembed.Start(natsembed.Options{StoreDir: s.storeDir, Listen: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Server = ns
 }
 
 // Connect opens a connection closed when the test ends.

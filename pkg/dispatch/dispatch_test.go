@@ -261,6 +261,13 @@ func TestIntakeIsIdempotent(t *testing.T) {
 		turn, err := d1.Turn(ctx, keys[0])
 		return err == nil && !turn.Open()
 	})
+	// A repeat once the turn is closed (a late webhook, a poll of the same
+	// response) gets the closed turn and runs nothing.
+	for _, d := range []*dispatch.Dispatcher{d1, d2} {
+		if turn, err := d.Intake(ctx, req); err != nil || turn.Open() {
+			t.Fatalf("a repeat after the close: %+v, %v; want the closed turn", turn, err)
+		}
+	}
 	calls, err := e.js.Stream(ctx, protocol.CallStream("geo"))
 	if err != nil {
 		t.Fatal(err)
@@ -420,5 +427,59 @@ func TestTheRestOfAnAgentsStepIsNotANewTurn(t *testing.T) {
 	}
 	if info.State.LastSeq != 3 || ran.Load() != 3 {
 		t.Errorf("calls stored %d, run %d; want 3 and 3 (call_2 once)", info.State.LastSeq, ran.Load())
+	}
+}
+
+// A repeat of a required action while its turn is still open publishes
+// again only the calls without a result. One that ran was deleted from its
+// work queue when acknowledged, and a restarted server rebuilds its
+// message IDs from the messages it still stores: the dedupe window alone
+// would let the repeat run it again.
+func TestARepeatAfterAServerRestartRunsNoCallAgain(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_weather", weatherSchema)
+	e.register("geo", "get_forecast", weatherSchema)
+	ran := e.serve("geo", []string{"get_weather"}, func(*protocol.Call) (string, bool) { return "sunny", false })
+	e.serve("geo", []string{"get_forecast"}, func(*protocol.Call) (string, bool) { return "", false }) // keeps the turn open
+	d, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		return dispatch.LiveSchemas(d, "get_weather") == 1 && dispatch.LiveSchemas(d, "get_forecast") == 1
+	})
+	ctx := context.Background()
+	req := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_restart"}, Scope: "resp_restart",
+		Calls: []dispatch.CallRequest{
+			{ID: "call_1", Name: "get_weather", Arguments: json.RawMessage(`{"location":"Oslo"}`)},
+			{ID: "call_2", Name: "get_forecast", Arguments: json.RawMessage(`{"location":"Oslo"}`)},
+		},
+	}
+	if _, err := d.Intake(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	calls, err := e.js.Stream(ctx, protocol.CallStream("geo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// call_1 ran and was acknowledged (so deleted); call_2 waits, stored.
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		info, err := calls.Info(ctx)
+		return err == nil && ran.Load() == 1 && info.State.Msgs == 1
+	})
+	e.srv.Restart(t)
+	testutil.WaitFor(t, 10*time.Second, func() bool { return e.js.Conn().IsConnected() && d.Ready() })
+	turn, err := d.Intake(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn.State != dispatch.TurnCollecting {
+		t.Fatalf("the repeat found the turn %s, want it still collecting", turn.State)
+	}
+	// The repeat's publications are acknowledged once Intake returns.
+	info, err := calls.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.LastSeq != 2 {
+		t.Errorf("the call stream stored %d messages, want 2: a call that ran was queued again", info.State.LastSeq)
 	}
 }

@@ -230,9 +230,18 @@ func (g *gatherer) recheck(ctx context.Context, key protocol.TurnKey) {
 	if st == nil {
 		return
 	}
+	// The read ends with Run: a stopping dispatcher does not wait out a
+	// read the server will not answer (one sent while it restarted) for
+	// work the sweep or another replica repeats.
 	cctx, cancel := context.WithTimeout(ctx, recheckTimeout)
-	present, err := g.present(cctx, st.turn)
+	rctx, stop := g.d.withRunContext(cctx)
+	present, err := g.present(rctx, st.turn)
+	stopping := rctx.Err() != nil && cctx.Err() == nil
+	stop()
 	cancel()
+	if stopping {
+		return
+	}
 	if err != nil {
 		// Try again: with the turn's results split between replicas, a
 		// re-check that failed may be the only one that would have seen

@@ -75,13 +75,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		span.End() // another channel or replica took it in
 		existing, _, err := d.turns.get(ctx, key)
 		if err == nil && existing.State == TurnCollecting {
-			// Whoever recorded it may not have published its calls: an
-			// intake whose record was stored but whose acknowledgement was
-			// lost in a failover fails, and its retry lands here. Calls
-			// carry their key as message ID, so publishing them again is
-			// dropped by the server wherever the first publication got
-			// through.
-			d.publishCalls(ctx, existing, nil, nil)
+			d.republishCalls(ctx, existing)
 		}
 		return existing, err
 	} else if err != nil {
@@ -109,6 +103,25 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	d.publishCalls(ctx, t, nil, checked)
 	crashpoint.Reached(crashpoint.Fanout, string(key))
 	return t, nil
+}
+
+// republishCalls publishes again the calls of a collecting turn that have
+// no result, for a repeat of its intake: whoever recorded it may not have
+// published them (an intake whose record was stored but whose
+// acknowledgement was lost in a failover fails, and its retry lands here).
+// A call still queued or running is stored, so its message ID drops the
+// repeat. One that ran is not: its executor's acknowledgement deleted it,
+// and a server that restarts rebuilds its message IDs from what it
+// stores, so only the recorded result tells that it ran. If the results
+// cannot be read, nothing is published: the sweep resumes a turn whose
+// calls never went out.
+func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
+	recorded, err := d.gather.recorded(ctx, t)
+	if err != nil {
+		d.log.Warn("a repeated intake could not read the turn's results; leaving its calls to the sweep", "turn", t.Key, "err", err)
+		return
+	}
+	d.publishCalls(ctx, t, recorded, nil)
 }
 
 // resolveCalls adds req's calls to t, each with the team that owns it, and
