@@ -26,6 +26,16 @@ const ackTimeout = 5 * time.Second
 // a lost acknowledgement is jetstream.ErrAsyncPublishTimeout, which may
 // pass, and message IDs make publishing again safe.
 func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*jetstream.PubAck, error) {
+	// An answer already in is taken as it is, however long ago the write
+	// was sent: a select with the timeout already fired could pick either,
+	// and a turn's later calls are settled only once all are published.
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	default:
+	}
 	timeout := time.NewTimer(time.Until(sent.Add(ackTimeout)))
 	defer timeout.Stop()
 	select {

@@ -131,3 +131,24 @@ func TestAwaitAckGivesUpOnALostAcknowledgement(t *testing.T) {
 		t.Fatalf("lost acknowledgement: %v; want ErrAsyncPublishTimeout, which may pass", err)
 	}
 }
+
+// answeredAck is a publication whose acknowledgement is in.
+type answeredAck struct{ ok chan *jetstream.PubAck }
+
+func (a answeredAck) Ok() <-chan *jetstream.PubAck { return a.ok }
+func (answeredAck) Err() <-chan error              { return nil }
+func (answeredAck) Msg() *nats.Msg                 { return nil }
+
+// An acknowledgement that came in while the caller did other work is
+// taken, however long ago the publication went out: taking the timeout
+// instead would publish a stored call again.
+func TestAwaitAckTakesAnAnswerAlreadyIn(t *testing.T) {
+	for range 50 { // a select between the two would pick the timeout about half the time
+		f := answeredAck{ok: make(chan *jetstream.PubAck, 1)}
+		f.ok <- &jetstream.PubAck{Sequence: 7}
+		ack, err := awaitAck(context.Background(), f, time.Now().Add(-2*ackTimeout))
+		if err != nil || ack.Sequence != 7 {
+			t.Fatalf("answered long after the publication: %v, %v; want the acknowledgement", ack, err)
+		}
+	}
+}
