@@ -106,7 +106,7 @@ func EncodeCall(c *Call) ([]byte, error) {
 // DecodeCall decodes and validates a call envelope.
 func DecodeCall(data []byte) (*Call, error) {
 	var c Call
-	if err := decodeStrictJSON(data, &c); err != nil {
+	if err := decodeEnvelope(data, &c, readCall); err != nil {
 		return nil, fmt.Errorf("%w: call: %w", ErrMalformed, err)
 	}
 	if err := c.Validate(); err != nil {
@@ -248,7 +248,7 @@ func appendResult(b []byte, r *Result) ([]byte, error) {
 // DecodeResult decodes and validates a result envelope.
 func DecodeResult(data []byte) (*Result, error) {
 	var r Result
-	if err := decodeStrictJSON(data, &r); err != nil {
+	if err := decodeEnvelope(data, &r, readResult); err != nil {
 		return nil, fmt.Errorf("%w: result: %w", ErrMalformed, err)
 	}
 	if err := r.Validate(); err != nil {
@@ -289,6 +289,21 @@ func marshal(v any) ([]byte, error) {
 		return nil, fmt.Errorf("protocol: encode: %w", err)
 	}
 	return b, nil
+}
+
+// decodeEnvelope decodes a call or result envelope into v: on the fast
+// path when it takes data (see jsonread.go), otherwise by encoding/json
+// into a fresh v.
+func decodeEnvelope[T any](data []byte, v *T, fast func([]byte, *T) bool) error {
+	if len(data) > MaxEnvelopeSize {
+		return fmt.Errorf("%d bytes, more than %d", len(data), MaxEnvelopeSize)
+	}
+	if fast(data, v) {
+		return nil
+	}
+	var zero T
+	*v = zero // what the fast path filled before it gave up
+	return json.Unmarshal(data, v)
 }
 
 // decodeStrictJSON decodes one JSON value with a size check; json.Unmarshal
