@@ -8,8 +8,8 @@
 // the call key. Both mean a result is already recorded, which is success
 // for a writer that only needs some result to exist.
 //
-// It may import pkg/protocol and nats.go; pkg/dispatch and pkg/exec use it,
-// and it imports neither.
+// It may import pkg/protocol, internal/jspub and nats.go; pkg/dispatch and
+// pkg/exec use it, and it imports neither.
 package firstwins
 
 import (
@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -36,7 +37,15 @@ func Record(ctx context.Context, js jetstream.Publisher, res *protocol.Result, h
 	}
 	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
 	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
-	_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.ResultMsgID(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
+	if c, ok := js.(interface{ Conn() *nats.Conn }); ok {
+		// A JetStream context: the same publication, its acknowledgement
+		// read without reflection.
+		m.Header.Set(jetstream.MsgIDHeader, protocol.ResultMsgID(res.Key))
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+		_, err = jspub.Publish(ctx, c.Conn(), m)
+	} else {
+		_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.ResultMsgID(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
+	}
 	if Lost(err) {
 		return nil
 	}

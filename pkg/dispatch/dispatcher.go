@@ -359,7 +359,7 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.turns = turnStore{kv: kv}
+	d.turns = turnStore{kv: kv, nc: d.js.Conn()}
 
 	if d.watches, err = provision.KeyValue(ctx, d.js, provision.WatchBucketConfig(popts)); err != nil {
 		return err

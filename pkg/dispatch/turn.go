@@ -6,11 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/firstwins"
+	"github.com/toolrelay/toolrelay/internal/jspub"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -151,8 +156,13 @@ func decodeTurn(b []byte) (*Turn, error) {
 	return &t, nil
 }
 
-// turnStore reads and changes turn records by compare-and-set.
-type turnStore struct{ kv jetstream.KeyValue }
+// turnStore reads and changes turn records by compare-and-set. Changes
+// are published to the bucket's subject on nc (ADR-8), as the bucket's
+// own Update does, with the acknowledgement read by jspub.
+type turnStore struct {
+	kv jetstream.KeyValue
+	nc *nats.Conn
+}
 
 // errConflict means another replica changed the record first.
 var errConflict = errors.New("dispatch: turn record changed concurrently")
@@ -187,11 +197,16 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 		return 0, err
 	}
 	defer b.release() // a synchronous write: done with b when it returns
-	rev, err = s.kv.Update(ctx, string(t.Key), b.Bytes(), rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	m := &nats.Msg{Subject: kvSubject(provision.TurnBucket, string(t.Key)), Data: b.Bytes(),
+		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(rev, 10)}}}
+	ack, err := jspub.Publish(ctx, s.nc, m)
+	if firstwins.Lost(err) {
 		return 0, errConflict
 	}
-	return rev, err
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
 }
 
 // transition moves the record from one state to the next with change

@@ -1,0 +1,120 @@
+// Package jspub publishes to JetStream and waits for the acknowledgement,
+// as jetstream.JetStream's PublishMsg does, reading the acknowledgement
+// without reflection.
+//
+// A synchronous publication is a request; what it costs the client beyond
+// the request itself is mostly encoding/json reading the answer, which is
+// nearly always {"stream":"S","seq":N}. That form is read by hand; any
+// other answer (an error, a domain, fields a later server adds) is read by
+// encoding/json into the types nats.go uses, so callers see the same
+// values and errors either way.
+package jspub
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Publish sends m on nc and waits for JetStream's acknowledgement. m's
+// headers are the caller's to set (jetstream.ExpectedLastSubjSeqHeader,
+// jetstream.MsgIDHeader...). As jetstream's PublishMsg: an answer of "no
+// responders" (a stream leader being elected) is tried again
+// jetstream.DefaultPubRetryAttempts times, jetstream.DefaultPubRetryWait
+// apart, then is jetstream.ErrNoStreamResponse; an error the server answers
+// is its *jetstream.APIError; an answer that is not an acknowledgement is
+// jetstream.ErrInvalidJSAck.
+func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*jetstream.PubAck, error) {
+	resp, err := nc.RequestMsgWithContext(ctx, m)
+	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < jetstream.DefaultPubRetryAttempts; r++ {
+		wait := time.NewTimer(jetstream.DefaultPubRetryWait)
+		select {
+		case <-ctx.Done():
+		case <-wait.C:
+		}
+		wait.Stop()
+		resp, err = nc.RequestMsgWithContext(ctx, m)
+	}
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, jetstream.ErrNoStreamResponse
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ReadAck(resp.Data)
+}
+
+// ReadAck reads a publication's answer as jetstream's PublishMsg does.
+func ReadAck(data []byte) (*jetstream.PubAck, error) {
+	if ack, ok := plainAck(data); ok {
+		return ack, nil
+	}
+	var r ackResponse
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, jetstream.ErrInvalidJSAck
+	}
+	if r.Error != nil {
+		return nil, fmt.Errorf("nats: %w", r.Error)
+	}
+	if r.PubAck == nil || r.Stream == "" {
+		return nil, jetstream.ErrInvalidJSAck
+	}
+	return r.PubAck, nil
+}
+
+// ackResponse is the answer to a publication, as nats.go reads it.
+type ackResponse struct {
+	Type  string              `json:"type"`
+	Error *jetstream.APIError `json:"error,omitempty"`
+	*jetstream.PubAck
+}
+
+// plainAck reads {"stream":"S","seq":N} and {"stream":"S","seq":N,
+// "duplicate": true}, exactly as the server writes them: S printable ASCII
+// without escapes, N a plain unsigned integer. ok false: any other form.
+func plainAck(b []byte) (ack *jetstream.PubAck, ok bool) {
+	const (
+		streamKey    = `{"stream":"`
+		seqKey       = `","seq":`
+		duplicateKey = `,"duplicate": true` // as the server writes it
+	)
+	rest, found := bytes.CutPrefix(b, []byte(streamKey))
+	if !found {
+		return nil, false
+	}
+	end := 0
+	for end < len(rest) && rest[end] != '"' {
+		if c := rest[end]; c < 0x20 || c == '\\' || c >= 0x80 {
+			return nil, false
+		}
+		end++
+	}
+	stream := rest[:end]
+	if rest, found = bytes.CutPrefix(rest[end:], []byte(seqKey)); !found || len(stream) == 0 {
+		return nil, false
+	}
+	var seq uint64
+	digits := 0
+	for digits < len(rest) && '0' <= rest[digits] && rest[digits] <= '9' {
+		if seq > (1<<63)/10 {
+			return nil, false
+		}
+		seq = seq*10 + uint64(rest[digits]-'0')
+		digits++
+	}
+	if digits == 0 || (digits > 1 && rest[0] == '0') {
+		return nil, false
+	}
+	rest = rest[digits:]
+	rest, duplicate := bytes.CutPrefix(rest, []byte(duplicateKey))
+	if len(rest) != 1 || rest[0] != '}' {
+		return nil, false
+	}
+	return &jetstream.PubAck{Stream: string(stream), Sequence: seq, Duplicate: duplicate}, true
+}
