@@ -57,6 +57,9 @@ func Record(ctx context.Context, js jetstream.Publisher, res *protocol.Result, h
 // server answers with error code 10071; a replicated (R>1) stream answers
 // with 10164, which must be read the same way.
 func Lost(err error) bool {
+	if err == nil {
+		return false // before apiErr, which escapes: most publications succeed
+	}
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) {
 		return false

@@ -22,7 +22,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Publish sends m on nc and waits for JetStream's acknowledgement. m's
+// Publish sends m on nc, waits for JetStream's acknowledgement and returns
+// the sequence the message is stored at (the first one's, for a
+// duplicate). m's
 // headers are the caller's to set (jetstream.ExpectedLastSubjSeqHeader,
 // jetstream.MsgIDHeader...). As jetstream's PublishMsg: an answer of "no
 // responders" (a stream leader being elected) is tried again
@@ -30,7 +32,7 @@ import (
 // apart, then is jetstream.ErrNoStreamResponse; an error the server answers
 // is its *jetstream.APIError; an answer that is not an acknowledgement is
 // jetstream.ErrInvalidJSAck.
-func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*jetstream.PubAck, error) {
+func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg) (uint64, error) {
 	resp, err := nc.RequestMsgWithContext(ctx, m)
 	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < jetstream.DefaultPubRetryAttempts; r++ {
 		wait := time.NewTimer(jetstream.DefaultPubRetryWait)
@@ -42,30 +44,30 @@ func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*jetstream.PubAck
 		resp, err = nc.RequestMsgWithContext(ctx, m)
 	}
 	if errors.Is(err, nats.ErrNoResponders) {
-		return nil, jetstream.ErrNoStreamResponse
+		return 0, jetstream.ErrNoStreamResponse
 	}
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	return ReadAck(resp.Data)
+	return readAck(resp.Data)
 }
 
-// ReadAck reads a publication's answer as jetstream's PublishMsg does.
-func ReadAck(data []byte) (*jetstream.PubAck, error) {
-	if ack, ok := plainAck(data); ok {
-		return ack, nil
+// readAck reads a publication's answer as jetstream's PublishMsg does.
+func readAck(data []byte) (uint64, error) {
+	if seq, _, ok := plainAck(data); ok {
+		return seq, nil
 	}
 	var r ackResponse
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, jetstream.ErrInvalidJSAck
+		return 0, jetstream.ErrInvalidJSAck
 	}
 	if r.Error != nil {
-		return nil, fmt.Errorf("nats: %w", r.Error)
+		return 0, fmt.Errorf("nats: %w", r.Error)
 	}
 	if r.PubAck == nil || r.Stream == "" {
-		return nil, jetstream.ErrInvalidJSAck
+		return 0, jetstream.ErrInvalidJSAck
 	}
-	return r.PubAck, nil
+	return r.Sequence, nil
 }
 
 // ackResponse is the answer to a publication, as nats.go reads it.
@@ -78,7 +80,8 @@ type ackResponse struct {
 // plainAck reads {"stream":"S","seq":N} and {"stream":"S","seq":N,
 // "duplicate": true}, exactly as the server writes them: S printable ASCII
 // without escapes, N a plain unsigned integer. ok false: any other form.
-func plainAck(b []byte) (ack *jetstream.PubAck, ok bool) {
+// It allocates nothing.
+func plainAck(b []byte) (seq uint64, duplicate, ok bool) {
 	const (
 		streamKey    = `{"stream":"`
 		seqKey       = `","seq":`
@@ -86,35 +89,34 @@ func plainAck(b []byte) (ack *jetstream.PubAck, ok bool) {
 	)
 	rest, found := bytes.CutPrefix(b, []byte(streamKey))
 	if !found {
-		return nil, false
+		return 0, false, false
 	}
 	end := 0
 	for end < len(rest) && rest[end] != '"' {
 		if c := rest[end]; c < 0x20 || c == '\\' || c >= 0x80 {
-			return nil, false
+			return 0, false, false
 		}
 		end++
 	}
 	stream := rest[:end]
 	if rest, found = bytes.CutPrefix(rest[end:], []byte(seqKey)); !found || len(stream) == 0 {
-		return nil, false
+		return 0, false, false
 	}
-	var seq uint64
 	digits := 0
 	for digits < len(rest) && '0' <= rest[digits] && rest[digits] <= '9' {
 		if seq > (1<<63)/10 {
-			return nil, false
+			return 0, false, false
 		}
 		seq = seq*10 + uint64(rest[digits]-'0')
 		digits++
 	}
 	if digits == 0 || (digits > 1 && rest[0] == '0') {
-		return nil, false
+		return 0, false, false
 	}
 	rest = rest[digits:]
-	rest, duplicate := bytes.CutPrefix(rest, []byte(duplicateKey))
+	rest, duplicate = bytes.CutPrefix(rest, []byte(duplicateKey))
 	if len(rest) != 1 || rest[0] != '}' {
-		return nil, false
+		return 0, false, false
 	}
-	return &jetstream.PubAck{Stream: string(stream), Sequence: seq, Duplicate: duplicate}, true
+	return seq, duplicate, true
 }

@@ -199,14 +199,11 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 	defer b.release() // a synchronous write: done with b when it returns
 	m := &nats.Msg{Subject: kvSubject(provision.TurnBucket, string(t.Key)), Data: b.Bytes(),
 		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(rev, 10)}}}
-	ack, err := jspub.Publish(ctx, s.nc, m)
+	rev, err = jspub.Publish(ctx, s.nc, m)
 	if firstwins.Lost(err) {
 		return 0, errConflict
 	}
-	if err != nil {
-		return 0, err
-	}
-	return ack.Sequence, nil
+	return rev, err
 }
 
 // transition moves the record from one state to the next with change
