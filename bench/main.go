@@ -48,6 +48,7 @@ func main() {
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")
 	flag.IntVar(&inflightCalls, "inflight", inflightCalls, "calls kept in flight in the saturation runs")
 	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
 	only := flag.String("only", "", "comma-separated phases to run (floor, toolrelay, parallel, scale, memory, micro, mcp, asynq); default all")
@@ -89,6 +90,14 @@ func main() {
 		}
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
+	}
+	if *memprofile != "" && cfg.role == "" {
+		defer func() {
+			if f, err := os.Create(*memprofile); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
 	}
 	slog.SetDefault(slog.New(slog.DiscardHandler))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
