@@ -22,6 +22,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// DefaultTimeout bounds a publication whose context has no deadline: the
+// default of a jetstream context's requests.
+const DefaultTimeout = 5 * time.Second
+
 // Publish sends m on nc, waits for JetStream's acknowledgement and returns
 // the sequence the message is stored at (the first one's, for a
 // duplicate). m's
@@ -31,8 +35,15 @@ import (
 // jetstream.DefaultPubRetryAttempts times, jetstream.DefaultPubRetryWait
 // apart, then is jetstream.ErrNoStreamResponse; an error the server answers
 // is its *jetstream.APIError; an answer that is not an acknowledgement is
-// jetstream.ErrInvalidJSAck.
+// jetstream.ErrInvalidJSAck. A context without a deadline is given
+// DefaultTimeout, as jetstream gives its own: an acknowledgement lost with
+// a server must not hold the caller forever.
 func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg) (uint64, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
 	resp, err := nc.RequestMsgWithContext(ctx, m)
 	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < jetstream.DefaultPubRetryAttempts; r++ {
 		wait := time.NewTimer(jetstream.DefaultPubRetryWait)

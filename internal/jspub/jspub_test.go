@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -71,4 +72,30 @@ func sameError(a, b error) bool {
 		return false
 	}
 	return x == nil || (x.ErrorCode == y.ErrorCode && x.Code == y.Code && a.Error() == b.Error())
+}
+
+// An acknowledgement that never comes (a server that went away with it)
+// ends the wait after DefaultTimeout when the caller set no deadline, as
+// jetstream's PublishMsg does, rather than holding the caller forever.
+func TestPublishWithoutADeadlineGivesUp(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, _ := srv.Connect(t)
+	sub, err := nc.SubscribeSync("silent.>") // takes the request, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := jspub.Publish(context.Background(), nc, nats.NewMsg("silent.a"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a lost acknowledgement: %v; want the deadline", err)
+		}
+	case <-time.After(3 * jspub.DefaultTimeout):
+		t.Fatal("Publish without a deadline still waiting after three times DefaultTimeout")
+	}
 }
