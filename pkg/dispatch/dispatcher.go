@@ -168,6 +168,7 @@ type Dispatcher struct {
 	spawnMu sync.Mutex
 	spawn   func(func(context.Context))
 	runDone <-chan struct{}
+	runCtx  context.Context
 
 	driversMu sync.Mutex
 	drivers   map[string]bool // watches this replica drives
@@ -289,6 +290,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.spawnMu.Lock()
 	d.spawn = pool.run
 	d.runDone = rctx.Done()
+	d.runCtx = rctx
 	d.spawnMu.Unlock()
 	defer func() {
 		stopRun()
@@ -435,6 +437,22 @@ func (d *Dispatcher) withRunContext(ctx context.Context) (context.Context, conte
 		}
 	}()
 	return ctx, cancel
+}
+
+// detached returns a context with ctx's values that ends when Run stops
+// rather than when ctx does: for work that must finish once begun, whoever
+// asked for it (a recorded turn's calls going out while the webhook that
+// brought it closes its connection). Without Run it never ends.
+func (d *Dispatcher) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.spawnMu.Lock()
+	run := d.runCtx
+	d.spawnMu.Unlock()
+	if run == nil {
+		return ctx, cancel
+	}
+	stop := context.AfterFunc(run, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // errShutdown cancels background work still running ShutdownTimeout after

@@ -84,7 +84,13 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		return nil, fmt.Errorf("dispatch: record turn %s: %w", key, err)
 	}
 	d.tel.keepTurn(key, span)
-	ctx = tctx
+	// The turn is recorded and this replica gathers for it, so the sweep
+	// will not resume it: its failures and calls must go out now, even if
+	// the caller goes away meanwhile (a webhook's connection closed). A
+	// stopping dispatcher cuts them off; its restart's sweep resumes the
+	// turn.
+	ctx, stop := d.detached(tctx)
+	defer stop()
 	crashpoint.Reached(crashpoint.Intake, string(key))
 	channel := req.Channel
 	if channel == "" {
@@ -112,13 +118,17 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 // A call still queued or running is stored, so its message ID drops the
 // repeat. One that ran is not: its executor's acknowledgement deleted it,
 // and a server that restarts rebuilds its message IDs from what it
-// stores, so only the recorded result tells that it ran. If the results
-// cannot be read, nothing is published: the sweep resumes a turn whose
-// calls never went out.
+// stores, so only the recorded result tells that it ran. The results are
+// read again while JetStream is unavailable; if they still cannot be read,
+// nothing is published (a repeat of the intake tries again).
 func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
-	recorded, err := d.gather.recorded(ctx, t)
+	ctx, stop := d.detached(ctx) // as Intake: once begun, the caller may go
+	defer stop()
+	recorded, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (map[protocol.CallKey]bool, error) {
+		return d.gather.recorded(ctx, t)
+	})
 	if err != nil {
-		d.log.Warn("a repeated intake could not read the turn's results; leaving its calls to the sweep", "turn", t.Key, "err", err)
+		d.log.Warn("a repeated intake could not read the turn's results; publishing none of its calls again", "turn", t.Key, "err", err)
 		return
 	}
 	d.publishCalls(ctx, t, recorded, nil)

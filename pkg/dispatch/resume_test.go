@@ -318,3 +318,31 @@ func runWith(t *testing.T, e *env, wrap func(dispatch.Platform) dispatch.Platfor
 		}
 	}
 }
+
+// A caller that goes away once its turn is recorded (a webhook whose
+// connection closed) does not leave the turn half taken in: this replica
+// gathers for it, so the sweep would not resume it, and a failure decided
+// at intake that was never recorded would hold the turn to its deadline.
+func TestAnIntakeWhoseCallerGoesAwayStillFinishes(t *testing.T) {
+	e := newEnv(t)
+	d, _ := e.dispatcher(dispatch.Options{})
+	req := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_gone"}, Scope: "resp_gone",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "no_such_function", Arguments: []byte(`{}`)}},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	crashpoint.Set(func(point, turn string) {
+		if point == crashpoint.Intake && turn == string(req.Key()) {
+			cancel() // the caller goes away as the record is stored
+		}
+	})
+	t.Cleanup(func() { crashpoint.Set(nil) })
+	if _, err := d.Intake(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		turn, err := d.Turn(context.Background(), req.Key())
+		return err == nil && !turn.Open()
+	})
+}

@@ -44,6 +44,13 @@ func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*j
 	case err := <-f.Err():
 		return nil, err
 	case <-timeout.C:
+		select { // an answer that came in as the timer fired still counts
+		case ack := <-f.Ok():
+			return ack, nil
+		case err := <-f.Err():
+			return nil, err
+		default:
+		}
 		return nil, jetstream.ErrAsyncPublishTimeout
 	case <-ctx.Done():
 		return nil, ctx.Err()

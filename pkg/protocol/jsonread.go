@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"math"
 	"time"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -244,7 +245,7 @@ func (r *reader) int() int {
 	}
 	start, v := r.i, 0
 	for r.i < len(r.b) && '0' <= r.b[r.i] && r.b[r.i] <= '9' {
-		if v > (1<<31)/10 {
+		if v > (math.MaxInt32-9)/10 { // fits an int on any platform
 			r.fail()
 			return 0
 		}
