@@ -186,6 +186,12 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if js == nil {
 		return nil, errors.New("dispatch: a JetStream context is required")
 	}
+	// Turn records and steps are written to their bucket's own subject
+	// ($KV.<bucket>.<key>), where the buckets of the connection's account
+	// live; through another domain or API prefix those writes would miss.
+	if o := js.Options(); o.Domain != "" || (o.APIPrefix != "" && o.APIPrefix != jetstream.DefaultAPIPrefix) {
+		return nil, fmt.Errorf("dispatch: the JetStream context must be the account's own (domain %q, API prefix %q given)", o.Domain, o.APIPrefix)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

@@ -48,6 +48,30 @@ func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
 	}
 }
 
+// A dispatcher is refused a JetStream context bound to another domain or
+// API prefix: its turn records are written to their bucket's subject, which
+// would then miss the buckets the context reads.
+func TestNewRefusesAnotherDomainOrAPIPrefix(t *testing.T) {
+	e := newEnv(t)
+	nc, js := e.srv.Connect(t)
+	if _, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(t)}); err != nil {
+		t.Fatalf("the account's own JetStream: %v", err)
+	}
+	byDomain, err := jetstream.NewWithDomain(nc, "hub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPrefix, err := jetstream.NewWithAPIPrefix(nc, "$JS.other.API")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, js := range map[string]jetstream.JetStream{"a domain": byDomain, "an API prefix": byPrefix} {
+		if _, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(t)}); err == nil {
+			t.Errorf("New took a JetStream context with %s", name)
+		}
+	}
+}
+
 // Function names the model invents are counted under one label value, so
 // that a model cannot grow the metrics without bound.
 func TestInventedFunctionNamesShareOneLabel(t *testing.T) {
