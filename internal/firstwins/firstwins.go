@@ -24,10 +24,11 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// Record publishes res on its result subject unless a result of the call is
-// recorded already, which is not an error. header (may be nil) carries
-// trace context; Record adds the call key.
-func Record(ctx context.Context, js jetstream.Publisher, res *protocol.Result, header nats.Header) error {
+// Record publishes res on its result subject, on nc, unless a result of
+// the call is recorded already, which is not an error. header (may be nil)
+// carries trace context; Record adds the call key. The acknowledgement is
+// read by jspub.
+func Record(ctx context.Context, nc *nats.Conn, res *protocol.Result, header nats.Header) error {
 	data, err := protocol.EncodeResult(res)
 	if err != nil {
 		return err
@@ -37,15 +38,9 @@ func Record(ctx context.Context, js jetstream.Publisher, res *protocol.Result, h
 	}
 	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
 	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
-	if c, ok := js.(interface{ Conn() *nats.Conn }); ok {
-		// A JetStream context: the same publication, its acknowledgement
-		// read without reflection.
-		m.Header.Set(jetstream.MsgIDHeader, protocol.ResultMsgID(res.Key))
-		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-		_, err = jspub.Publish(ctx, c.Conn(), m)
-	} else {
-		_, err = js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.ResultMsgID(res.Key)), jetstream.WithExpectLastSequencePerSubject(0))
-	}
+	m.Header.Set(jetstream.MsgIDHeader, protocol.ResultMsgID(res.Key))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	_, err = jspub.Publish(ctx, nc, m)
 	if Lost(err) {
 		return nil
 	}

@@ -49,11 +49,11 @@ func TestFirstResultWins(t *testing.T) {
 				t.Fatal(err)
 			}
 			first := result("first")
-			if err := firstwins.Record(ctx, js, first, nil); err != nil {
+			if err := firstwins.Record(ctx, js.Conn(), first, nil); err != nil {
 				t.Fatalf("first result: %v", err)
 			}
 			// A repeat of the same publication is deduplicated.
-			if err := firstwins.Record(ctx, js, first, nil); err != nil {
+			if err := firstwins.Record(ctx, js.Conn(), first, nil); err != nil {
 				t.Fatalf("repeated result: %v", err)
 			}
 			// A different writer (its message ID differs, as after the
@@ -66,7 +66,7 @@ func TestFirstResultWins(t *testing.T) {
 				t.Fatalf("conflicting publication: %v; want a lost race", err)
 			}
 			// ...and Record reads that refusal as "already recorded".
-			if err := firstwins.Record(ctx, js, second, nil); err != nil {
+			if err := firstwins.Record(ctx, js.Conn(), second, nil); err != nil {
 				t.Fatalf("second result: %v", err)
 			}
 			m, err := stream.GetLastMsgForSubject(ctx, first.Subject())

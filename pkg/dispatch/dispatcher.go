@@ -167,7 +167,6 @@ type Dispatcher struct {
 	// spawn runs background work (watch drivers) under Run's lifetime.
 	spawnMu sync.Mutex
 	spawn   func(func(context.Context))
-	runDone <-chan struct{}
 	runCtx  context.Context
 
 	driversMu sync.Mutex
@@ -295,7 +294,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	pool := newWorkers(bctx, &wg)
 	d.spawnMu.Lock()
 	d.spawn = pool.run
-	d.runDone = rctx.Done()
 	d.runCtx = rctx
 	d.spawnMu.Unlock()
 	defer func() {
@@ -433,16 +431,13 @@ func (d *Dispatcher) refreshGaugesEvery(ctx context.Context, every time.Duration
 func (d *Dispatcher) withRunContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	d.spawnMu.Lock()
-	done := d.runDone
+	run := d.runCtx
 	d.spawnMu.Unlock()
-	go func() {
-		select {
-		case <-done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, cancel
+	if run == nil { // Run has not started: nothing to end with
+		return ctx, cancel
+	}
+	stop := context.AfterFunc(run, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // detached returns a context with ctx's values that ends when Run stops
@@ -450,15 +445,7 @@ func (d *Dispatcher) withRunContext(ctx context.Context) (context.Context, conte
 // asked for it (a recorded turn's calls going out while the webhook that
 // brought it closes its connection). Without Run it never ends.
 func (d *Dispatcher) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d.spawnMu.Lock()
-	run := d.runCtx
-	d.spawnMu.Unlock()
-	if run == nil {
-		return ctx, cancel
-	}
-	stop := context.AfterFunc(run, cancel)
-	return ctx, func() { stop(); cancel() }
+	return d.withRunContext(context.WithoutCancel(ctx))
 }
 
 // errShutdown cancels background work still running ShutdownTimeout after

@@ -29,12 +29,8 @@ func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*j
 	// An answer already in is taken as it is, however long ago the write
 	// was sent: a select with the timeout already fired could pick either,
 	// and a turn's later calls are settled only once all are published.
-	select {
-	case ack := <-f.Ok():
-		return ack, nil
-	case err := <-f.Err():
-		return nil, err
-	default:
+	if ack, in, err := answered(f); in {
+		return ack, err
 	}
 	timeout := time.NewTimer(time.Until(sent.Add(ackTimeout)))
 	defer timeout.Stop()
@@ -44,16 +40,24 @@ func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*j
 	case err := <-f.Err():
 		return nil, err
 	case <-timeout.C:
-		select { // an answer that came in as the timer fired still counts
-		case ack := <-f.Ok():
-			return ack, nil
-		case err := <-f.Err():
-			return nil, err
-		default:
+		if ack, in, err := answered(f); in { // came in as the timer fired
+			return ack, err
 		}
 		return nil, jetstream.ErrAsyncPublishTimeout
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// answered returns f's answer if it is in, without waiting.
+func answered(f jetstream.PubAckFuture) (ack *jetstream.PubAck, in bool, err error) {
+	select {
+	case ack := <-f.Ok():
+		return ack, true, nil
+	case err := <-f.Err():
+		return nil, true, err
+	default:
+		return nil, false, nil
 	}
 }
 

@@ -367,7 +367,7 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	d.span.SetAttributes(attrOutcome.String(outcomeOf(res)))
 	header := nats.Header{}
 	send := d.w.tel.send(ctx, res, header)
-	err := d.persist(ctx, func(ctx context.Context) error { return firstwins.Record(ctx, js, res, header) })
+	err := d.persist(ctx, func(ctx context.Context) error { return firstwins.Record(ctx, js.Conn(), res, header) })
 	send.End()
 	if err != nil {
 		d.log.Error("could not record result; call will be redelivered", "err", err)

@@ -53,8 +53,8 @@ func (r *reader) next(c byte) bool {
 
 // object reads an object, calling value for each key with the reader at
 // the key's value, which value must read. Keys must be plain ASCII without
-// escapes, each at most once; fields maps a key to its bit.
-func (r *reader) object(fields func(key []byte) uint, value func(bit uint)) {
+// escapes, each at most once, and among allowed (bits of keyBit).
+func (r *reader) object(allowed uint, value func(bit uint)) {
 	if !r.next('{') {
 		r.fail()
 		return
@@ -68,7 +68,7 @@ func (r *reader) object(fields func(key []byte) uint, value func(bit uint)) {
 		key := r.plainString()
 		bit := uint(0)
 		if r.ok {
-			bit = fields(key)
+			bit = keyBit(key) & allowed
 		}
 		if bit == 0 || seen&bit != 0 || !r.next(':') {
 			r.fail()
@@ -361,7 +361,18 @@ const (
 	keyMessage
 )
 
-func callKeys(k []byte) uint {
+// The keys each object may have.
+const (
+	callFields = keyV | keyKey | keyPlatform | keyScope | keyCallID | keyTeam | keyFunction |
+		keyArguments | keyDeadline | keyCreatedAt
+	resultFields = keyV | keyKey | keyCallID | keyTeam | keyFunction | keyOutput | keyError |
+		keyExecutor | keyAttempt | keyStartedAt | keyFinishedAt
+	errorFields = keyType | keyMessage
+)
+
+// keyBit is the bit of an envelope key, as the envelopes spell it; 0 for
+// any other key.
+func keyBit(k []byte) uint {
 	switch string(k) {
 	case "v":
 		return keyV
@@ -383,6 +394,22 @@ func callKeys(k []byte) uint {
 		return keyDeadline
 	case "created_at":
 		return keyCreatedAt
+	case "output":
+		return keyOutput
+	case "error":
+		return keyError
+	case "executor":
+		return keyExecutor
+	case "attempt":
+		return keyAttempt
+	case "started_at":
+		return keyStartedAt
+	case "finished_at":
+		return keyFinishedAt
+	case "type":
+		return keyType
+	case "message":
+		return keyMessage
 	}
 	return 0
 }
@@ -390,7 +417,7 @@ func callKeys(k []byte) uint {
 // readCall decodes data into c on the fast path; false: not taken.
 func readCall(data []byte, c *Call) bool {
 	r := newReader(data)
-	r.object(callKeys, func(bit uint) {
+	r.object(callFields, func(bit uint) {
 		switch bit {
 		case keyV:
 			c.Version = r.int()
@@ -418,48 +445,10 @@ func readCall(data []byte, c *Call) bool {
 	return r.ok
 }
 
-func resultKeys(k []byte) uint {
-	switch string(k) {
-	case "v":
-		return keyV
-	case "key":
-		return keyKey
-	case "call_id":
-		return keyCallID
-	case "team":
-		return keyTeam
-	case "function":
-		return keyFunction
-	case "output":
-		return keyOutput
-	case "error":
-		return keyError
-	case "executor":
-		return keyExecutor
-	case "attempt":
-		return keyAttempt
-	case "started_at":
-		return keyStartedAt
-	case "finished_at":
-		return keyFinishedAt
-	}
-	return 0
-}
-
-func errorKeys(k []byte) uint {
-	switch string(k) {
-	case "type":
-		return keyType
-	case "message":
-		return keyMessage
-	}
-	return 0
-}
-
 // readResult decodes data into res on the fast path; false: not taken.
 func readResult(data []byte, res *Result) bool {
 	r := newReader(data)
-	r.object(resultKeys, func(bit uint) {
+	r.object(resultFields, func(bit uint) {
 		switch bit {
 		case keyV:
 			res.Version = r.int()
@@ -475,7 +464,7 @@ func readResult(data []byte, res *Result) bool {
 			res.Output = r.string()
 		case keyError:
 			e := &CallError{}
-			r.object(errorKeys, func(bit uint) {
+			r.object(errorFields, func(bit uint) {
 				if bit == keyType {
 					e.Code = ErrorCode(r.string())
 				} else {
