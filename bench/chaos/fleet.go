@@ -133,10 +133,40 @@ func (p *proc) restart(ctx context.Context) (time.Duration, error) {
 	if p.ready == nil {
 		return time.Since(at), nil
 	}
+	// Waiting ends early if the process exits; either way a failure says
+	// what the process last logged.
 	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
 	err := p.ready(rctx)
+	if err != nil {
+		select {
+		case <-done:
+			err = fmt.Errorf("%w (it exited, code %d)", err, p.exitCode())
+		default:
+		}
+		err = fmt.Errorf("%w; its log ends:\n%s", err, tail(p.log, 20))
+	}
 	return time.Since(at), err
+}
+
+// tail is the last n lines of the file at path.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // fleet is everything the soak runs.

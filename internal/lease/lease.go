@@ -63,7 +63,8 @@ type Keeper struct {
 // them. A refusal is a *RefusedError, returned with the keeper so that what
 // was accepted can be withdrawn. No dispatcher answering is not an error:
 // none may be running yet, and the keeper's renewals reach the first that
-// starts.
+// starts. Nor is a dispatcher's failure to store them: the keeper sends
+// them again, as the protocol says.
 func Declare(ctx context.Context, nc *nats.Conn, team string, decls []*protocol.Declaration, log *slog.Logger) (*Keeper, error) {
 	if log == nil {
 		log = slog.Default()
@@ -80,13 +81,27 @@ func Declare(ctx context.Context, nc *nats.Conn, team string, decls []*protocol.
 	stop, _ := json.Marshal(&req)
 	k := &Keeper{nc: nc, team: team, log: log, serve: serve, stop: stop, every: protocol.LeaseRenewal}
 	err = k.send(ctx, k.serve)
-	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+	var failed *dispatcherError
+	switch {
+	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		log.Warn("no dispatcher answered this executor's declarations; declaring again until one does", "err", err)
-		k.unanswered = true
-		return k, nil
+	case errors.As(err, &failed):
+		// The protocol's "send it again": the dispatcher could not write
+		// the registry (a cluster electing a leader, say), which a later
+		// declaration can.
+		log.Warn("a dispatcher could not store this executor's declarations; declaring again until one does", "err", err)
+	default:
+		return k, err
 	}
-	return k, err
+	k.unanswered = true
+	return k, nil
 }
+
+// dispatcherError is a reply whose error says the request as a whole
+// failed on the dispatcher's side; the protocol says to send it again.
+type dispatcherError struct{ msg string }
+
+func (e *dispatcherError) Error() string { return "lease: declare: dispatcher: " + e.msg }
 
 // send makes one exchange with a dispatcher.
 func (k *Keeper) send(ctx context.Context, body []byte) error {
@@ -101,7 +116,7 @@ func (k *Keeper) send(ctx context.Context, body []byte) error {
 		return fmt.Errorf("lease: declare: %w", err)
 	}
 	if reply.Error != "" {
-		return fmt.Errorf("lease: declare: dispatcher: %s", reply.Error)
+		return &dispatcherError{msg: reply.Error}
 	}
 	if len(reply.Refused) > 0 {
 		return &RefusedError{Refusals: reply.Refused}

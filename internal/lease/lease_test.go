@@ -121,3 +121,30 @@ func TestNoDispatcherYet(t *testing.T) {
 		t.Fatalf("request %+v, want the early declaration", req)
 	}
 }
+
+// A dispatcher that answers the first declaration with an error (it could
+// not write the registry) does not stop the executor: the protocol says
+// to send it again, and the keeper does, soon.
+func TestDispatcherErrorIsDeclaredAgain(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	var answered int
+	got := dispatcher(t, nc, func(req *protocol.DeclareRequest) protocol.DeclareReply {
+		answered++
+		if answered == 1 {
+			return protocol.DeclareReply{Version: protocol.Version, Error: "declare get_order: nats: JetStream system temporarily unavailable"}
+		}
+		return accept(req)
+	})
+	k, err := Declare(ctx, nc, "orders", []*protocol.Declaration{declaration("one")}, testutil.Logger(t))
+	if err != nil {
+		t.Fatalf("Declare answered with a dispatcher error: %v, want nil (declare again)", err)
+	}
+	next(t, got)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go k.Run(rctx)
+	if req := next(t, got); req.Op != protocol.DeclareServe || req.Declarations[0].Instance != "one" {
+		t.Fatalf("request %+v, want the declaration again", req)
+	}
+}
