@@ -9,6 +9,7 @@ import (
 	osexec "os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -180,6 +181,19 @@ func runMemoryChild(ctx context.Context, cfg config) error {
 		return failed
 	}
 	rss1, heap1 := memNow()
+	if cfg.heapProfile != "" {
+		f, err := os.Create(cfg.heapProfile)
+		if err != nil {
+			return err
+		}
+		err = pprof.Lookup("heap").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
 	return json.NewEncoder(os.Stdout).Encode(memory{Calls: cfg.memCalls, RSSBefore: rss0, RSSAfter: rss1, HeapBefore: heap0, HeapAfter: heap1})
 }
 
@@ -217,7 +231,7 @@ func measureMemory(ctx context.Context, cfg config, r *report) error {
 		if err != nil {
 			return err
 		}
-		m, err := memoryOnce(ctx, env, self, n)
+		m, err := memoryOnce(ctx, cfg, env, self, n, sizes[len(sizes)-1])
 		env.close()
 		if err != nil {
 			return err
@@ -230,7 +244,7 @@ func measureMemory(ctx context.Context, cfg config, r *report) error {
 	return nil
 }
 
-func memoryOnce(ctx context.Context, env *natsEnv, self string, n int) (memory, error) {
+func memoryOnce(ctx context.Context, cfg config, env *natsEnv, self string, n, largest int) (memory, error) {
 	// The function is announced and has an executor that takes one call
 	// and never answers: it counts as served, and the rest wait in line.
 	_, js, err := env.connect("memory-setup")
@@ -263,7 +277,11 @@ func memoryOnce(ctx context.Context, env *natsEnv, self string, n int) (memory, 
 	}
 	defer cc.Stop()
 
-	p := osexec.CommandContext(ctx, self, "-role", "memory", "-nats", env.url, "-mem-calls", strconv.Itoa(n))
+	args := []string{"-role", "memory", "-nats", env.url, "-mem-calls", strconv.Itoa(n)}
+	if cfg.heapProfile != "" && n == largest {
+		args = append(args, "-heapprofile", cfg.heapProfile)
+	}
+	p := osexec.CommandContext(ctx, self, args...)
 	p.Stderr = os.Stderr
 	out, err := p.Output()
 	if err != nil {

@@ -32,6 +32,9 @@ type config struct {
 	quick     bool
 	role      string
 	memCalls  int
+	// heapProfile: the memory child writes its live heap here (for the
+	// largest count) once its calls are in flight.
+	heapProfile string
 	skip      map[string]bool
 }
 
@@ -47,6 +50,7 @@ func main() {
 	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, mcp, scale, memory")
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
+	flag.StringVar(&cfg.heapProfile, "heapprofile", "", "write the memory phase's dispatcher heap (live, at the largest count) to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")
 	flag.IntVar(&inflightCalls, "inflight", inflightCalls, "calls kept in flight in the saturation runs")

@@ -1,11 +1,14 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -51,19 +54,17 @@ const (
 )
 
 func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
-	keys, err := d.openTurns(ctx)
+	keys, listed, err := d.openTurns(ctx)
 	if err != nil {
 		d.log.Warn("sweep: listing open turns failed", "err", err)
 	}
 	now := time.Now()
 	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
 	d.lastSweep = now
-	listed := make(map[protocol.TurnKey]bool, len(keys))
 	for _, key := range keys {
 		if ctx.Err() != nil {
 			return
 		}
-		listed[key] = true
 		if t, _ := d.gather.known(key); t != nil && !startup && now.Sub(t.CreatedAt) <= stuckAfter {
 			d.sweepYoung(t, now)
 			continue
@@ -108,22 +109,126 @@ func (d *Dispatcher) sweepUnlisted(ctx context.Context, listed map[protocol.Turn
 	}
 }
 
-// openTurns lists the turns whose timer subjects exist: the open turns.
-func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, error) {
-	info, err := d.timers.Info(ctx, jetstream.WithSubjectFilter(provision.TimerSubjectPrefix+".>"))
-	if err != nil {
-		return nil, err
-	}
-	seen := map[protocol.TurnKey]bool{}
+// openTurns lists the turns whose timer subjects exist: the open turns,
+// each once, in the order listed and as a set. A sweep of many open turns
+// must not cost the dispatcher much memory while it runs, so the listing
+// (a stream-info request, in pages of up to the server's limit) is read
+// from each page's bytes, not decoded into a map, and a turn this replica
+// gathers for is named by the key it already holds.
+func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, map[protocol.TurnKey]bool, error) {
 	var keys []protocol.TurnKey
-	for subj := range info.State.Subjects {
-		if key, err := parseTimerSubject(subj); err == nil && !seen[key] {
-			key = protocol.TurnKey(strings.Clone(string(key))) // not the subject: the listing goes
-			seen[key] = true
-			keys = append(keys, key)
+	var listed map[protocol.TurnKey]bool
+	add := func(subject string) {
+		key, err := parseTimerSubject(subject)
+		if err != nil || listed[key] {
+			return
+		}
+		if t, _ := d.gather.known(key); t != nil {
+			key = t.Key
+		} else {
+			key = protocol.TurnKey(strings.Clone(string(key))) // not the subject: the page goes
+		}
+		listed[key] = true
+		keys = append(keys, key)
+	}
+	subject := "$JS.API.STREAM.INFO." + provision.TimerStream // New refuses other API prefixes
+	for offset := 0; ; {
+		req := fmt.Appendf(nil, `{"subjects_filter":%q,"offset":%d}`, provision.TimerSubjectPrefix+".>", offset)
+		m, err := d.js.Conn().RequestWithContext(ctx, subject, req)
+		if err != nil {
+			return keys, listed, fmt.Errorf("dispatch: list open turns: %w", err)
+		}
+		total, subjects, err := decodeSubjectsPage(m.Data)
+		if listed == nil {
+			// Most turns have one timer subject.
+			keys, listed = make([]protocol.TurnKey, 0, total), make(map[protocol.TurnKey]bool, total)
+		}
+		var n int
+		if err == nil {
+			n, err = eachSubject(subjects, add)
+		}
+		if err != nil {
+			return keys, listed, fmt.Errorf("dispatch: list open turns: %w", err)
+		}
+		offset += n
+		if n == 0 || offset >= total {
+			return keys, listed, nil
 		}
 	}
-	return keys, nil
+}
+
+// decodeSubjectsPage reads one page of a stream-info answer with subject
+// details: the total the server has, and this page's subjects as they
+// came (see eachSubject).
+func decodeSubjectsPage(data []byte) (total int, subjects json.RawMessage, err error) {
+	var page struct {
+		Error *jetstream.APIError `json:"error"`
+		Total int                 `json:"total"`
+		State struct {
+			Subjects json.RawMessage `json:"subjects"`
+		} `json:"state"`
+	}
+	if err := json.Unmarshal(data, &page); err != nil {
+		return 0, nil, fmt.Errorf("malformed stream info: %w", err)
+	}
+	if page.Error != nil {
+		return 0, nil, page.Error
+	}
+	return page.Total, page.State.Subjects, nil
+}
+
+// eachSubject calls each with every key of raw, a JSON object of subjects
+// and message counts (or null), and returns how many there were. It reads
+// them from raw's bytes: at 100k open turns, decoding them into a map was
+// most of what a sweep allocated. Subjects
+// hold no character JSON must escape, so the keys are read as they are;
+// an object with an escape anywhere (or bytes that are not UTF-8, which
+// encoding/json would replace) is decoded by encoding/json.
+func eachSubject(raw json.RawMessage, each func(string)) (int, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	if bytes.IndexByte(raw, '\\') >= 0 || !utf8.Valid(raw) {
+		var m map[string]json.Number
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return 0, fmt.Errorf("malformed stream info: %w", err)
+		}
+		for s := range m {
+			each(s)
+		}
+		return len(m), nil
+	}
+	// Valid JSON (Unmarshal checked it) without escapes: an object whose
+	// members are "subject":count, separated by commas, with whitespace
+	// maybe around each token.
+	if raw[0] != '{' {
+		return 0, fmt.Errorf("subjects: want an object, got %.20s", raw)
+	}
+	n := 0
+	for i := 1; ; {
+		i = skipSpace(raw, i)
+		if raw[i] == '}' {
+			return n, nil
+		}
+		if raw[i] == ',' {
+			i = skipSpace(raw, i+1)
+		}
+		end := bytes.IndexByte(raw[i+1:], '"') + i + 1 // raw[i] is the key's opening quote
+		each(string(raw[i+1 : end]))
+		n++
+		i = skipSpace(raw, end+1) + 1 // past the colon
+		for i < len(raw) && raw[i] != ',' && raw[i] != '}' {
+			i++ // the count
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // recheckDue reports whether a turn this replica gathers for, open for

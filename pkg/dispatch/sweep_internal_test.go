@@ -1,8 +1,21 @@
 package dispatch
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // A turn this replica gathers for is re-checked when its age passes
@@ -31,4 +44,168 @@ func TestRecheckDueOnAgesThatDouble(t *testing.T) {
 	if !recheckDue(7*time.Minute, time.Hour) || recheckDue(10*time.Second, time.Hour) {
 		t.Error("a first sweep should re-check the turns older than stuckAfter, and only those")
 	}
+}
+
+// openTurns reads the index of open turns page by page as it decodes it;
+// it must find what the stream's own listing finds: each turn once,
+// whether its timer is scheduled, fired or both, and nothing that is not
+// a timer.
+func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(t, 30*time.Second, d.Ready)
+
+	want := map[protocol.TurnKey]bool{}
+	for i := range 1500 {
+		key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_"+strconv.Itoa(i), []string{"call_1"})
+		want[key] = true
+		subjects := []string{timerScheduleSubject(key)}
+		switch i % 3 {
+		case 1:
+			subjects = []string{timerFireSubject(key)}
+		case 2:
+			subjects = append(subjects, timerFireSubject(key))
+		}
+		for _, s := range subjects {
+			if _, err := js.Publish(ctx, s, []byte(key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := js.Publish(ctx, provision.TimerSubjectPrefix+".other.x", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	keys, listed, err := d.openTurns(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != len(want) || len(listed) != len(want) {
+		t.Fatalf("listed %d keys (%d in the set), want %d", len(keys), len(listed), len(want))
+	}
+	for _, k := range keys {
+		if !want[k] || !listed[k] {
+			t.Fatalf("listed %s, which is not an open turn (or not in the set)", k)
+		}
+	}
+}
+
+func TestDecodeSubjectsPage(t *testing.T) {
+	total, subjects, err := decodeSubjectsPage([]byte(`{"type":"io.nats.jetstream.api.v1.stream_info_response","total":5,"offset":0,"limit":100000,
+		"config":{"name":"FNTIMERS","subjects":["fntimer.>"]},"state":{"messages":3,"subjects":{"fntimer.sched.a":1, "fntimer.fire.b" : 2 },"num_subjects":2}}`))
+	var got []string
+	var n int
+	if err == nil {
+		n, err = eachSubject(subjects, func(s string) { got = append(got, s) })
+	}
+	if err != nil || total != 5 || n != 2 || len(got) != 2 || got[0] != "fntimer.sched.a" || got[1] != "fntimer.fire.b" {
+		t.Fatalf("page: total %d, n %d, subjects %q, err %v; want 5, 2, the two subjects", total, n, got, err)
+	}
+	// An escape anywhere: decoded by encoding/json, to the same subjects.
+	got = nil
+	if n, err := eachSubject([]byte(`{"fntimer.sched.a":1,"fntimer.fire.\u0062":2}`), func(s string) { got = append(got, s) }); err != nil || n != 2 ||
+		!slices.Contains(got, "fntimer.fire.b") {
+		t.Fatalf("escaped subjects: %q, n %d, err %v", got, n, err)
+	}
+	for _, empty := range []string{``, `null`, `{}`, ` { } `} {
+		if n, err := eachSubject([]byte(empty), func(string) { t.Errorf("%q has no subject", empty) }); err != nil || n != 0 {
+			t.Errorf("eachSubject(%q): n %d, err %v", empty, n, err)
+		}
+	}
+	if _, subjects, err := decodeSubjectsPage([]byte(`{"total":0,"state":{"messages":0}}`)); err != nil || subjects != nil {
+		t.Fatalf("a page without subjects: %s, err %v", subjects, err)
+	}
+	_, _, err = decodeSubjectsPage([]byte(`{"error":{"code":404,"err_code":10059,"description":"stream not found"}}`))
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamNotFound {
+		t.Fatalf("an error answer: %v, want the server's APIError", err)
+	}
+	for _, bad := range []string{``, `[]`, `{"state":{"subjects":{"a":1}`} {
+		if _, _, err := decodeSubjectsPage([]byte(bad)); err == nil {
+			t.Errorf("decodeSubjectsPage(%q) accepted it", bad)
+		}
+	}
+	if _, err := eachSubject([]byte(`[1]`), func(string) {}); err == nil {
+		t.Error("eachSubject accepted an array")
+	}
+}
+
+// FuzzEachSubject holds the byte reader to encoding/json: for any object of
+// subjects and counts, the same subjects.
+func FuzzEachSubject(f *testing.F) {
+	f.Add([]byte(`{"fntimer.sched.a":1,"fntimer.fire.b":2}`))
+	f.Add([]byte(` { "a" : 1 , "b":2}`))
+	f.Add([]byte(`{"a\"b":1}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var want map[string]json.Number
+		if json.Unmarshal(raw, &want) != nil || want == nil {
+			return // eachSubject reads what decodeSubjectsPage checked: an object
+		}
+		got := map[string]int{}
+		n, err := eachSubject(raw, func(s string) { got[s]++ })
+		if err != nil {
+			t.Fatalf("eachSubject(%q): %v", raw, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("eachSubject(%q) = %v, encoding/json %v", raw, got, want)
+		}
+		for s := range want {
+			if got[s] == 0 {
+				t.Fatalf("eachSubject(%q) missed %q (got %v)", raw, s, got)
+			}
+		}
+		_ = n
+	})
+}
+
+// BenchmarkOpenTurns lists 20k open turns as the sweep does, beside the
+// stream's own listing (what openTurns did before it read pages as it
+// decoded them): compare their B/op and ns/op.
+func BenchmarkOpenTurns(b *testing.B) {
+	_, js := natstest.Start(b).Connect(b)
+	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	b.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(b, 30*time.Second, d.Ready)
+	const open = 20000
+	for i := range open {
+		key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_"+strconv.Itoa(i), []string{"call_1"})
+		if _, err := js.PublishAsync(timerScheduleSubject(key), []byte(key)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+	b.Run("paged", func(b *testing.B) {
+		for b.Loop() {
+			if keys, _, err := d.openTurns(ctx); err != nil || len(keys) != open {
+				b.Fatalf("%d keys, %v", len(keys), err)
+			}
+		}
+	})
+	b.Run("stream-info", func(b *testing.B) {
+		for b.Loop() {
+			info, err := d.timers.Info(ctx, jetstream.WithSubjectFilter(provision.TimerSubjectPrefix+".>"))
+			if err != nil || len(info.State.Subjects) != open {
+				b.Fatal(err)
+			}
+			listed := map[protocol.TurnKey]bool{}
+			for subj := range info.State.Subjects {
+				if key, err := parseTimerSubject(subj); err == nil && !listed[key] {
+					listed[protocol.TurnKey(strings.Clone(string(key)))] = true
+				}
+			}
+		}
+	})
 }

@@ -117,11 +117,12 @@ func timerFireSubject(turn protocol.TurnKey) string {
 
 // parseTimerSubject returns the turn of a scheduled or fired timer.
 func parseTimerSubject(subject string) (protocol.TurnKey, error) {
-	parts := strings.Split(subject, ".")
-	if len(parts) != 3 || parts[0] != provision.TimerSubjectPrefix || (parts[1] != "sched" && parts[1] != "fire") {
+	rest, ok := strings.CutPrefix(subject, provision.TimerSubjectPrefix+".")
+	kind, key, _ := strings.Cut(rest, ".")
+	if !ok || (kind != "sched" && kind != "fire") || strings.Contains(key, ".") {
 		return "", fmt.Errorf("dispatch: malformed timer subject %q", subject)
 	}
-	return protocol.ParseTurnKey(parts[2])
+	return protocol.ParseTurnKey(key)
 }
 
 // parseTimerFireSubject returns the turn of a fired deadline timer.

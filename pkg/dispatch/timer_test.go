@@ -19,7 +19,7 @@ func TestTimerSubjects(t *testing.T) {
 	if _, err := parseTimerFireSubject(timerScheduleSubject(turn)); err == nil {
 		t.Error("parseTimerFireSubject accepted a schedule subject")
 	}
-	for _, bad := range []string{"fntimer.sched", "fntimer.other." + string(turn), "fncall.sched." + string(turn), "fntimer.fire.nothex"} {
+	for _, bad := range []string{"fntimer.sched", "fntimer.other." + string(turn), "fncall.sched." + string(turn), "fntimer.fire.nothex", "fntimer.sched." + string(turn) + ".x", "fntimer.sched.", "fntimer." + string(turn)} {
 		if _, err := parseTimerSubject(bad); err == nil {
 			t.Errorf("parseTimerSubject(%q) accepted it", bad)
 		}
