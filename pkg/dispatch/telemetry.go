@@ -406,10 +406,11 @@ func (t *telemetry) send(ctx context.Context, c *TurnCall, header map[string][]s
 // executor's send span carried in the message.
 func (t *telemetry) processResult(ctx context.Context, subject, team string, header map[string][]string, res *protocol.Result) (context.Context, trace.Span) {
 	ctx = t.prop.Extract(ctx, protocol.HeaderCarrier(header))
-	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
+	attrs := make([]attribute.KeyValue, 0, 11) // one allocation, with the result's
+	attrs = append(attrs, semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(subject),
-		semconv.MessagingDestinationTemplate(protocol.ResultSubjectPrefix + ".{team}.{turn}.{call}"),
-		semconv.MessagingConsumerGroupName(resultsConsumer), attrTeam.String(team)}
+		semconv.MessagingDestinationTemplate(protocol.ResultSubjectPrefix+".{team}.{turn}.{call}"),
+		semconv.MessagingConsumerGroupName(resultsConsumer), attrTeam.String(team))
 	if res != nil {
 		attrs = append(attrs, semconv.MessagingMessageID(string(res.Key)), attrToolName.String(res.Function),
 			attrToolCallID.String(res.CallID), attrTurnKey.String(string(res.Key.Turn())))

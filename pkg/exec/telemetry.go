@@ -124,10 +124,11 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) *telemetry {
 // send span carried in the message headers.
 func (t *telemetry) process(ctx context.Context, subject, durable string, header map[string][]string, call *protocol.Call, attempt int, executor string) (context.Context, trace.Span) {
 	ctx = t.prop.Extract(ctx, protocol.HeaderCarrier(header))
-	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
+	attrs := make([]attribute.KeyValue, 0, 15) // one allocation, with the call's
+	attrs = append(attrs, semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(subject),
-		semconv.MessagingDestinationTemplate(protocol.CallSubjectPrefix + ".{team}.{function}"),
-		semconv.MessagingConsumerGroupName(durable), attrDelivered.Int(attempt), attrExecutor.String(executor)}
+		semconv.MessagingDestinationTemplate(protocol.CallSubjectPrefix+".{team}.{function}"),
+		semconv.MessagingConsumerGroupName(durable), attrDelivered.Int(attempt), attrExecutor.String(executor))
 	if call != nil {
 		attrs = append(attrs, semconv.MessagingMessageID(string(call.Key)), attrToolName.String(call.Function),
 			attrToolCallID.String(call.CallID), attrTurnKey.String(string(call.Key.Turn())), attrTeam.String(call.Team),
