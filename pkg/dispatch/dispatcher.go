@@ -171,6 +171,9 @@ type Dispatcher struct {
 
 	driversMu sync.Mutex
 	drivers   map[string]bool // watches this replica drives
+	// watchSaveEvery is how often a driver saves its watch (tests shorten
+	// it).
+	watchSaveEvery time.Duration
 
 	// lastSweep is when the last sweep began; only the sweep loop uses it.
 	lastSweep time.Time
@@ -259,6 +262,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.gather = newGatherer(d)
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
+	d.watchSaveEvery = watchSaveEvery
 	d.inspect = newInspector(d)
 	return d, nil
 }
@@ -335,6 +339,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: serve the watch API on NATS: %w", err)
 	}
 	defer stopNATS()
+	stopPresence, err := d.servePresence()
+	if err != nil {
+		return fmt.Errorf("dispatch: answer on the presence subject: %w", err)
+	}
+	defer stopPresence()
 	stopDeclarations, err := d.serveDeclarations(rctx)
 	if err != nil {
 		return fmt.Errorf("dispatch: serve executors' declarations: %w", err)

@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/propagation"
 
@@ -63,8 +66,11 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 	}
 	lastSave := time.Now()
 	for ctx.Err() == nil {
-		if time.Since(lastSave) > watchSaveEvery {
-			d.saveWatch(ctx, w) // keep UpdatedAt fresh: this watch is alive
+		if time.Since(lastSave) > d.watchSaveEvery {
+			if !d.keepWatch(ctx, w) { // keep UpdatedAt fresh: this watch is alive
+				log.Info("another replica drives this watch now; leaving it", "driver", w.Driver)
+				return
+			}
 			lastSave = time.Now()
 		}
 		obs, err := p.Poll(ctx, w.Current)
@@ -122,7 +128,10 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 				w.Current = *t.Next
 				d.indexResponse(ctx, w.Current.ResponseID, w.ID)
 			}
-			d.saveWatch(ctx, w)
+			if !d.keepWatch(ctx, w) {
+				log.Info("another replica drives this watch now; leaving it", "driver", w.Driver)
+				return
+			}
 			lastSave = time.Now()
 			if fresh {
 				polls.Reset()
@@ -354,7 +363,7 @@ func (d *Dispatcher) releaseWatch(ctx context.Context, w *Watch) {
 		return
 	}
 	var have Watch
-	if json.Unmarshal(e.Value(), &have) != nil || have.State != WatchActive || have.UpdatedAt.After(w.UpdatedAt) {
+	if json.Unmarshal(e.Value(), &have) != nil || have.State != WatchActive || have.UpdatedAt.After(w.UpdatedAt) || have.Driver != w.Driver {
 		return
 	}
 	have.Released = true
@@ -362,6 +371,62 @@ func (d *Dispatcher) releaseWatch(ctx context.Context, w *Watch) {
 	if _, err := d.watches.Update(ctx, w.ID, b, e.Revision()); err == nil {
 		d.log.Info("watch left to the other replicas", "watch", w.ID)
 	}
+}
+
+// Each replica answers on its presence subject while it runs, and names
+// itself in the watches it drives (Watch.Driver). Another replica can so
+// tell a watch whose driver was killed (no responder, known at once) from
+// one whose driver is running; before, a restarted replica took every
+// active watch, and each was driven twice from then on.
+
+// presenceSubject is where the replica named name answers while it runs.
+// Names are free text (a host name has dots), so the subject carries a
+// digest of it.
+func presenceSubject(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + ".alive"
+}
+
+// presenceTimeout bounds asking whether a replica is running; no answer
+// in time is not taken for gone.
+const presenceTimeout = 2 * time.Second
+
+func (d *Dispatcher) servePresence() (stop func(), err error) {
+	nc := d.js.Conn()
+	sub, err := nc.Subscribe(presenceSubject(d.opts.Name), func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.FlushTimeout(declareTimeout); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}
+
+// driverGone reports whether the replica named driver is certainly not
+// running: nothing answers on its presence subject.
+func (d *Dispatcher) driverGone(ctx context.Context, driver string) bool {
+	ctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+	defer cancel()
+	_, err := d.js.Conn().RequestWithContext(ctx, presenceSubject(driver), nil)
+	return errors.Is(err, nats.ErrNoResponders)
+}
+
+// keepWatch saves w to show that its driver is alive, unless another
+// replica has taken the watch meanwhile (its claim names it, as when this
+// replica was thought gone): then it saves nothing and reports false, and
+// this driver steps aside.
+func (d *Dispatcher) keepWatch(ctx context.Context, w *Watch) bool {
+	if e, err := d.watches.Get(ctx, w.ID); err == nil {
+		var have Watch
+		if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && have.Driver != "" && have.Driver != d.opts.Name {
+			w.Driver = have.Driver
+			return false
+		}
+	}
+	d.saveWatch(ctx, w)
+	return true
 }
 
 // driving reports whether this replica drives the watch.

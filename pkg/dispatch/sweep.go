@@ -27,8 +27,9 @@ import (
 //   - a turn collecting for a while is re-armed: its timer and its calls
 //     re-published (deduplicated), in case intake died half-way;
 //   - a turn stuck in submitting is taken over and submitted again;
-//   - a watch whose driver stopped reporting, or stopped with its
-//     dispatcher and released it, is driven again;
+//   - a watch whose driver stopped reporting, stopped with its
+//     dispatcher and released it, or is not running (its presence
+//     subject has no responder: killed), is driven again;
 //   - timers of closed turns are purged.
 //
 // Open turns are found through their timers: a turn's timer subjects
@@ -308,6 +309,15 @@ func (d *Dispatcher) sweepWatches(ctx context.Context, startup bool) {
 	if err != nil {
 		return
 	}
+	gone := map[string]bool{} // per driver, asked once a sweep
+	driverGone := func(name string) bool {
+		g, ok := gone[name]
+		if !ok {
+			g = d.driverGone(ctx, name)
+			gone[name] = g
+		}
+		return g
+	}
 	for k := range keys.Keys() {
 		e, err := d.watches.Get(ctx, k)
 		if err != nil {
@@ -317,11 +327,24 @@ func (d *Dispatcher) sweepWatches(ctx context.Context, startup bool) {
 		if json.Unmarshal(e.Value(), &w) != nil || w.State != WatchActive {
 			continue
 		}
-		if d.driving(w.ID) || (!startup && !w.Released && time.Since(w.UpdatedAt) < watchStaleAfter) {
+		switch {
+		case d.driving(w.ID):
 			continue
+		case w.Released || time.Since(w.UpdatedAt) >= watchStaleAfter:
+			// left by its driver, or its driver went silent
+		case w.Driver == "":
+			if !startup {
+				continue
+			}
+			// Written by a version that does not name its driver: a
+			// restart takes it, as that version did.
+		case w.Driver == d.opts.Name:
+			// This replica's before it restarted under the same name.
+		case !driverGone(w.Driver):
+			continue // its driver is running (or cannot be asked now)
 		}
 		// Claim it by compare-and-set so one replica revives it.
-		w.UpdatedAt, w.Released = time.Now().UTC(), false
+		w.UpdatedAt, w.Released, w.Driver = time.Now().UTC(), false, d.opts.Name
 		b, _ := json.Marshal(&w)
 		if _, err := d.watches.Update(ctx, k, b, e.Revision()); err != nil {
 			continue

@@ -51,6 +51,9 @@ type Watch struct {
 	// Released says the replica driving the watch stopped and left it for
 	// any other to take at its next sweep.
 	Released bool `json:"released,omitempty"`
+	// Driver is the replica that drives the watch (its Options.Name).
+	// Empty in records written before replicas named themselves.
+	Driver string `json:"driver,omitempty"`
 }
 
 // existsCheckTimeout bounds how long Watch waits for the platform to say
@@ -90,7 +93,7 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 	}
 	id := watchID(ref)
 	now := time.Now().UTC()
-	w := &Watch{ID: id, Ref: ref, Current: ref, State: WatchActive, CreatedAt: now, UpdatedAt: now}
+	w := &Watch{ID: id, Ref: ref, Current: ref, State: WatchActive, CreatedAt: now, UpdatedAt: now, Driver: d.opts.Name}
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		w.Trace = map[string]string{}
 		d.tel.prop.Inject(ctx, propagation.MapCarrier(w.Trace))

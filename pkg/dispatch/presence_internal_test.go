@@ -1,0 +1,111 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// replica starts a dispatcher named name on js whose responses never
+// finish, so its watches stay active.
+func replica(t *testing.T, js jetstream.JetStream, name string) *Dispatcher {
+	t.Helper()
+	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: name, Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	return d
+}
+
+func storedWatch(t *testing.T, d *Dispatcher, id string) (*Watch, uint64) {
+	t.Helper()
+	e, err := d.watches.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w Watch
+	if err := json.Unmarshal(e.Value(), &w); err != nil {
+		t.Fatal(err)
+	}
+	return &w, e.Revision()
+}
+
+// A replica that starts (a deploy, a restart) must not take the watches a
+// running replica drives: it used to take every active watch at its
+// startup sweep, and each was then driven by both, polling the platform
+// twice, for good.
+func TestARestartLeavesTheWatchesARunningReplicaDrives(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	one := replica(t, js, "one")
+	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_driven"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two := replica(t, js, "two")
+	two.sweepWatches(t.Context(), true)
+	if two.driving(w.ID) {
+		t.Fatal("the starting replica took a watch that a running replica drives")
+	}
+	if have, _ := storedWatch(t, two, w.ID); have.Driver != "one" || !one.driving(w.ID) {
+		t.Fatalf("watch driver %q (one driving: %v), want still one", have.Driver, one.driving(w.ID))
+	}
+}
+
+// A watch whose driver was killed (its record fresh, not released) is
+// taken at the next sweep of another replica, not a minute later: nothing
+// answers on the dead replica's presence subject.
+func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	two := replica(t, js, "two")
+	now := time.Now().UTC()
+	orphan := &Watch{ID: watchID(Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_orphan"}),
+		Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_orphan"}, State: WatchActive,
+		CreatedAt: now, UpdatedAt: now, Driver: "killed"}
+	orphan.Current = orphan.Ref
+	b, _ := json.Marshal(orphan)
+	if _, err := two.watches.Create(t.Context(), orphan.ID, b); err != nil {
+		t.Fatal(err)
+	}
+	two.sweepWatches(t.Context(), false)
+	if !two.driving(orphan.ID) {
+		t.Fatal("a fresh watch of a replica that is not running was not taken")
+	}
+	if have, _ := storedWatch(t, two, orphan.ID); have.Driver != "two" {
+		t.Fatalf("watch driver %q after the take, want two", have.Driver)
+	}
+}
+
+// A driver whose watch another replica took (it thought this one gone)
+// steps aside at its next save instead of driving beside the new driver,
+// and leaves the record as the new driver wrote it.
+func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	one := replica(t, js, "one")
+	one.watchSaveEvery = 20 * time.Millisecond
+	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_taken"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	have, rev := storedWatch(t, one, w.ID)
+	have.Driver, have.UpdatedAt = "two", time.Now().UTC()
+	b, _ := json.Marshal(have)
+	if _, err := one.watches.Update(t.Context(), w.ID, b, rev); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	if after, _ := storedWatch(t, one, w.ID); after.Driver != "two" || after.Released || after.State != WatchActive {
+		t.Fatalf("after stepping aside the record says driver %q, released %v, state %s; want two's, not released, active", after.Driver, after.Released, after.State)
+	}
+}
