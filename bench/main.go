@@ -35,7 +35,7 @@ type config struct {
 	// heapProfile: the memory child writes its live heap here (for the
 	// largest count) once its calls are in flight.
 	heapProfile string
-	skip      map[string]bool
+	skip        map[string]bool
 }
 
 func main() {

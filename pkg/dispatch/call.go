@@ -89,7 +89,7 @@ func (d *Dispatcher) callDirect(ctx context.Context, c directCall) (*protocol.Re
 	}
 	wctx, cancel := context.WithDeadline(ctx, t.ExpiresAt)
 	defer cancel()
-	final, _, err := d.awaitClosed(wctx, t.Key, nil, Ref{})
+	final, _, err := d.awaitClosed(wctx, t.Key, nil, Ref{}, nil)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelTimeout)

@@ -33,7 +33,7 @@ const maxPollInterval = 5 * time.Second
 // our usual functions because it is the watch's state machine: every answer
 // the platform can give, and how each ends the watch or polls again, reads
 // in one place.
-func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
+func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 	// Drivers stop at once on shutdown; the watch stays active in the
 	// bucket and a restarted dispatcher resumes it.
 	ctx, stop := d.withRunContext(ctx)
@@ -68,8 +68,8 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 	for ctx.Err() == nil {
 		if time.Since(lastSave) > d.watchSaveEvery {
 			if !d.keepWatch(ctx, w) { // keep UpdatedAt fresh: this watch is alive
-				log.Info("another replica drives this watch now; leaving it", "driver", w.Driver)
-				return
+				log.Info("another replica drives this watch now; leaving it")
+				return true
 			}
 			lastSave = time.Now()
 		}
@@ -78,7 +78,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			var pe *PlatformError
 			if errors.As(err, &pe) && !pe.Retryable {
 				finish(WatchFailed, "", err.Error())
-				return
+				return false
 			}
 			log.Warn("poll failed; retrying", "err", err)
 			wait()
@@ -89,48 +89,56 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			wait()
 		case ObjectDone:
 			finish(WatchCompleted, obs.Answer, "")
-			return
+			return false
 		case ObjectFailed:
 			d.cancelTurns(ctx, w, obs.Reason)
 			finish(WatchFailed, "", obs.Reason)
-			return
+			return false
 		case ObjectRequiresAction:
 			if len(w.Turns) >= d.opts.MaxSteps {
 				finish(WatchFailed, "", fmt.Sprintf("stopped after %d turns (the max-steps limit)", d.opts.MaxSteps))
-				return
+				return false
 			}
 			obs.Turn.Channel = "poll"
 			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace)), obs.Turn, w)
 			if err != nil {
 				if ctx.Err() != nil {
-					return // stopping: the watch is released, and the turn resumed wherever it is taken
+					return false // stopping: the watch is released, and the turn resumed wherever it is taken
 				}
 				log.Error("intake failed; retrying", "err", err)
 				wait()
 				continue
 			}
-			t, ended, err := d.awaitClosed(ctx, t.Key, p, w.Current)
+			handedOver := false
+			t, ended, err := d.awaitClosed(ctx, t.Key, p, w.Current, func() bool {
+				handedOver = !d.keepWatch(ctx, w) // a long turn: the watch stays alive meanwhile
+				return !handedOver
+			})
+			if handedOver {
+				log.Info("another replica drives this watch now; leaving it")
+				return true
+			}
 			if err != nil {
-				return // shutting down; the sweep picks it up
+				return false // shutting down; the sweep picks it up
 			}
 			if ended != nil {
 				// The platform cancelled, expired or finished the run while
 				// its calls were still running: stop them.
 				d.cancelTurns(ctx, w, ended.Reason)
 				finish(WatchFailed, "", ended.Reason)
-				return
+				return false
 			}
 			if t.State == TurnFailed {
 				finish(WatchFailed, "", "submission failed: "+t.Error)
-				return
+				return false
 			}
 			if t.Next != nil {
 				w.Current = *t.Next
 				d.indexResponse(ctx, w.Current.ResponseID, w.ID)
 			}
 			if !d.keepWatch(ctx, w) {
-				log.Info("another replica drives this watch now; leaving it", "driver", w.Driver)
-				return
+				log.Info("another replica drives this watch now; leaving it")
+				return true
 			}
 			lastSave = time.Now()
 			if fresh {
@@ -140,6 +148,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) {
 			}
 		}
 	}
+	return false
 }
 
 // follow takes in the required actions a platform's event stream reports
@@ -228,7 +237,7 @@ const (
 // closed the turn; the record is also read every recordReadEvery, so a
 // watch lost with a server (it is an ordered consumer) costs a second, not
 // the turn.
-func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref) (*Turn, *Observation, error) {
+func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref, keep func() bool) (*Turn, *Observation, error) {
 	var updates <-chan jetstream.KeyValueEntry
 	if kw, err := d.turns.kv.Watch(ctx, string(key)); err == nil {
 		defer func() { _ = kw.Stop() }()
@@ -244,6 +253,7 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 	}
 	read := time.NewTicker(recordReadEvery)
 	defer read.Stop()
+	lastKept := time.Now()
 	for {
 		select {
 		case e, ok := <-updates:
@@ -260,6 +270,12 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 		case <-read.C:
 			if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
 				return t, nil, nil
+			}
+			if keep != nil && time.Since(lastKept) > d.watchSaveEvery {
+				if !keep() {
+					return nil, nil, errHandedOver
+				}
+				lastKept = time.Now()
 			}
 		case <-pollC:
 			obs, err := p.Poll(ctx, ref)
@@ -340,8 +356,7 @@ func (d *Dispatcher) startDriver(w *Watch) bool {
 			delete(d.drivers, w.ID)
 			d.driversMu.Unlock()
 		}()
-		d.drive(ctx, w)
-		if w.State == WatchActive { // the dispatcher is stopping
+		if handedOver := d.drive(ctx, w); !handedOver && w.State == WatchActive { // the dispatcher is stopping
 			d.releaseWatch(ctx, w)
 		}
 	})
@@ -363,7 +378,7 @@ func (d *Dispatcher) releaseWatch(ctx context.Context, w *Watch) {
 		return
 	}
 	var have Watch
-	if json.Unmarshal(e.Value(), &have) != nil || have.State != WatchActive || have.UpdatedAt.After(w.UpdatedAt) || have.Driver != w.Driver {
+	if json.Unmarshal(e.Value(), &have) != nil || have.State != WatchActive || have.UpdatedAt.After(w.UpdatedAt) || (have.Driver != "" && have.Driver != d.opts.Name) {
 		return
 	}
 	have.Released = true
@@ -386,6 +401,9 @@ func presenceSubject(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + ".alive"
 }
+
+// errHandedOver ends a wait whose watch another replica took.
+var errHandedOver = errors.New("dispatch: the watch is driven by another replica now")
 
 // presenceTimeout bounds asking whether a replica is running; no answer
 // in time is not taken for gone.
@@ -416,16 +434,29 @@ func (d *Dispatcher) driverGone(ctx context.Context, driver string) bool {
 // keepWatch saves w to show that its driver is alive, unless another
 // replica has taken the watch meanwhile (its claim names it, as when this
 // replica was thought gone): then it saves nothing and reports false, and
-// this driver steps aside.
+// this driver steps aside. The save is a compare-and-set on the record
+// read, so a claim landing in between is not overwritten.
 func (d *Dispatcher) keepWatch(ctx context.Context, w *Watch) bool {
-	if e, err := d.watches.Get(ctx, w.ID); err == nil {
+	for range 3 {
+		e, err := d.watches.Get(ctx, w.ID)
+		if err != nil {
+			d.saveWatch(ctx, w) // cannot read it: saving keeps it ours, as before
+			return true
+		}
 		var have Watch
 		if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && have.Driver != "" && have.Driver != d.opts.Name {
-			w.Driver = have.Driver
 			return false
 		}
+		w.UpdatedAt = time.Now().UTC()
+		b, _ := json.Marshal(w)
+		if _, err := d.watches.Update(ctx, w.ID, b, e.Revision()); err == nil || !(errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
+			if err != nil {
+				d.log.Warn("saving watch failed", "watch", w.ID, "err", err)
+			}
+			return true
+		}
+		// Changed since the read: read it again.
 	}
-	d.saveWatch(ctx, w)
 	return true
 }
 

@@ -63,13 +63,15 @@ func TestARestartLeavesTheWatchesARunningReplicaDrives(t *testing.T) {
 	}
 }
 
-// A watch whose driver was killed (its record fresh, not released) is
-// taken at the next sweep of another replica, not a minute later: nothing
-// answers on the dead replica's presence subject.
+// A watch whose driver was killed (its record not stale, not released) is
+// taken at the next sweep of another replica once a save is missed, not a
+// minute later: nothing answers on the dead replica's presence subject.
 func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	two := replica(t, js, "two")
-	now := time.Now().UTC()
+	// Saved 26 s ago: past its driver's save period (so it missed one), not
+	// yet stale (a minute).
+	now := time.Now().UTC().Add(-(watchSaveEvery + presenceGrace + time.Second))
 	orphan := &Watch{ID: watchID(Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_orphan"}),
 		Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_orphan"}, State: WatchActive,
 		CreatedAt: now, UpdatedAt: now, Driver: "killed"}

@@ -49,6 +49,9 @@ const (
 	// before the sweep cuts it off itself: its timer fires on the whole
 	// second before the deadline and closes it at once.
 	timerGrace = 2 * time.Second
+	// presenceGrace is how long past its save period a watch's driver
+	// must have been silent before a missing presence answer counts.
+	presenceGrace = 5 * time.Second
 	// markersLast is how long after a turn's close the sweep may still
 	// see the markers that removed its timer (they expire after a second).
 	markersLast = 30 * time.Second
@@ -132,31 +135,56 @@ func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, map[pro
 		listed[key] = true
 		keys = append(keys, key)
 	}
+	// Scheduled timers first, then fired ones: a timer that fires while the
+	// listing is read moves from the first to the second, and is listed.
+	for _, filter := range []string{provision.TimerSubjectPrefix + ".sched.>", provision.TimerSubjectPrefix + ".fire.>"} {
+		if err := d.listTimerSubjects(ctx, filter, func(total int) {
+			if listed == nil { // most turns have one timer subject
+				keys, listed = make([]protocol.TurnKey, 0, total), make(map[protocol.TurnKey]bool, total)
+			}
+		}, add); err != nil {
+			return keys, listed, fmt.Errorf("dispatch: list open turns: %w", err)
+		}
+	}
+	return keys, listed, nil
+}
+
+// listTimerSubjects hands each subject of the timer stream that matches
+// filter to each, reading the stream-info answer page by page; sized learns
+// the total first. Each page has its own deadline: a request that finds no
+// stream leader (one is being elected) gets no answer at all.
+func (d *Dispatcher) listTimerSubjects(ctx context.Context, filter string, sized func(total int), each func(string)) error {
 	subject := "$JS.API.STREAM.INFO." + provision.TimerStream // New refuses other API prefixes
 	for offset := 0; ; {
-		req := fmt.Appendf(nil, `{"subjects_filter":%q,"offset":%d}`, provision.TimerSubjectPrefix+".>", offset)
-		m, err := d.js.Conn().RequestWithContext(ctx, subject, req)
+		req := fmt.Appendf(nil, `{"subjects_filter":%q,"offset":%d}`, filter, offset)
+		rctx, cancel := context.WithTimeout(ctx, listPageTimeout)
+		m, err := d.js.Conn().RequestWithContext(rctx, subject, req)
+		cancel()
 		if err != nil {
-			return keys, listed, fmt.Errorf("dispatch: list open turns: %w", err)
+			return err
 		}
 		total, subjects, err := decodeSubjectsPage(m.Data)
-		if listed == nil {
-			// Most turns have one timer subject.
-			keys, listed = make([]protocol.TurnKey, 0, total), make(map[protocol.TurnKey]bool, total)
-		}
-		var n int
-		if err == nil {
-			n, err = eachSubject(subjects, add)
-		}
 		if err != nil {
-			return keys, listed, fmt.Errorf("dispatch: list open turns: %w", err)
+			return err
+		}
+		sized(total)
+		n, err := eachSubject(subjects, each)
+		if err != nil {
+			return err
 		}
 		offset += n
-		if n == 0 || offset >= total {
-			return keys, listed, nil
+		switch {
+		case offset >= total:
+			return nil
+		case n == 0:
+			return fmt.Errorf("the listing of %s ended at %d of %d subjects", filter, offset, total)
 		}
 	}
 }
+
+// listPageTimeout bounds the request for one page of the listing of open
+// turns.
+const listPageTimeout = 10 * time.Second
 
 // decodeSubjectsPage reads one page of a stream-info answer with subject
 // details: the total the server has, and this page's subjects as they
@@ -165,7 +193,7 @@ func decodeSubjectsPage(data []byte) (total int, subjects json.RawMessage, err e
 	var page struct {
 		Error *jetstream.APIError `json:"error"`
 		Total int                 `json:"total"`
-		State struct {
+		State *struct {
 			Subjects json.RawMessage `json:"subjects"`
 		} `json:"state"`
 	}
@@ -174,6 +202,9 @@ func decodeSubjectsPage(data []byte) (total int, subjects json.RawMessage, err e
 	}
 	if page.Error != nil {
 		return 0, nil, page.Error
+	}
+	if page.State == nil {
+		return 0, nil, errors.New("malformed stream info: no state")
 	}
 	return page.Total, page.State.Subjects, nil
 }
@@ -209,19 +240,38 @@ func eachSubject(raw json.RawMessage, each func(string)) (int, error) {
 	n := 0
 	for i := 1; ; {
 		i = skipSpace(raw, i)
-		if raw[i] == '}' {
+		if i < len(raw) && raw[i] == '}' {
 			return n, nil
 		}
-		if raw[i] == ',' {
+		if n > 0 {
+			if i >= len(raw) || raw[i] != ',' {
+				return 0, errors.New("subjects: malformed object")
+			}
 			i = skipSpace(raw, i+1)
 		}
-		end := bytes.IndexByte(raw[i+1:], '"') + i + 1 // raw[i] is the key's opening quote
-		each(string(raw[i+1 : end]))
-		n++
-		i = skipSpace(raw, end+1) + 1 // past the colon
-		for i < len(raw) && raw[i] != ',' && raw[i] != '}' {
+		if i >= len(raw) || raw[i] != '"' {
+			return 0, errors.New("subjects: malformed object")
+		}
+		end := bytes.IndexByte(raw[i+1:], '"')
+		if end < 0 {
+			return 0, errors.New("subjects: malformed object")
+		}
+		end += i + 1
+		subject := string(raw[i+1 : end])
+		i = skipSpace(raw, end+1)
+		if i >= len(raw) || raw[i] != ':' {
+			return 0, errors.New("subjects: malformed object")
+		}
+		i = skipSpace(raw, i+1)
+		digits := i
+		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
 			i++ // the count
 		}
+		if i == digits {
+			return 0, fmt.Errorf("subjects: the count of %q is not a number", subject)
+		}
+		each(subject)
+		n++
 	}
 }
 
@@ -339,9 +389,17 @@ func (d *Dispatcher) sweepWatches(ctx context.Context, startup bool) {
 			// Written by a version that does not name its driver: a
 			// restart takes it, as that version did.
 		case w.Driver == d.opts.Name:
+			if !startup {
+				continue // another process of the same name drives it
+			}
 			// This replica's before it restarted under the same name.
-		case !driverGone(w.Driver):
-			continue // its driver is running (or cannot be asked now)
+		case !startup && time.Since(w.UpdatedAt) < d.watchSaveEvery+presenceGrace, !driverGone(w.Driver):
+			// Its driver is running, or saved it lately: a running replica
+			// whose connection is being re-established has no responder
+			// for a moment, so later sweeps take only a driver that also
+			// missed a save for gone. A replica that starts takes the
+			// watches of its killed predecessor at once.
+			continue
 		}
 		// Claim it by compare-and-set so one replica revives it.
 		w.UpdatedAt, w.Released, w.Driver = time.Now().UTC(), false, d.opts.Name

@@ -132,8 +132,15 @@ func TestDecodeSubjectsPage(t *testing.T) {
 			t.Errorf("decodeSubjectsPage(%q) accepted it", bad)
 		}
 	}
-	if _, err := eachSubject([]byte(`[1]`), func(string) {}); err == nil {
-		t.Error("eachSubject accepted an array")
+	for _, bad := range []string{`null`, `{"type":"io.nats.jetstream.api.v1.stream_info_response"}`} {
+		if _, _, err := decodeSubjectsPage([]byte(bad)); err == nil {
+			t.Errorf("decodeSubjectsPage(%q) accepted an answer without a state", bad)
+		}
+	}
+	for _, bad := range []string{`[1]`, `{"s":[1,2]}`, `{"s":{"x":1}}`, `{"s":"1"}`, `{"s":1.5}`} {
+		if _, err := eachSubject([]byte(bad), func(string) {}); err == nil {
+			t.Errorf("eachSubject(%q) accepted it", bad)
+		}
 	}
 }
 
@@ -144,12 +151,23 @@ func FuzzEachSubject(f *testing.F) {
 	f.Add([]byte(` { "a" : 1 , "b":2}`))
 	f.Add([]byte(`{"a\"b":1}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		var want map[string]json.Number
-		if json.Unmarshal(raw, &want) != nil || want == nil {
-			return // eachSubject reads what decodeSubjectsPage checked: an object
+		if !json.Valid(raw) {
+			return // eachSubject reads what decodeSubjectsPage decoded: JSON
 		}
 		got := map[string]int{}
-		n, err := eachSubject(raw, func(s string) { got[s]++ })
+		n, err := eachSubject(raw, func(s string) { got[s]++ }) // must not panic, whatever the JSON
+		var want map[string]json.Number
+		if json.Unmarshal(raw, &want) != nil || want == nil {
+			if err == nil && n > 0 {
+				t.Fatalf("eachSubject(%q) read %d subjects from what is not an object of counts", raw, n)
+			}
+			return
+		}
+		for _, c := range want {
+			if strings.Trim(c.String(), "0123456789") != "" {
+				return // a count the server never sends (negative, fractional): an error is right
+			}
+		}
 		if err != nil {
 			t.Fatalf("eachSubject(%q): %v", raw, err)
 		}
@@ -161,7 +179,6 @@ func FuzzEachSubject(f *testing.F) {
 				t.Fatalf("eachSubject(%q) missed %q (got %v)", raw, s, got)
 			}
 		}
-		_ = n
 	})
 }
 
