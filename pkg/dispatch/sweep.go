@@ -155,32 +155,74 @@ func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, map[pro
 // stream leader (one is being elected) gets no answer at all.
 func (d *Dispatcher) listTimerSubjects(ctx context.Context, filter string, sized func(total int), each func(string)) error {
 	subject := "$JS.API.STREAM.INFO." + provision.TimerStream // New refuses other API prefixes
-	for offset := 0; ; {
+	return pageThrough(func(offset int) (int, json.RawMessage, error) {
 		req := fmt.Appendf(nil, `{"subjects_filter":%q,"offset":%d}`, filter, offset)
 		rctx, cancel := context.WithTimeout(ctx, listPageTimeout)
+		defer cancel()
 		m, err := d.js.Conn().RequestWithContext(rctx, subject, req)
-		cancel()
 		if err != nil {
-			return err
+			return 0, nil, err
 		}
-		total, subjects, err := decodeSubjectsPage(m.Data)
+		return decodeSubjectsPage(m.Data)
+	}, sized, each)
+}
+
+// pageThrough reads every page fetch returns. The server cuts its sorted
+// list of subjects into pages by position, and the list changes between
+// requests: subjects deleted before the position shift the rest back, and
+// a plain next offset would skip as many. So each page is asked to overlap
+// the last, and one that starts past everything read so far (more was
+// deleted than it overlapped) is asked for again from further back.
+// Subjects may so be handed to each more than once.
+func pageThrough(fetch func(offset int) (total int, subjects json.RawMessage, err error), sized func(total int), each func(string)) error {
+	offset, back := 0, 0
+	var last string // the greatest subject read
+	for range maxPages {
+		total, subjects, err := fetch(offset)
 		if err != nil {
 			return err
 		}
 		sized(total)
-		n, err := eachSubject(subjects, each)
+		var first, greatest string
+		n, err := eachSubject(subjects, func(s string) {
+			if first == "" || s < first {
+				first = s
+			}
+			greatest = max(greatest, s)
+			each(s)
+		})
 		if err != nil {
 			return err
 		}
-		offset += n
+		if offset > 0 && n > 0 && first > last {
+			// Subjects between the last page and this one may be unread.
+			back = max(2*back, 2*pageOverlap(n))
+			offset = max(offset-back, 0)
+			continue
+		}
+		back, last = 0, max(last, greatest)
 		switch {
-		case offset >= total:
+		case offset+n >= total:
 			return nil
 		case n == 0:
-			return fmt.Errorf("the listing of %s ended at %d of %d subjects", filter, offset, total)
+			return fmt.Errorf("the listing ended at %d of %d subjects", offset, total)
 		}
+		offset += n - pageOverlap(n)
 	}
+	return fmt.Errorf("the listing did not settle in %d pages", maxPages)
 }
+
+// pageOverlap is how many subjects of a page of n the next page repeats.
+func pageOverlap(n int) int {
+	if n < 2 {
+		return 0
+	}
+	return max(1, min(n/10, 1000))
+}
+
+// maxPages bounds one listing: at the server's 100k subjects a page, ten
+// million open turns.
+const maxPages = 100
 
 // listPageTimeout bounds the request for one page of the listing of open
 // turns.

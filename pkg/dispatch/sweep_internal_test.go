@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -225,4 +226,55 @@ func BenchmarkOpenTurns(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The server cuts its sorted list of subjects into pages by position, and
+// the list changes between pages. Subjects deleted before the position
+// must not make the listing skip any that stay; a page that shifted past
+// the overlap is asked for again.
+func TestPageThroughSkipsNothingThatStays(t *testing.T) {
+	const pageSize = 100
+	var set []string
+	for i := range 1000 {
+		set = append(set, fmt.Sprintf("fntimer.sched.%04d", i))
+	}
+	stay := map[string]bool{}
+	for i, s := range set {
+		if i%3 != 0 { // every third is deleted while the listing runs
+			stay[s] = true
+		}
+	}
+	pages := 0
+	fetch := func(offset int) (int, json.RawMessage, error) {
+		pages++
+		if pages > 1 { // between pages, delete up to 150 subjects from the front half
+			kept := set[:0:0]
+			deleted := 0
+			for i, s := range set {
+				if !stay[s] && deleted < 150 && i < len(set)/2 {
+					deleted++
+					continue
+				}
+				kept = append(kept, s)
+			}
+			set = kept
+		}
+		offset = min(offset, len(set))
+		end := min(offset+pageSize, len(set))
+		page := map[string]int{}
+		for _, s := range set[offset:end] {
+			page[s] = 1
+		}
+		b, _ := json.Marshal(page)
+		return len(set), b, nil
+	}
+	got := map[string]bool{}
+	if err := pageThrough(fetch, func(int) {}, func(s string) { got[s] = true }); err != nil {
+		t.Fatal(err)
+	}
+	for s := range stay {
+		if !got[s] {
+			t.Fatalf("%s stayed throughout and was not listed (%d pages)", s, pages)
+		}
+	}
 }
