@@ -111,7 +111,10 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 			}
 			handedOver := false
 			t, ended, err := d.awaitClosed(ctx, t.Key, p, w.Current, func() bool {
-				handedOver = !d.keepWatch(ctx, w) // a long turn: the watch stays alive meanwhile
+				// A long turn: the watch stays alive meanwhile.
+				if time.Since(lastSave) > d.watchSaveEvery {
+					handedOver, lastSave = !d.keepWatch(ctx, w), time.Now()
+				}
 				return !handedOver
 			})
 			if handedOver {
@@ -253,7 +256,6 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 	}
 	read := time.NewTicker(recordReadEvery)
 	defer read.Stop()
-	lastKept := time.Now()
 	for {
 		select {
 		case e, ok := <-updates:
@@ -271,11 +273,8 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 			if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
 				return t, nil, nil
 			}
-			if keep != nil && time.Since(lastKept) > d.watchSaveEvery {
-				if !keep() {
-					return nil, nil, errHandedOver
-				}
-				lastKept = time.Now()
+			if keep != nil && !keep() {
+				return nil, nil, errHandedOver
 			}
 		case <-pollC:
 			obs, err := p.Poll(ctx, ref)
@@ -433,19 +432,20 @@ func (d *Dispatcher) driverGone(ctx context.Context, driver string) bool {
 
 // keepWatch saves w to show that its driver is alive, unless another
 // replica has taken the watch meanwhile (its claim names it, as when this
-// replica was thought gone): then it saves nothing and reports false, and
-// this driver steps aside. The save is a compare-and-set on the record
+// replica was thought gone) or finished it: then it saves nothing and
+// reports false, and this driver steps aside. The save is a compare-and-set on the record
 // read, so a claim landing in between is not overwritten.
 func (d *Dispatcher) keepWatch(ctx context.Context, w *Watch) bool {
 	for range 3 {
 		e, err := d.watches.Get(ctx, w.ID)
 		if err != nil {
-			d.saveWatch(ctx, w) // cannot read it: saving keeps it ours, as before
+			// Cannot read it (a reconnect): write nothing, which could
+			// undo a claim made meanwhile; the next save tries again.
 			return true
 		}
 		var have Watch
-		if json.Unmarshal(e.Value(), &have) == nil && have.State == WatchActive && have.Driver != "" && have.Driver != d.opts.Name {
-			return false
+		if json.Unmarshal(e.Value(), &have) == nil && (have.State != WatchActive || have.Driver != "" && have.Driver != d.opts.Name) {
+			return false // another replica drives it, or has finished it
 		}
 		w.UpdatedAt = time.Now().UTC()
 		b, _ := json.Marshal(w)

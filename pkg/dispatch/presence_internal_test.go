@@ -111,3 +111,25 @@ func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 		t.Fatalf("after stepping aside the record says driver %q, released %v, state %s; want two's, not released, active", after.Driver, after.Released, after.State)
 	}
 }
+
+// A driver whose watch another replica finished steps aside too, and its
+// keep-alive does not write its stale copy back over the outcome.
+func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	one := replica(t, js, "one")
+	one.watchSaveEvery = 20 * time.Millisecond
+	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_finished"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	have, rev := storedWatch(t, one, w.ID)
+	have.Driver, have.State, have.Answer, have.UpdatedAt = "two", WatchCompleted, "done by two", time.Now().UTC()
+	b, _ := json.Marshal(have)
+	if _, err := one.watches.Update(t.Context(), w.ID, b, rev); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	if after, _ := storedWatch(t, one, w.ID); after.State != WatchCompleted || after.Answer != "done by two" {
+		t.Fatalf("after stepping aside the record says %s %q; want two's completed answer", after.State, after.Answer)
+	}
+}

@@ -50,8 +50,10 @@ const (
 	// second before the deadline and closes it at once.
 	timerGrace = 2 * time.Second
 	// presenceGrace is how long past its save period a watch's driver
-	// must have been silent before a missing presence answer counts.
-	presenceGrace = 5 * time.Second
+	// must have been silent before a missing presence answer counts: a
+	// healthy driver saves at the first poll after the period, which may
+	// wait maxPollInterval and take a while itself.
+	presenceGrace = maxPollInterval + 10*time.Second
 	// markersLast is how long after a turn's close the sweep may still
 	// see the markers that removed its timer (they expire after a second).
 	markersLast = 30 * time.Second
