@@ -287,6 +287,10 @@ func timedOut(t *Turn, key protocol.CallKey) bool {
 // submitAttemptTimeout bounds one request submitting a turn's outputs.
 const submitAttemptTimeout = 30 * time.Second
 
+// lastAttemptLead is how long before a run's expiry the last submission
+// attempt goes out.
+const lastAttemptLead = time.Second
+
 // submitWithRetry retries 429, 5xx and transport errors with exponential
 // backoff and jitter, honouring Retry-After, until the run expires.
 func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Output) (*Submission, error) {
@@ -308,9 +312,16 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 		if !errors.As(err, &pe) || !pe.Retryable {
 			return nil, err
 		}
+		// A wait that would outlast the run is cut short: one last attempt
+		// goes out just before it expires (a rate limit or an outage may
+		// be over by then), and only when there is no time for that does
+		// the submission give up.
 		wait := max(pe.RetryAfter, retry.Next())
-		if time.Now().Add(wait).After(t.ExpiresAt) {
-			return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)
+		if last := time.Until(t.ExpiresAt) - lastAttemptLead; wait > last {
+			if last <= 0 {
+				return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)
+			}
+			wait = last
 		}
 		d.log.Warn("submission failed; retrying", "turn", t.Key, "attempt", attempt, "wait", wait.String(), "err", err)
 		if !backoff.Sleep(ctx, wait) {
