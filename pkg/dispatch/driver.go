@@ -68,7 +68,6 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 	for ctx.Err() == nil {
 		if time.Since(lastSave) > d.watchSaveEvery {
 			if !d.keepWatch(ctx, w) { // keep UpdatedAt fresh: this watch is alive
-				log.Info("another replica drives this watch now; leaving it")
 				return true
 			}
 			lastSave = time.Now()
@@ -118,7 +117,6 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 				return !handedOver
 			})
 			if handedOver {
-				log.Info("another replica drives this watch now; leaving it")
 				return true
 			}
 			if err != nil {
@@ -140,7 +138,6 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 				d.indexResponse(ctx, w.Current.ResponseID, w.ID)
 			}
 			if !d.keepWatch(ctx, w) {
-				log.Info("another replica drives this watch now; leaving it")
 				return true
 			}
 			lastSave = time.Now()
@@ -355,7 +352,10 @@ func (d *Dispatcher) startDriver(w *Watch) bool {
 			delete(d.drivers, w.ID)
 			d.driversMu.Unlock()
 		}()
-		if handedOver := d.drive(ctx, w); !handedOver && w.State == WatchActive { // the dispatcher is stopping
+		switch handedOver := d.drive(ctx, w); {
+		case handedOver:
+			d.log.Info("another replica drives this watch now; leaving it", "watch", w.ID)
+		case w.State == WatchActive: // the dispatcher is stopping
 			d.releaseWatch(ctx, w)
 		}
 	})
@@ -433,8 +433,9 @@ func (d *Dispatcher) driverGone(ctx context.Context, driver string) bool {
 // keepWatch saves w to show that its driver is alive, unless another
 // replica has taken the watch meanwhile (its claim names it, as when this
 // replica was thought gone) or finished it: then it saves nothing and
-// reports false, and this driver steps aside. The save is a compare-and-set on the record
-// read, so a claim landing in between is not overwritten.
+// reports false, and this driver steps aside. The save is a
+// compare-and-set on the record read, so a claim landing in between is
+// not overwritten.
 func (d *Dispatcher) keepWatch(ctx context.Context, w *Watch) bool {
 	for range 3 {
 		e, err := d.watches.Get(ctx, w.ID)

@@ -15,7 +15,7 @@ import (
 
 // replica starts a dispatcher named name on js whose responses never
 // finish, so its watches stay active.
-func replica(t *testing.T, js jetstream.JetStream, name string) *Dispatcher {
+func replica(t testing.TB, js jetstream.JetStream, name string) *Dispatcher {
 	t.Helper()
 	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: name, Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond})
 	if err != nil {
@@ -27,6 +27,18 @@ func replica(t *testing.T, js jetstream.JetStream, name string) *Dispatcher {
 	t.Cleanup(func() { cancel(); <-done })
 	testutil.WaitFor(t, 30*time.Second, d.Ready)
 	return d
+}
+
+// rewriteWatch changes the stored record of watch id as another replica
+// would, by compare-and-set.
+func rewriteWatch(t *testing.T, d *Dispatcher, id string, change func(*Watch)) {
+	t.Helper()
+	have, rev := storedWatch(t, d, id)
+	change(have)
+	b, _ := json.Marshal(have)
+	if _, err := d.watches.Update(t.Context(), id, b, rev); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func storedWatch(t *testing.T, d *Dispatcher, id string) (*Watch, uint64) {
@@ -100,12 +112,7 @@ func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	have, rev := storedWatch(t, one, w.ID)
-	have.Driver, have.UpdatedAt = "two", time.Now().UTC()
-	b, _ := json.Marshal(have)
-	if _, err := one.watches.Update(t.Context(), w.ID, b, rev); err != nil {
-		t.Fatal(err)
-	}
+	rewriteWatch(t, one, w.ID, func(have *Watch) { have.Driver, have.UpdatedAt = "two", time.Now().UTC() })
 	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.Driver != "two" || after.Released || after.State != WatchActive {
 		t.Fatalf("after stepping aside the record says driver %q, released %v, state %s; want two's, not released, active", after.Driver, after.Released, after.State)
@@ -122,12 +129,9 @@ func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	have, rev := storedWatch(t, one, w.ID)
-	have.Driver, have.State, have.Answer, have.UpdatedAt = "two", WatchCompleted, "done by two", time.Now().UTC()
-	b, _ := json.Marshal(have)
-	if _, err := one.watches.Update(t.Context(), w.ID, b, rev); err != nil {
-		t.Fatal(err)
-	}
+	rewriteWatch(t, one, w.ID, func(have *Watch) {
+		have.Driver, have.State, have.Answer, have.UpdatedAt = "two", WatchCompleted, "done by two", time.Now().UTC()
+	})
 	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.State != WatchCompleted || after.Answer != "done by two" {
 		t.Fatalf("after stepping aside the record says %s %q; want two's completed answer", after.State, after.Answer)

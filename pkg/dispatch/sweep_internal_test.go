@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
-	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -53,15 +51,7 @@ func TestRecheckDueOnAgesThatDouble(t *testing.T) {
 // a timer.
 func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	d, ctx := replica(t, js, "one"), t.Context()
 
 	want := map[protocol.TurnKey]bool{}
 	for i := range 1500 {
@@ -188,15 +178,7 @@ func FuzzEachSubject(f *testing.F) {
 // decoded them): compare their B/op and ns/op.
 func BenchmarkOpenTurns(b *testing.B) {
 	_, js := natstest.Start(b).Connect(b)
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(ctx); close(done) }()
-	b.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(b, 30*time.Second, d.Ready)
+	d, ctx := replica(b, js, "one"), b.Context()
 	const open = 20000
 	for i := range open {
 		key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_"+strconv.Itoa(i), []string{"call_1"})
