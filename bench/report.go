@@ -87,7 +87,9 @@ func (r *report) rows() []row {
 		target, v := "", ""
 		if want, ok := throughputTargets[e.size]; ok {
 			target = fmt.Sprintf("≥ %.2f× floor", want)
-			v = verdict(e.calls >= want*r.floorRate)
+			if r.floorRate > 0 { // no floor measured (-only): nothing to judge by
+				v = verdict(e.calls >= want*r.floorRate)
+			}
 		}
 		rows = append(rows, row{fmt.Sprintf("toolrelay end to end, turns of %d calls", e.size),
 			fmt.Sprintf("%.0f calls/s (%.0f turns/s)", e.calls, e.turns), ratio(e.calls, r.floorRate), target, v})

@@ -103,15 +103,20 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 	}
 }
 
+// clientSpan is the start option of submission spans, built once.
+var clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+
 // submit gathers the outputs of a turn this replica owns, gives them to
 // the platform (retrying what may be retried, until the run expires) and
 // records the outcome.
 func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	defer d.gather.forget(t.Key)
-	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), "submit "+string(t.Ref.Platform), trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
-			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(t.CutOff))...))
+	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), clientSpan...)
 	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
+			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(t.CutOff))...)
+	}
 	outputs, err := d.outputs(ctx, t)
 	var sub *Submission
 	if err == nil {
@@ -129,7 +134,9 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		return
 	}
 	now := time.Now().UTC()
-	span.SetAttributes(attrTimeLeft.Int64(t.ExpiresAt.Sub(now).Milliseconds()))
+	if span.IsRecording() {
+		span.SetAttributes(attrTimeLeft.Int64(t.ExpiresAt.Sub(now).Milliseconds()))
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "submission failed")

@@ -67,6 +67,8 @@ type telemetry struct {
 	prop   propagation.TextMapPropagator
 	// sets holds the attribute sets of per-call measurements.
 	sets attrcache.Cache
+	// sendNames and processNames are the span names of calls and results.
+	sendNames, processNames, turnNames, submitNames *otelconv.Names
 
 	calls        metric.Int64Counter
 	callDuration metric.Float64Histogram
@@ -94,7 +96,11 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	t := &telemetry{tracer: tp.Tracer(instrumentation), prop: w3c, spans: map[protocol.TurnKey]trace.Span{}}
+	t := &telemetry{tracer: tp.Tracer(instrumentation), prop: w3c, spans: map[protocol.TurnKey]trace.Span{},
+		sendNames:    otelconv.NewNames(func(team, fn string) string { return "send " + protocol.CallSubject(team, fn) }),
+		processNames: otelconv.NewNames(func(team, _ string) string { return "process " + protocol.ResultSubjectPrefix + "." + team }),
+		turnNames:    otelconv.NewNames(func(platform, _ string) string { return "turn " + platform }),
+		submitNames:  otelconv.NewNames(func(platform, _ string) string { return "submit " + platform })}
 	m := mp.Meter(instrumentation)
 	var err error
 	seconds := otelconv.DurationBuckets()
@@ -314,10 +320,11 @@ func ofTeam(fs []functionGauge, team string) []functionGauge {
 // startTurn opens the turn's span as a child of ctx and stores its context
 // in the record; keepTurn holds it until the turn closes.
 func (t *telemetry) startTurn(ctx context.Context, turn *Turn) (context.Context, trace.Span) {
-	attrs := []attribute.KeyValue{attrTurnKey.String(string(turn.Key)), attrPlatform.String(string(turn.Ref.Platform)),
-		attrScope.String(turn.Scope), attrCalls.Int(len(turn.Calls))}
-	attrs = append(attrs, refAttrs(turn.Ref)...)
-	ctx, span := t.tracer.Start(ctx, "turn "+string(turn.Ref.Platform), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	ctx, span := t.tracer.Start(ctx, t.turnNames.Get(string(turn.Ref.Platform), ""))
+	if span.IsRecording() {
+		span.SetAttributes(append(refAttrs(turn.Ref), attrTurnKey.String(string(turn.Key)), attrPlatform.String(string(turn.Ref.Platform)),
+			attrScope.String(turn.Scope), attrCalls.Int(len(turn.Calls)))...)
+	}
 	if span.SpanContext().IsValid() {
 		turn.Trace = map[string]string{}
 		t.prop.Inject(ctx, propagation.MapCarrier(turn.Trace))
@@ -391,14 +398,16 @@ func (t *telemetry) endAll() {
 
 // send opens the PRODUCER span of a call and injects it into the message.
 func (t *telemetry) send(ctx context.Context, c *TurnCall, header map[string][]string, size int) trace.Span {
-	tmpl := protocol.CallSubjectPrefix + ".{team}.{function}"
-	_, span := t.tracer.Start(ctx, "send "+protocol.CallSubject(c.Team, c.Name), trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeSend,
-			semconv.MessagingOperationName("publish"), semconv.MessagingDestinationName(protocol.CallSubject(c.Team, c.Name)),
-			semconv.MessagingDestinationTemplate(tmpl), semconv.MessagingMessageID(string(c.Key)),
-			semconv.MessagingMessageBodySize(size), attrToolName.String(c.Name), attrToolCallID.String(c.ID),
-			attrTeam.String(c.Team)))
-	t.prop.Inject(trace.ContextWithSpan(ctx, span), protocol.HeaderCarrier(header))
+	_, span := t.tracer.Start(ctx, t.sendNames.Get(c.Team, c.Name), otelconv.ProducerSpan...)
+	if span.IsRecording() {
+		subject := protocol.CallSubject(c.Team, c.Name)
+		span.SetAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("publish"), semconv.MessagingDestinationName(subject),
+			semconv.MessagingDestinationTemplate(protocol.CallSubjectPrefix+".{team}.{function}"),
+			semconv.MessagingMessageID(string(c.Key)), semconv.MessagingMessageBodySize(size),
+			attrToolName.String(c.Name), attrToolCallID.String(c.ID), attrTeam.String(c.Team))
+	}
+	t.prop.Inject(otelconv.WithSpan(ctx, span), protocol.HeaderCarrier(header))
 	return span
 }
 
@@ -406,6 +415,10 @@ func (t *telemetry) send(ctx context.Context, c *TurnCall, header map[string][]s
 // executor's send span carried in the message.
 func (t *telemetry) processResult(ctx context.Context, subject, team string, header map[string][]string, res *protocol.Result) (context.Context, trace.Span) {
 	ctx = t.prop.Extract(ctx, protocol.HeaderCarrier(header))
+	ctx, span := t.tracer.Start(ctx, t.processNames.Get(team, ""), otelconv.ConsumerSpan...)
+	if !span.IsRecording() {
+		return ctx, span
+	}
 	attrs := make([]attribute.KeyValue, 0, 11) // one allocation, with the result's
 	attrs = append(attrs, semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(subject),
@@ -415,7 +428,8 @@ func (t *telemetry) processResult(ctx context.Context, subject, team string, hea
 		attrs = append(attrs, semconv.MessagingMessageID(string(res.Key)), attrToolName.String(res.Function),
 			attrToolCallID.String(res.CallID), attrTurnKey.String(string(res.Key.Turn())))
 	}
-	return t.tracer.Start(ctx, "process "+protocol.ResultSubjectPrefix+"."+team, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	span.SetAttributes(attrs...)
+	return ctx, span
 }
 
 // result records the metrics a result carries.

@@ -305,6 +305,10 @@ func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, fun
 			handler: chain(f.Handler, mws),
 			tel:     tel,
 			log:     e.log.With("fn", f.Name),
+			spanNames: spanNames{
+				process: "process " + protocol.CallSubject(e.team, f.Name),
+				send:    "send " + protocol.ResultSubjectPrefix + "." + e.team,
+			},
 		})
 	}
 	return workers, stopCancels, nil

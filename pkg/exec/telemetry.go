@@ -50,18 +50,22 @@ func Tracing(tp trace.TracerProvider) Middleware {
 		tp = otel.GetTracerProvider()
 	}
 	tracer := tp.Tracer(instrumentation)
+	names := otelconv.NewNames(func(fn, _ string) string { return "execute_tool " + fn })
 	return func(next Handler) Handler {
 		return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
-			ctx, span := tracer.Start(ctx, "execute_tool "+inv.Call.Function, trace.WithAttributes(
-				attrOperation.String("execute_tool"), attrToolName.String(inv.Call.Function),
-				attrToolCallID.String(inv.Call.CallID), attrAttempt.Int(inv.Attempt),
-				attrArgsSize.Int(len(inv.Call.Arguments))))
+			ctx, span := tracer.Start(ctx, names.Get(inv.Call.Function, ""))
 			defer span.End()
+			recording := span.IsRecording()
+			if recording {
+				span.SetAttributes(attrOperation.String("execute_tool"), attrToolName.String(inv.Call.Function),
+					attrToolCallID.String(inv.Call.CallID), attrAttempt.Int(inv.Attempt),
+					attrArgsSize.Int(len(inv.Call.Arguments)))
+			}
 			out, err := next.Handle(ctx, inv)
 			if err != nil {
 				span.RecordError(err)
 				span.SetStatus(codes.Error, "the function failed")
-			} else {
+			} else if recording {
 				span.SetAttributes(attrOutputSize.Int(len(out)))
 			}
 			return out, err
@@ -122,8 +126,12 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) *telemetry {
 
 // process opens the CONSUMER span of a call, parented by the dispatcher's
 // send span carried in the message headers.
-func (t *telemetry) process(ctx context.Context, subject, durable string, header map[string][]string, call *protocol.Call, attempt int, executor string) (context.Context, trace.Span) {
+func (t *telemetry) process(ctx context.Context, name, subject, durable string, header map[string][]string, call *protocol.Call, attempt int, executor string) (context.Context, trace.Span) {
 	ctx = t.prop.Extract(ctx, protocol.HeaderCarrier(header))
+	ctx, span := t.tracer.Start(ctx, name, otelconv.ConsumerSpan...)
+	if !span.IsRecording() {
+		return ctx, span
+	}
 	attrs := make([]attribute.KeyValue, 0, 15) // one allocation, with the call's
 	attrs = append(attrs, semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(subject),
@@ -134,16 +142,19 @@ func (t *telemetry) process(ctx context.Context, subject, durable string, header
 			attrToolCallID.String(call.CallID), attrTurnKey.String(string(call.Key.Turn())), attrTeam.String(call.Team),
 			attrPlatform.String(string(call.Platform)), attrScope.String(call.Scope))
 	}
-	return t.tracer.Start(ctx, "process "+subject, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	span.SetAttributes(attrs...)
+	return ctx, span
 }
 
 // send opens the PRODUCER span of a result and injects it into header.
-func (t *telemetry) send(ctx context.Context, res *protocol.Result, header map[string][]string) trace.Span {
-	ctx, span := t.tracer.Start(ctx, "send "+protocol.ResultSubjectPrefix+"."+res.Team, trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeSend,
+func (t *telemetry) send(ctx context.Context, name string, res *protocol.Result, header map[string][]string) trace.Span {
+	_, span := t.tracer.Start(ctx, name, otelconv.ProducerSpan...)
+	if span.IsRecording() {
+		span.SetAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeSend,
 			semconv.MessagingOperationName("publish"), semconv.MessagingDestinationName(res.Subject()),
 			semconv.MessagingDestinationTemplate(protocol.ResultSubjectPrefix+".{team}.{turn}.{call}"),
-			semconv.MessagingMessageID(string(res.Key)), attrToolName.String(res.Function), attrToolCallID.String(res.CallID)))
-	t.prop.Inject(ctx, protocol.HeaderCarrier(header))
+			semconv.MessagingMessageID(string(res.Key)), attrToolName.String(res.Function), attrToolCallID.String(res.CallID))
+	}
+	t.prop.Inject(otelconv.WithSpan(ctx, span), protocol.HeaderCarrier(header))
 	return span
 }

@@ -35,6 +35,7 @@ type worker struct {
 	retry     RetryPolicy
 	handler   Handler
 	tel       *telemetry
+	spanNames spanNames
 	log       *slog.Logger
 	// running holds the calls this process runs now, each closed when its
 	// run ends: a redelivery of one of them waits instead of running it a
@@ -42,6 +43,9 @@ type worker struct {
 	runningMu sync.Mutex
 	running   map[protocol.CallKey]chan struct{}
 }
+
+// spanNames are the names of a worker's spans, built once.
+type spanNames struct{ process, send string }
 
 // claim records that this process runs key, returning the release that
 // ends the claim, or the channel of the run already under way.
@@ -199,7 +203,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.TermWithReason("malformed call envelope")
 		return
 	}
-	ctx, span := w.tel.process(ctx, msg.Subject(), w.fn.Name, msg.Headers(), call, attempt, w.e.opts.Name)
+	ctx, span := w.tel.process(ctx, w.spanNames.process, msg.Subject(), w.fn.Name, msg.Headers(), call, attempt, w.e.opts.Name)
 	defer span.End()
 	if attempt > 1 {
 		w.tel.redeliveries.Add(ctx, 1, metric.WithAttributes(attrFunction.String(call.Function)))
@@ -364,9 +368,11 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	if res.Error != nil {
 		d.span.SetStatus(codes.Error, string(res.Error.Code))
 	}
-	d.span.SetAttributes(attrOutcome.String(outcomeOf(res)))
+	if d.span.IsRecording() {
+		d.span.SetAttributes(attrOutcome.String(outcomeOf(res)))
+	}
 	header := nats.Header{}
-	send := d.w.tel.send(ctx, res, header)
+	send := d.w.tel.send(ctx, d.w.spanNames.send, res, header)
 	err := d.persist(ctx, func(ctx context.Context) error { return firstwins.Record(ctx, js.Conn(), res, header) })
 	send.End()
 	if err != nil {
