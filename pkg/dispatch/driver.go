@@ -61,8 +61,14 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 	}
 	finish := func(state WatchState, answer, reason string) {
 		w.State, w.Answer, w.Error = state, answer, reason
-		d.saveWatch(ctx, w)
-		log.Info("watch ended", "state", state, "reason", reason)
+		switch ours, saved := d.storeWatch(ctx, w); {
+		case !ours:
+			log.Info("watch ended here, but another replica drives or finished it; its record stands", "state", state)
+		case !saved:
+			log.Warn("watch ended, but its record could not be read to save the outcome; a sweep finishes it once it is stale", "state", state)
+		default:
+			log.Info("watch ended", "state", state, "reason", reason)
+		}
 	}
 	lastSave := time.Now()
 	for ctx.Err() == nil {
@@ -100,6 +106,9 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 			}
 			obs.Turn.Channel = "poll"
 			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace)), obs.Turn, w)
+			if errors.Is(err, errHandedOver) {
+				return true
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return false // stopping: the watch is released, and the turn resumed wherever it is taken
@@ -208,7 +217,9 @@ func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Wa
 	}
 	if !slices.Contains(w.Turns, key) {
 		w.Turns = append(w.Turns, key)
-		d.saveWatch(ctx, w)
+		if !d.keepWatch(ctx, w) {
+			return nil, false, errHandedOver
+		}
 	}
 	t, err := d.Intake(ctx, req)
 	if err != nil {
@@ -437,28 +448,39 @@ func (d *Dispatcher) driverGone(ctx context.Context, driver string) bool {
 // compare-and-set on the record read, so a claim landing in between is
 // not overwritten.
 func (d *Dispatcher) keepWatch(ctx context.Context, w *Watch) bool {
+	ours, _ := d.storeWatch(ctx, w)
+	return ours
+}
+
+// storeWatch is keepWatch's compare-and-set, and every save of a watch
+// its driver makes goes through it: ours is false when another replica
+// drives or finished the watch (nothing is written then), saved whether
+// w was written.
+func (d *Dispatcher) storeWatch(ctx context.Context, w *Watch) (ours, saved bool) {
 	for range 3 {
 		e, err := d.watches.Get(ctx, w.ID)
 		if err != nil {
 			// Cannot read it (a reconnect): write nothing, which could
 			// undo a claim made meanwhile; the next save tries again.
-			return true
+			return true, false
 		}
 		var have Watch
 		if json.Unmarshal(e.Value(), &have) == nil && (have.State != WatchActive || have.Driver != "" && have.Driver != d.opts.Name) {
-			return false // another replica drives it, or has finished it
+			return false, false // another replica drives it, or has finished it
 		}
 		w.UpdatedAt = time.Now().UTC()
 		b, _ := json.Marshal(w)
-		if _, err := d.watches.Update(ctx, w.ID, b, e.Revision()); err == nil || !(errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
-			if err != nil {
-				d.log.Warn("saving watch failed", "watch", w.ID, "err", err)
-			}
-			return true
+		_, err = d.watches.Update(ctx, w.ID, b, e.Revision())
+		if err == nil {
+			return true, true
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			d.log.Warn("saving watch failed", "watch", w.ID, "err", err)
+			return true, false
 		}
 		// Changed since the read: read it again.
 	}
-	return true
+	return true, false
 }
 
 // driving reports whether this replica drives the watch.

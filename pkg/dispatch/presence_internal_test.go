@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +18,13 @@ import (
 // finish, so its watches stay active.
 func replica(t testing.TB, js jetstream.JetStream, name string) *Dispatcher {
 	t.Helper()
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: name, Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond})
+	return replicaOn(t, js, name, idlePlatform{})
+}
+
+// replicaOn is replica on platform p.
+func replicaOn(t testing.TB, js jetstream.JetStream, name string, p Platform) *Dispatcher {
+	t.Helper()
+	d, err := New(js, []Platform{p}, Options{Name: name, Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,5 +142,38 @@ func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
 	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.State != WatchCompleted || after.Answer != "done by two" {
 		t.Fatalf("after stepping aside the record says %s %q; want two's completed answer", after.State, after.Answer)
+	}
+}
+
+// endingPlatform reports its objects running until end is called, then done.
+type endingPlatform struct {
+	idlePlatform
+	ended atomic.Bool
+}
+
+func (p *endingPlatform) Poll(context.Context, Ref) (*Observation, error) {
+	if p.ended.Load() {
+		return &Observation{State: ObjectDone, Answer: "done"}, nil
+	}
+	return &Observation{State: ObjectRunning}, nil
+}
+
+// A driver that has not yet noticed its watch was taken, and sees the
+// object end, leaves the record to the replica that took it: it used to
+// write its outcome with a plain put, naming itself the driver again.
+func TestAStaleDriverDoesNotWriteOverTheWatchItLost(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &endingPlatform{}
+	one := replicaOn(t, js, "one", p)
+	one.watchSaveEvery = time.Hour // it notices the claim only by its own save
+	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_lost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewriteWatch(t, one, w.ID, func(have *Watch) { have.Driver, have.UpdatedAt = "two", time.Now().UTC() })
+	p.ended.Store(true)
+	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	if after, _ := storedWatch(t, one, w.ID); after.Driver != "two" || after.State != WatchActive {
+		t.Fatalf("the record says driver %q, state %s; want two's, still active", after.Driver, after.State)
 	}
 }

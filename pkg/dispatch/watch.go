@@ -209,11 +209,3 @@ func (d *Dispatcher) Turn(ctx context.Context, key protocol.TurnKey) (*Turn, err
 	}
 	return t, nil
 }
-
-func (d *Dispatcher) saveWatch(ctx context.Context, w *Watch) {
-	w.UpdatedAt = time.Now().UTC()
-	b, _ := json.Marshal(w)
-	if _, err := d.watches.Put(ctx, w.ID, b); err != nil {
-		d.log.Warn("saving watch failed", "watch", w.ID, "err", err)
-	}
-}
