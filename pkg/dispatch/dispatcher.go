@@ -174,6 +174,9 @@ type Dispatcher struct {
 	// watchSaveEvery is how often a driver saves its watch (tests shorten
 	// it).
 	watchSaveEvery time.Duration
+	// claimRenewEvery is how often a submission being retried renews
+	// its claim (tests shorten it).
+	claimRenewEvery time.Duration
 
 	// lastSweep is when the last sweep began; only the sweep loop uses it.
 	lastSweep time.Time
@@ -263,6 +266,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
 	d.watchSaveEvery = watchSaveEvery
+	d.claimRenewEvery = claimRenewEvery
 	d.inspect = newInspector(d)
 	return d, nil
 }

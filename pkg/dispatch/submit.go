@@ -120,7 +120,17 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	outputs, err := d.outputs(ctx, t)
 	var sub *Submission
 	if err == nil {
-		if sub, err = d.submitWithRetry(ctx, t, outputs); err == nil {
+		claim := d.claim(t, rev)
+		sub, err = d.submitWithRetry(ctx, t, outputs, claim)
+		var lost bool
+		if rev, t.SubmittingSince, lost = claim.end(); lost {
+			// Renewing the claim found another replica's: it submits the
+			// turn (with the same ids) and records the outcome.
+			span.SetStatus(codes.Error, "taken over by another replica")
+			d.log.Warn("another replica took over this submission; leaving it to that replica", "turn", t.Key)
+			return
+		}
+		if err == nil {
 			crashpoint.Reached(crashpoint.Submitted, string(t.Key))
 		}
 	}
@@ -298,9 +308,11 @@ const submitAttemptTimeout = 30 * time.Second
 // attempt goes out.
 const lastAttemptLead = time.Second
 
+
 // submitWithRetry retries 429, 5xx and transport errors with exponential
-// backoff and jitter, honouring Retry-After, until the run expires.
-func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Output) (*Submission, error) {
+// backoff and jitter, honouring Retry-After, until the run expires. While
+// it retries, claim (if not nil) is held.
+func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Output, claim *submitClaim) (*Submission, error) {
 	p := d.platforms[t.Ref.Platform]
 	if p == nil {
 		return nil, fmt.Errorf("dispatch: no adapter for platform %q", t.Ref.Platform)
@@ -319,22 +331,41 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 		if !errors.As(err, &pe) || !pe.Retryable {
 			return nil, err
 		}
-		// A wait that would outlast the run is cut short: one last attempt
-		// goes out just before it expires (a rate limit or an outage may
-		// be over by then), and only when there is no time for that does
-		// the submission give up.
-		wait := max(pe.RetryAfter, retry.Next())
-		if last := time.Until(t.ExpiresAt) - lastAttemptLead; wait > last {
-			if last <= 0 {
-				return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)
-			}
-			wait = last
+		ctx = claim.hold(ctx)
+		wait, ok := retryWait(time.Until(t.ExpiresAt), retry.Next(), pe.RetryAfter)
+		if !ok {
+			return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)
 		}
 		d.log.Warn("submission failed; retrying", "turn", t.Key, "attempt", attempt, "wait", wait.String(), "err", err)
 		if !backoff.Sleep(ctx, wait) {
+			if errors.Is(context.Cause(ctx), errTakenOver) {
+				return nil, errTakenOver
+			}
 			return nil, fmt.Errorf("%w (gave up: %v)", err, context.Cause(ctx))
 		}
 	}
+}
+
+// retryWait is how long to wait before the next submission attempt, with
+// left until the run expires, backoff the next step of the backoff and
+// retryAfter what the platform asked for; false if no attempt fits.
+//
+// The backoff is cut to a quarter of the time left, so attempts come
+// closer together as expiry nears instead of sleeping through the moments
+// the platform answers again (a soak lost a run waiting 6 s of its last 11
+// between two rate limits). The platform's Retry-After stands. A wait that
+// would outlast the run is cut short: one last attempt goes out just before
+// it expires, and only when there is no time for that does the submission
+// give up.
+func retryWait(left, backoff, retryAfter time.Duration) (time.Duration, bool) {
+	wait := max(retryAfter, min(backoff, left/4))
+	if last := left - lastAttemptLead; wait > last {
+		if last <= 0 {
+			return 0, false
+		}
+		wait = last
+	}
+	return wait, true
 }
 
 // lateResult notes a result that arrived after its turn was closed: it is

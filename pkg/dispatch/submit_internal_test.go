@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // limitedPlatform refuses the first refusals submissions with a 429 whose
@@ -44,7 +45,7 @@ func TestASubmissionTriesOnceMoreBeforeTheRunExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	turn := &Turn{Key: "t", Ref: Ref{Platform: p.Name()}, ExpiresAt: time.Now().Add(3 * time.Second)}
-	if _, err := d.submitWithRetry(t.Context(), turn, nil); err != nil {
+	if _, err := d.submitWithRetry(t.Context(), turn, nil, nil); err != nil {
 		t.Fatalf("submission: %v after %d attempts; want the last attempt before expiry to go through", err, p.attempts)
 	}
 	if p.attempts != 2 {
@@ -54,7 +55,139 @@ func TestASubmissionTriesOnceMoreBeforeTheRunExpires(t *testing.T) {
 	// With no time left for another, it gives up and says so.
 	p.attempts, p.refusals = 0, 10
 	turn.ExpiresAt = time.Now().Add(lastAttemptLead / 2)
-	if _, err := d.submitWithRetry(t.Context(), turn, nil); err == nil || p.attempts != 1 {
+	if _, err := d.submitWithRetry(t.Context(), turn, nil, nil); err == nil || p.attempts != 1 {
 		t.Fatalf("submission with no time left: %v after %d attempts; want one attempt, then an error", err, p.attempts)
+	}
+}
+
+// The waits between submission attempts shrink as the run's expiry nears,
+// the platform's Retry-After stands, and the last attempt goes out just
+// before expiry.
+func TestRetryWaitsShrinkAsExpiryNears(t *testing.T) {
+	for _, c := range []struct {
+		name                      string
+		left, backoff, retryAfter time.Duration
+		want                      time.Duration
+		ok                        bool
+	}{
+		{"early: the backoff", time.Minute, 2 * time.Second, 0, 2 * time.Second, true},
+		{"late: a quarter of what is left", 11 * time.Second, 6300 * time.Millisecond, 0, 2750 * time.Millisecond, true},
+		{"Retry-After stands", 10 * time.Second, 6 * time.Second, 4 * time.Second, 4 * time.Second, true},
+		{"a Retry-After past expiry: one last attempt", 3 * time.Second, time.Second, time.Hour, 3*time.Second - lastAttemptLead, true},
+		{"no time for another", lastAttemptLead / 2, time.Second, 0, 0, false},
+	} {
+		got, ok := retryWait(c.left, c.backoff, c.retryAfter)
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: retryWait(%s, %s, %s) = %s, %v; want %s, %v", c.name, c.left, c.backoff, c.retryAfter, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// refusingPlatform answers every submission 429 until accept is called,
+// counting the attempts.
+type refusingPlatform struct {
+	idlePlatform
+	mu       sync.Mutex
+	accepted bool
+	attempts int
+}
+
+func (p *refusingPlatform) Submit(context.Context, *Turn, []Output) (*Submission, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.attempts++
+	if p.accepted {
+		return &Submission{}, nil
+	}
+	return nil, &PlatformError{Op: "submit", StatusCode: http.StatusTooManyRequests, Retryable: true, Err: errors.New("429 Rate limit reached")}
+}
+
+func (p *refusingPlatform) accept() {
+	p.mu.Lock()
+	p.accepted = true
+	p.mu.Unlock()
+}
+
+// submittingTurn records a turn that replica d submits, as closeTurn
+// leaves it, and returns it with its revision.
+func submittingTurn(t *testing.T, d *Dispatcher, key protocol.TurnKey, expires time.Time) (*Turn, uint64) {
+	t.Helper()
+	turn := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_" + string(key)},
+		State: TurnSubmitting, Owner: d.opts.Name, SubmittingSince: time.Now().UTC(),
+		CreatedAt: time.Now().UTC(), ExpiresAt: expires, Deadline: expires.Add(-time.Second)}
+	rev, err := d.turns.create(t.Context(), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return turn, rev
+}
+
+// A submission the platform keeps refusing renews its claim while it is
+// retried, so the sweep of another replica does not take it over as stuck
+// (two replicas then retried the same turn side by side); and the
+// outcome is recorded at the renewed revision.
+func TestARetriedSubmissionKeepsItsClaim(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &refusingPlatform{}
+	one := replicaOn(t, js, "one", p)
+	one.claimRenewEvery = 20 * time.Millisecond
+	turn, rev := submittingTurn(t, one, "0123456789abcdef0123456789abcdef", time.Now().Add(time.Minute))
+	since := turn.SubmittingSince
+	done := make(chan struct{})
+	go func() { defer close(done); one.submit(context.Background(), turn, rev) }()
+
+	testutil.WaitFor(t, 10*time.Second, func() bool {
+		have, _, err := one.turns.get(t.Context(), turn.Key)
+		return err == nil && have.SubmittingSince.After(since.Add(50*time.Millisecond))
+	})
+	p.accept()
+	<-done
+	have, _, err := one.turns.get(t.Context(), turn.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if have.State != TurnSubmitted || have.Owner != "one" {
+		t.Fatalf("after the retries the record is %s, owner %q; want submitted by one", have.State, have.Owner)
+	}
+}
+
+// A submission whose claim another replica took over (it looked stuck)
+// stops retrying at its next renewal and leaves the outcome to that
+// replica.
+func TestASubmissionTakenOverStopsRetrying(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &refusingPlatform{}
+	one := replicaOn(t, js, "one", p)
+	one.claimRenewEvery = 20 * time.Millisecond
+	turn, rev := submittingTurn(t, one, "fedcba9876543210fedcba9876543210", time.Now().Add(time.Minute))
+	done := make(chan struct{})
+	go func() { defer close(done); one.submit(context.Background(), turn, rev) }()
+	testutil.WaitFor(t, 10*time.Second, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.attempts > 0 })
+
+	have, haveRev, err := one.turns.get(t.Context(), turn.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have.Owner, have.SubmittingSince = "two", time.Now().UTC()
+	for {
+		if _, err = one.turns.update(t.Context(), have, haveRev); err == nil {
+			break
+		}
+		if have, haveRev, err = one.turns.get(t.Context(), turn.Key); err != nil { // one renewed meanwhile
+			t.Fatal(err)
+		}
+		have.Owner, have.SubmittingSince = "two", time.Now().UTC()
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the submission went on retrying after another replica took it over")
+	}
+	after, _, err := one.turns.get(t.Context(), turn.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State != TurnSubmitting || after.Owner != "two" {
+		t.Fatalf("the record is %s, owner %q; want still submitting, two's", after.State, after.Owner)
 	}
 }
