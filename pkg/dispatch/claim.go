@@ -5,102 +5,111 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // A replica submitting a turn holds it by the record's SubmittingSince:
-// another replica's sweep takes over a turn submitting for stuckAfter. A
-// submission the platform keeps refusing (a rate limit, an outage) can be
-// retried for longer than that, so while it is, its replica renews the
-// claim; before, a healthy replica's retries were taken over after 15 s,
-// and two replicas then retried the same turn side by side.
+// another replica's sweep (or its own) takes over a turn submitting for
+// stuckAfter. A submission can take longer than that (results read while
+// JetStream fails over, a platform that hangs or keeps refusing), so while
+// it is under way its replica renews the claim; before, a healthy
+// replica's retries were taken over after 15 s, and two replicas then
+// retried the same turn side by side.
 
-// claimRenewEvery is how often a submission being retried renews its
-// claim: well within stuckAfter.
+// claimRenewEvery is how often a submission under way renews its claim:
+// well within stuckAfter.
 const claimRenewEvery = stuckAfter / 3
+
+// claimRenewTimeout bounds one renewal: an answer lost with a server must
+// not hold the claim's renewals up while it lapses.
+const claimRenewTimeout = 3 * time.Second
 
 // errTakenOver ends a submission another replica has taken over.
 var errTakenOver = errors.New("dispatch: another replica took the submission over")
 
-// submitClaim renews a replica's claim on a turn while its submission is
-// retried. Renewal starts with hold, on the first retry (most submissions
-// never need one); end stops it and returns the record's revision and
-// claim time as last written.
+// submitClaim renews a replica's claim on a turn while it submits it. The
+// first renewal is due claimRenewEvery after the claim was written (at
+// once if that is past); most submissions end before, and cost a timer.
 type submitClaim struct {
-	d *Dispatcher
-	// turn is the record as claimed; renewals write copies of it.
+	d      *Dispatcher
+	cancel context.CancelCauseFunc
+	// renewing is held by a renewal under way; end waits for it.
+	renewing sync.Mutex
+
+	mu    sync.Mutex
+	timer *time.Timer
+	ended bool
+	// turn is the record as last written by this replica; rev its
+	// revision.
 	turn Turn
-
-	mu      sync.Mutex
-	rev     uint64
-	lost    bool
-	stop    context.CancelFunc
-	stopped chan struct{}
+	rev  uint64
+	lost bool
 }
 
-func (d *Dispatcher) claim(t *Turn, rev uint64) *submitClaim {
-	return &submitClaim{d: d, turn: *t, rev: rev}
+// claim starts holding t, recorded at rev, and returns the context of the
+// submission: ended with errTakenOver if another replica takes it.
+func (d *Dispatcher) claim(ctx context.Context, t *Turn, rev uint64) (*submitClaim, context.Context) {
+	c := &submitClaim{d: d, turn: *t, rev: rev}
+	ctx, c.cancel = context.WithCancelCause(ctx)
+	c.mu.Lock()
+	c.timer = time.AfterFunc(max(d.claimRenewEvery-time.Since(t.SubmittingSince), 0), func() { c.fire(ctx) })
+	c.mu.Unlock()
+	return c, ctx
 }
 
-// hold starts renewing the claim, if it is not renewed already, and
-// returns ctx ended with errTakenOver once the claim is lost.
-func (c *submitClaim) hold(ctx context.Context) context.Context {
-	if c == nil {
-		return ctx
+func (c *submitClaim) fire(ctx context.Context) {
+	c.renewing.Lock()
+	defer c.renewing.Unlock()
+	c.mu.Lock()
+	ended := c.ended
+	c.mu.Unlock()
+	if ended {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
+	ours := c.renew(rctx)
+	cancel()
+	if !ours {
+		c.cancel(errTakenOver)
+		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stop != nil {
-		return ctx
+	if !c.ended {
+		c.timer.Reset(c.d.claimRenewEvery)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	c.stop = func() { cancel(nil) }
-	c.stopped = make(chan struct{})
-	go func() {
-		defer close(c.stopped)
-		tick := time.NewTicker(c.d.claimRenewEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if !c.renew(ctx) {
-				cancel(errTakenOver)
-				return
-			}
-		}
-	}()
-	return ctx
+	c.mu.Unlock()
 }
 
-// renew writes the claim again; false when another replica has the turn.
-// A renewal that cannot be written (JetStream away) keeps the claim as it
-// is: the sweep takes the turn over if that goes on for stuckAfter.
+// renew writes the claim again; false when another replica, or another
+// submission of this one's, has the turn. A renewal that cannot be
+// written (JetStream away) keeps the claim as it is: the sweep takes the
+// turn over if that goes on for stuckAfter.
 func (c *submitClaim) renew(ctx context.Context) bool {
 	c.mu.Lock()
-	rev := c.rev
+	next, rev := c.turn, c.rev
 	c.mu.Unlock()
-	next := c.turn
 	next.SubmittingSince = time.Now().UTC()
 	newRev, err := c.d.turns.update(ctx, &next, rev)
-	if errors.Is(err, errConflict) {
-		// Another replica's write, or a renewal of ours whose answer was
-		// lost: the record tells which.
+	if err != nil {
+		// A conflict is another writer's claim, or this renewal's own
+		// write whose answer was lost (as may be an error): the record
+		// tells which, by the exact claim written.
 		have, haveRev, gerr := c.d.turns.get(ctx, next.Key)
-		if gerr != nil {
+		switch {
+		case gerr != nil:
 			return true
-		}
-		if have.State != TurnSubmitting || have.Owner != c.d.opts.Name {
+		case claimedAs(have, &next):
+			newRev, err = haveRev, nil
+		case errors.Is(err, errConflict) || have.State != TurnSubmitting:
 			c.mu.Lock()
 			c.lost = true
 			c.mu.Unlock()
 			return false
 		}
-		next, newRev, err = *have, haveRev, nil
 	}
 	if err != nil {
-		c.d.log.Warn("renewing the claim on a submission failed; retrying it", "turn", next.Key, "err", err)
+		c.d.log.Warn("renewing the claim on a submission failed; it is tried again", "turn", next.Key, "err", err)
 		return true
 	}
 	c.mu.Lock()
@@ -109,17 +118,50 @@ func (c *submitClaim) renew(ctx context.Context) bool {
 	return true
 }
 
+// claimedAs reports whether record have is the claim want: submitting, by
+// the same replica, claimed at the same instant.
+func claimedAs(have, want *Turn) bool {
+	return have.State == TurnSubmitting && have.Owner == want.Owner && have.SubmittingSince.Equal(want.SubmittingSince)
+}
+
 // end stops renewing and returns the claim as last written: the record's
-// revision, its SubmittingSince, and whether another replica took it.
+// revision, its SubmittingSince, and whether another submission took it.
 func (c *submitClaim) end() (rev uint64, since time.Time, lost bool) {
 	c.mu.Lock()
-	stop, stopped := c.stop, c.stopped
+	c.ended = true
+	c.timer.Stop()
 	c.mu.Unlock()
-	if stop != nil {
-		stop()
-		<-stopped
-	}
+	c.renewing.Lock() // a renewal under way finishes first
+	c.renewing.Unlock()
+	c.cancel(nil)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.rev, c.turn.SubmittingSince, c.lost
+}
+
+// submittingHere marks key as submitted by this process until the
+// returned done is called; false if it already is (the sweep found it
+// looking stuck while it is being submitted here).
+func (d *Dispatcher) submittingHere(key protocol.TurnKey) (done func(), ok bool) {
+	d.submittingMu.Lock()
+	defer d.submittingMu.Unlock()
+	if d.submitting[key] {
+		return nil, false
+	}
+	if d.submitting == nil {
+		d.submitting = map[protocol.TurnKey]bool{}
+	}
+	d.submitting[key] = true
+	return func() {
+		d.submittingMu.Lock()
+		delete(d.submitting, key)
+		d.submittingMu.Unlock()
+	}, true
+}
+
+// isSubmittingHere reports whether this process submits key now.
+func (d *Dispatcher) isSubmittingHere(key protocol.TurnKey) bool {
+	d.submittingMu.Lock()
+	defer d.submittingMu.Unlock()
+	return d.submitting[key]
 }

@@ -174,9 +174,12 @@ type Dispatcher struct {
 	// watchSaveEvery is how often a driver saves its watch (tests shorten
 	// it).
 	watchSaveEvery time.Duration
-	// claimRenewEvery is how often a submission being retried renews
-	// its claim (tests shorten it).
+	// claimRenewEvery is how often a submission under way renews its
+	// claim (tests shorten it).
 	claimRenewEvery time.Duration
+	// submitting holds the turns this process submits now.
+	submittingMu sync.Mutex
+	submitting   map[protocol.TurnKey]bool
 
 	// lastSweep is when the last sweep began; only the sweep loop uses it.
 	lastSweep time.Time

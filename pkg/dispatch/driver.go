@@ -61,11 +61,22 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 	}
 	finish := func(state WatchState, answer, reason string) {
 		w.State, w.Answer, w.Error = state, answer, reason
-		switch ours, saved := d.storeWatch(ctx, w); {
+		ours, saved := d.storeWatch(ctx, w)
+		retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
+		for giveUp := time.Now().Add(d.unavailableFor); ours && !saved && time.Now().Before(giveUp); {
+			if !backoff.Sleep(ctx, retry.Next()) {
+				break
+			}
+			ours, saved = d.storeWatch(ctx, w)
+		}
+		switch {
 		case !ours:
 			log.Info("watch ended here, but another replica drives or finished it; its record stands", "state", state)
 		case !saved:
-			log.Warn("watch ended, but its record could not be read to save the outcome; a sweep finishes it once it is stale", "state", state)
+			// Left active, so that stopping releases it and the next
+			// driver finds the outcome again.
+			w.State, w.Answer, w.Error = WatchActive, "", ""
+			log.Warn("watch ended, but its outcome could not be saved; the next driver finds it again", "state", state)
 		default:
 			log.Info("watch ended", "state", state, "reason", reason)
 		}
@@ -217,8 +228,12 @@ func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Wa
 	}
 	if !slices.Contains(w.Turns, key) {
 		w.Turns = append(w.Turns, key)
-		if !d.keepWatch(ctx, w) {
+		switch ours, saved := d.storeWatch(ctx, w); {
+		case !ours:
 			return nil, false, errHandedOver
+		case !saved: // the turn must be listed before it is taken in
+			w.Turns = w.Turns[:len(w.Turns)-1]
+			return nil, false, errors.New("dispatch: the watch could not be saved before its turn's intake")
 		}
 	}
 	t, err := d.Intake(ctx, req)

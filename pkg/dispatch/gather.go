@@ -29,6 +29,8 @@ type gatherer struct {
 
 	mu    sync.Mutex
 	turns map[protocol.TurnKey]*gathering
+	// lastFor reads a recorded result (tests stand in for the stream).
+	lastFor func(context.Context, jetstream.Stream, string) (*jetstream.RawStreamMsg, error)
 }
 
 type gathering struct {
@@ -51,7 +53,7 @@ const (
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
-	return &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}}
+	return &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}, lastFor: lastForSubject}
 }
 
 // start consumes results until the returned stop is called. Results of one
@@ -312,11 +314,31 @@ func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.GetLastMsgForSubject(ctx, c.resultSubject())
+	m, err := g.lastFor(ctx, s, c.resultSubject())
 	if err != nil {
 		return nil, err
 	}
 	return protocol.DecodeResult(m.Data)
+}
+
+// lastForSubject reads the last message on subject. Result streams allow
+// direct gets, which any replica of the stream answers: one that has not
+// yet stored a result answers "not found" for a moment (see
+// Dispatcher.outputs).
+func lastForSubject(ctx context.Context, s jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
+	return s.GetLastMsgForSubject(ctx, subject)
+}
+
+// seen reports whether this replica holds the result of call key of turn.
+func (g *gatherer) seen(turn protocol.TurnKey, key protocol.CallKey) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.turns[turn]
+	if st == nil || st.results == nil {
+		return false
+	}
+	i := st.turn.callIndex(key)
+	return i >= 0 && st.results[i] != nil
 }
 
 // known returns the record of a turn this replica gathers for, and its

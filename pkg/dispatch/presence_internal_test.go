@@ -21,12 +21,15 @@ func replica(t testing.TB, js jetstream.JetStream, name string) *Dispatcher {
 	return replicaOn(t, js, name, idlePlatform{})
 }
 
-// replicaOn is replica on platform p.
-func replicaOn(t testing.TB, js jetstream.JetStream, name string, p Platform) *Dispatcher {
+// replicaOn is replica on platform p, with tune applied before it runs.
+func replicaOn(t testing.TB, js jetstream.JetStream, name string, p Platform, tune ...func(*Dispatcher)) *Dispatcher {
 	t.Helper()
 	d, err := New(js, []Platform{p}, Options{Name: name, Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range tune {
+		f(d)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -113,8 +116,7 @@ func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
 // and leaves the record as the new driver wrote it.
 func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
-	one := replica(t, js, "one")
-	one.watchSaveEvery = 20 * time.Millisecond
+	one := replicaOn(t, js, "one", idlePlatform{}, func(d *Dispatcher) { d.watchSaveEvery = 20 * time.Millisecond })
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_taken"})
 	if err != nil {
 		t.Fatal(err)
@@ -130,8 +132,7 @@ func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 // keep-alive does not write its stale copy back over the outcome.
 func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
-	one := replica(t, js, "one")
-	one.watchSaveEvery = 20 * time.Millisecond
+	one := replicaOn(t, js, "one", idlePlatform{}, func(d *Dispatcher) { d.watchSaveEvery = 20 * time.Millisecond })
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_finished"})
 	if err != nil {
 		t.Fatal(err)
@@ -164,8 +165,7 @@ func (p *endingPlatform) Poll(context.Context, Ref) (*Observation, error) {
 func TestAStaleDriverDoesNotWriteOverTheWatchItLost(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &endingPlatform{}
-	one := replicaOn(t, js, "one", p)
-	one.watchSaveEvery = time.Hour // it notices the claim only by its own save
+	one := replicaOn(t, js, "one", p, func(d *Dispatcher) { d.watchSaveEvery = time.Hour }) // it notices the claim only by its own save
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_lost"})
 	if err != nil {
 		t.Fatal(err)

@@ -2,13 +2,13 @@ package dispatch
 
 import (
 	"context"
-
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
@@ -39,12 +39,7 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 				return
 			}
 		}
-		for i := range t.Calls {
-			c := &t.Calls[i]
-			if _, err := d.gather.result(ctx, t, c); err != nil {
-				timedOut = append(timedOut, c.Key)
-			}
-		}
+		timedOut = d.withoutResult(ctx, t)
 	}
 	now := time.Now().UTC()
 	known, rev := d.gather.known(key)
@@ -73,6 +68,9 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 // submitting for stuckAfter) and submits it again.
 func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 	for {
+		if d.isSubmittingHere(key) {
+			return // not stuck: this process submits it
+		}
 		t, rev, err := d.turns.get(ctx, key)
 		if err != nil || t.State != TurnSubmitting {
 			return
@@ -91,6 +89,13 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 		t.Owner = d.opts.Name
 		t.SubmittingSince = time.Now().UTC()
 		newRev, err := d.turns.update(ctx, t, rev)
+		if err != nil && !errors.Is(err, errConflict) {
+			// The claim may be stored with its answer lost: then it is
+			// ours, and nobody else submits the turn unless we do.
+			if have, haveRev, gerr := d.turns.get(ctx, key); gerr == nil && claimedAs(have, t) {
+				newRev, err = haveRev, nil
+			}
+		}
 		if errors.Is(err, errConflict) {
 			continue
 		} else if err != nil {
@@ -110,6 +115,11 @@ var clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient
 // the platform (retrying what may be retried, until the run expires) and
 // records the outcome.
 func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
+	done, ok := d.submittingHere(t.Key)
+	if !ok {
+		return // submitted here already, by the goroutine that claimed it first
+	}
+	defer done()
 	defer d.gather.forget(t.Key)
 	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), clientSpan...)
 	defer span.End()
@@ -117,22 +127,25 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		span.SetAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
 			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(t.CutOff))...)
 	}
-	outputs, err := d.outputs(ctx, t)
+	claim, sctx := d.claim(ctx, t, rev)
+	outputs, err := d.outputs(sctx, t)
 	var sub *Submission
 	if err == nil {
-		claim := d.claim(t, rev)
-		sub, err = d.submitWithRetry(ctx, t, outputs, claim)
-		var lost bool
-		if rev, t.SubmittingSince, lost = claim.end(); lost {
-			// Renewing the claim found another replica's: it submits the
-			// turn (with the same ids) and records the outcome.
-			span.SetStatus(codes.Error, "taken over by another replica")
-			d.log.Warn("another replica took over this submission; leaving it to that replica", "turn", t.Key)
-			return
-		}
-		if err == nil {
-			crashpoint.Reached(crashpoint.Submitted, string(t.Key))
-		}
+		sub, err = d.submitWithRetry(sctx, t, outputs)
+	}
+	var lost bool
+	if rev, t.SubmittingSince, lost = claim.end(); lost && err != nil {
+		// Renewing the claim found another one: that replica submits the
+		// turn (with the same ids) and records the outcome. A submission
+		// that went through is recorded here all the same; the other
+		// replica's renewal then finds the turn closed.
+		span.SetStatus(codes.Error, "taken over by another replica")
+		d.log.Warn("another replica took over this submission; leaving it to that replica", "turn", t.Key)
+		d.closedElsewhere(t.Key)
+		return
+	}
+	if err == nil {
+		crashpoint.Reached(crashpoint.Submitted, string(t.Key))
 	}
 	if err != nil && errors.Is(context.Cause(ctx), errShutdown) {
 		// The shutdown timeout cut the submission off. The turn stays in
@@ -173,6 +186,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		// No longer in submitting: another replica took the turn over
 		// (this one looked stuck) and recorded its outcome first.
 		d.log.Info("the submission's outcome was recorded by another replica", "turn", t.Key)
+		d.closedElsewhere(t.Key)
 		return
 	}
 	d.tel.submitted(ctx, final, outputs, final.State, now)
@@ -280,9 +294,7 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 			// would throw the whole submission away. The run's expiry
 			// bounds the wait.
 			within := min(max(time.Until(t.ExpiresAt)-submitLeeway, minResultRead), resultReadFor)
-			res, err = whileUnavailable(ctx, within, func(ctx context.Context) (*protocol.Result, error) {
-				return d.gather.result(ctx, t, &c)
-			})
+			res, err = d.recordedResult(ctx, t, &c, within)
 			if err != nil {
 				return nil, fmt.Errorf("dispatch: result of call %s (%s): %w", c.ID, c.Name, err)
 			}
@@ -290,6 +302,55 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 		out = append(out, Output{Call: c, Result: res})
 	}
 	return out, nil
+}
+
+// resultLagFor bounds how long a result known to be recorded may read as
+// not found: a direct get answered by a replica of the stream that has
+// not stored it yet (a chaos soak failed a whole turn so, the result
+// stored a moment before on the stream's leader).
+const resultLagFor = 2 * time.Second
+
+// recordedResult reads the result of c, known to be recorded: it is tried
+// again while JetStream is unavailable (up to within) and while it reads
+// as not found (up to resultLagFor).
+func (d *Dispatcher) recordedResult(ctx context.Context, t *Turn, c *TurnCall, within time.Duration) (*protocol.Result, error) {
+	lag := backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}
+	giveUp := time.Now().Add(resultLagFor)
+	for {
+		res, err := whileUnavailable(ctx, within, func(ctx context.Context) (*protocol.Result, error) {
+			return d.gather.result(ctx, t, c)
+		})
+		if !errors.Is(err, jetstream.ErrMsgNotFound) || time.Now().After(giveUp) {
+			return res, err
+		}
+		if !backoff.Sleep(ctx, lag.Next()) {
+			return nil, err
+		}
+	}
+}
+
+// withoutResult lists the calls of t, cut off at its deadline, that have
+// no result: none seen here, and none in the stream as its leader tells
+// (a direct get may be answered by a replica that lags). If the stream
+// cannot be asked, each result is read instead.
+func (d *Dispatcher) withoutResult(ctx context.Context, t *Turn) []protocol.CallKey {
+	recorded, err := d.gather.recorded(ctx, t)
+	var missing []protocol.CallKey
+	for i := range t.Calls {
+		c := &t.Calls[i]
+		switch {
+		case d.gather.seen(t.Key, c.Key):
+		case err == nil:
+			if !recorded[c.Key] {
+				missing = append(missing, c.Key)
+			}
+		default:
+			if _, rerr := d.gather.result(ctx, t, c); rerr != nil {
+				missing = append(missing, c.Key)
+			}
+		}
+	}
+	return missing
 }
 
 func timedOut(t *Turn, key protocol.CallKey) bool {
@@ -308,11 +369,10 @@ const submitAttemptTimeout = 30 * time.Second
 // attempt goes out.
 const lastAttemptLead = time.Second
 
-
 // submitWithRetry retries 429, 5xx and transport errors with exponential
-// backoff and jitter, honouring Retry-After, until the run expires. While
-// it retries, claim (if not nil) is held.
-func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Output, claim *submitClaim) (*Submission, error) {
+// backoff and jitter, honouring Retry-After, until the run expires or ctx
+// ends (with errTakenOver: another replica took the submission).
+func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Output) (*Submission, error) {
 	p := d.platforms[t.Ref.Platform]
 	if p == nil {
 		return nil, fmt.Errorf("dispatch: no adapter for platform %q", t.Ref.Platform)
@@ -331,7 +391,6 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 		if !errors.As(err, &pe) || !pe.Retryable {
 			return nil, err
 		}
-		ctx = claim.hold(ctx)
 		wait, ok := retryWait(time.Until(t.ExpiresAt), retry.Next(), pe.RetryAfter)
 		if !ok {
 			return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, attempt)

@@ -45,7 +45,7 @@ func TestASubmissionTriesOnceMoreBeforeTheRunExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	turn := &Turn{Key: "t", Ref: Ref{Platform: p.Name()}, ExpiresAt: time.Now().Add(3 * time.Second)}
-	if _, err := d.submitWithRetry(t.Context(), turn, nil, nil); err != nil {
+	if _, err := d.submitWithRetry(t.Context(), turn, nil); err != nil {
 		t.Fatalf("submission: %v after %d attempts; want the last attempt before expiry to go through", err, p.attempts)
 	}
 	if p.attempts != 2 {
@@ -55,7 +55,7 @@ func TestASubmissionTriesOnceMoreBeforeTheRunExpires(t *testing.T) {
 	// With no time left for another, it gives up and says so.
 	p.attempts, p.refusals = 0, 10
 	turn.ExpiresAt = time.Now().Add(lastAttemptLead / 2)
-	if _, err := d.submitWithRetry(t.Context(), turn, nil, nil); err == nil || p.attempts != 1 {
+	if _, err := d.submitWithRetry(t.Context(), turn, nil); err == nil || p.attempts != 1 {
 		t.Fatalf("submission with no time left: %v after %d attempts; want one attempt, then an error", err, p.attempts)
 	}
 }
@@ -122,15 +122,26 @@ func submittingTurn(t *testing.T, d *Dispatcher, key protocol.TurnKey, expires t
 	return turn, rev
 }
 
+// fastRenewals makes a replica renew its claims every 20 ms.
+func fastRenewals(d *Dispatcher) { d.claimRenewEvery = 20 * time.Millisecond }
+
+// awaitDone waits for a submission run in the background to return.
+func awaitDone(t *testing.T, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 // A submission the platform keeps refusing renews its claim while it is
 // retried, so the sweep of another replica does not take it over as stuck
-// (two replicas then retried the same turn side by side); and the
-// outcome is recorded at the renewed revision.
+// (two replicas then retried the same turn side by side).
 func TestARetriedSubmissionKeepsItsClaim(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &refusingPlatform{}
-	one := replicaOn(t, js, "one", p)
-	one.claimRenewEvery = 20 * time.Millisecond
+	one := replicaOn(t, js, "one", p, fastRenewals)
 	turn, rev := submittingTurn(t, one, "0123456789abcdef0123456789abcdef", time.Now().Add(time.Minute))
 	since := turn.SubmittingSince
 	done := make(chan struct{})
@@ -141,7 +152,7 @@ func TestARetriedSubmissionKeepsItsClaim(t *testing.T) {
 		return err == nil && have.SubmittingSince.After(since.Add(50*time.Millisecond))
 	})
 	p.accept()
-	<-done
+	awaitDone(t, done, "the submission did not end once the platform accepted it")
 	have, _, err := one.turns.get(t.Context(), turn.Key)
 	if err != nil {
 		t.Fatal(err)
@@ -151,43 +162,69 @@ func TestARetriedSubmissionKeepsItsClaim(t *testing.T) {
 	}
 }
 
-// A submission whose claim another replica took over (it looked stuck)
-// stops retrying at its next renewal and leaves the outcome to that
-// replica.
+// A submission whose claim was taken over stops retrying at its next
+// renewal and leaves the outcome to the taker: another replica, or this
+// one's own sweep or a restart of it by the same name (a claim written at
+// another instant is not this submission's).
 func TestASubmissionTakenOverStopsRetrying(t *testing.T) {
-	_, js := natstest.Start(t).Connect(t)
-	p := &refusingPlatform{}
-	one := replicaOn(t, js, "one", p)
-	one.claimRenewEvery = 20 * time.Millisecond
-	turn, rev := submittingTurn(t, one, "fedcba9876543210fedcba9876543210", time.Now().Add(time.Minute))
-	done := make(chan struct{})
-	go func() { defer close(done); one.submit(context.Background(), turn, rev) }()
-	testutil.WaitFor(t, 10*time.Second, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.attempts > 0 })
+	for _, taker := range []string{"two", "one"} {
+		t.Run("by "+taker, func(t *testing.T) {
+			_, js := natstest.Start(t).Connect(t)
+			p := &refusingPlatform{}
+			one := replicaOn(t, js, "one", p, fastRenewals)
+			turn, rev := submittingTurn(t, one, "fedcba9876543210fedcba9876543210", time.Now().Add(time.Minute))
+			done := make(chan struct{})
+			go func() { defer close(done); one.submit(context.Background(), turn, rev) }()
+			testutil.WaitFor(t, 10*time.Second, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.attempts > 0 })
 
-	have, haveRev, err := one.turns.get(t.Context(), turn.Key)
+			var claimed time.Time
+			for { // the submission renews meanwhile: take it at the revision read
+				have, haveRev, err := one.turns.get(t.Context(), turn.Key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				have.Owner, have.SubmittingSince = taker, time.Now().UTC().Add(time.Hour)
+				if _, err = one.turns.update(t.Context(), have, haveRev); err == nil {
+					claimed = have.SubmittingSince
+					break
+				}
+			}
+			awaitDone(t, done, "the submission went on retrying after it was taken over")
+			after, _, err := one.turns.get(t.Context(), turn.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.State != TurnSubmitting || after.Owner != taker || !after.SubmittingSince.Equal(claimed) {
+				t.Fatalf("the record is %s, owner %q since %s; want still submitting, the taker's claim", after.State, after.Owner, after.SubmittingSince)
+			}
+		})
+	}
+}
+
+// The sweep does not take over a turn this process is submitting, however
+// old its claim looks: before, a replica's own sweep took over its
+// retries after 15 s, and two of its goroutines submitted side by side.
+func TestTheSweepLeavesATurnSubmittedHere(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	one := replicaOn(t, js, "one", idlePlatform{})
+	turn, rev := submittingTurn(t, one, "00112233445566778899aabbccddeeff", time.Now().Add(time.Minute))
+	turn.SubmittingSince = time.Now().UTC().Add(-2 * stuckAfter)
+	rev, err := one.turns.update(t.Context(), turn, rev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	have.Owner, have.SubmittingSince = "two", time.Now().UTC()
-	for {
-		if _, err = one.turns.update(t.Context(), have, haveRev); err == nil {
-			break
-		}
-		if have, haveRev, err = one.turns.get(t.Context(), turn.Key); err != nil { // one renewed meanwhile
-			t.Fatal(err)
-		}
-		have.Owner, have.SubmittingSince = "two", time.Now().UTC()
+	done, ok := one.submittingHere(turn.Key)
+	if !ok {
+		t.Fatal("submittingHere: already marked")
 	}
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the submission went on retrying after another replica took it over")
+	defer done()
+	if _, again := one.submittingHere(turn.Key); again {
+		t.Fatal("a second submission of the same turn was let through")
 	}
-	after, _, err := one.turns.get(t.Context(), turn.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after.State != TurnSubmitting || after.Owner != "two" {
-		t.Fatalf("the record is %s, owner %q; want still submitting, two's", after.State, after.Owner)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	one.takeOver(ctx, turn.Key)
+	if _, after, err := one.turns.get(t.Context(), turn.Key); err != nil || after != rev {
+		t.Fatalf("after the sweep's take-over the record is at revision %d (%v); want it untouched at %d", after, err, rev)
 	}
 }

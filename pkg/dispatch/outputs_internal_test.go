@@ -1,0 +1,70 @@
+package dispatch
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// A result the stream's leader has stored can read as "not found" for a
+// moment: result streams allow direct gets, which a replica that lags
+// answers. Submitting such a turn reads the result again instead of
+// failing the whole turn (a chaos soak lost a run so). A cut-off turn asks
+// the leader which results exist, so a lagging replica does not make a
+// recorded result a timeout either.
+func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	d := replica(t, js, "one")
+	const team = "geo"
+	if _, err := js.CreateStream(t.Context(), provision.ResultStreamConfig(team, 0, provision.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	key := protocol.TurnKey("0123456789abcdef0123456789abcdef")
+	c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: team}
+	turn := &Turn{Key: key, Calls: []TurnCall{c}, ExpiresAt: time.Now().Add(time.Minute)}
+	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: team, Function: c.Name,
+		Output: "sunny", FinishedAt: time.Now().UTC()}
+	b, err := protocol.EncodeResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(t.Context(), res.Subject(), b); err != nil {
+		t.Fatal(err)
+	}
+
+	var misses atomic.Int32
+	d.gather.lastFor = func(ctx context.Context, s jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
+		if misses.Add(1) <= 3 { // a lagging replica answers first
+			return nil, jetstream.ErrMsgNotFound
+		}
+		return lastForSubject(ctx, s, subject)
+	}
+	if missing := d.withoutResult(t.Context(), turn); len(missing) != 0 {
+		t.Fatalf("cut off, the turn counts %v as without a result; the stream holds it", missing)
+	}
+	out, err := d.outputs(t.Context(), turn)
+	if err != nil {
+		t.Fatalf("outputs: %v; want the result once the replica caught up", err)
+	}
+	if len(out) != 1 || out[0].Result.Output != "sunny" {
+		t.Fatalf("outputs = %+v", out)
+	}
+
+	// A result that stays missing is an error once the lag allowance is
+	// spent, not a wait until the run expires.
+	misses.Store(-1 << 30)
+	started := time.Now()
+	if _, err := d.outputs(t.Context(), turn); err == nil {
+		t.Fatal("outputs of a result that never appears: no error")
+	}
+	if waited := time.Since(started); waited > resultLagFor+5*time.Second {
+		t.Fatalf("gave up after %s; want about %s", waited, resultLagFor)
+	}
+}
