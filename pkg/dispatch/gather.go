@@ -45,6 +45,11 @@ type gathering struct {
 }
 
 const (
+	// unknownTurnDeliveries is how many times a result whose turn cannot
+	// be read is delivered before it is dropped, unknownTurnRetry apart.
+	unknownTurnDeliveries = 3
+	unknownTurnRetry      = 250 * time.Millisecond
+
 	gatherWorkers  = 16
 	recheckDelay   = 25 * time.Millisecond
 	recheckTimeout = 10 * time.Second
@@ -120,6 +125,14 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	turnKey := key.Turn()
 	st, err := g.load(ctx, turnKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// A call goes out only once its turn is recorded, so this is a
+		// stray result, or a read answered by a replica of the bucket
+		// that has not stored the record yet (direct gets): it is asked
+		// again a moment later before it is dropped.
+		if meta, merr := msg.Metadata(); merr == nil && meta.NumDelivered < unknownTurnDeliveries {
+			_ = msg.NakWithDelay(unknownTurnRetry)
+			return
+		}
 		log.Debug("result for an unknown turn", "turn", turnKey)
 		_ = msg.Ack()
 		return

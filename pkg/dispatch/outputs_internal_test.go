@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -67,4 +68,41 @@ func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
 	if waited := time.Since(started); waited > resultLagFor+5*time.Second {
 		t.Fatalf("gave up after %s; want about %s", waited, resultLagFor)
 	}
+}
+
+// A result delivered before its turn can be read (a replica of the bucket
+// that lags answers the read) is asked again a moment later, not dropped:
+// dropped, its turn waited for the sweep's re-check.
+func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	d := replica(t, js, "one")
+	key := protocol.TurnKey("aaaabbbbccccddddeeeeffff00001111")
+	c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: protocol.SystemTeam}
+	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: c.Name,
+		Output: "sunny", FinishedAt: time.Now().UTC()}
+	b, err := protocol.EncodeResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(t.Context(), res.Subject(), b); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(t.Context(), protocol.ResultStream(protocol.SystemTeam), resultsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool { // delivered while its turn is unknown
+		info, err := cons.Info(t.Context())
+		return err == nil && info.Delivered.Consumer >= 1
+	})
+	now := time.Now().UTC()
+	turn := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_ahead"},
+		State: TurnCollecting, Calls: []TurnCall{c}, CreatedAt: now, ExpiresAt: now.Add(time.Minute), Deadline: now.Add(50 * time.Second)}
+	if _, err := d.turns.create(t.Context(), turn); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, func() bool {
+		have, _, err := d.turns.get(t.Context(), key)
+		return err == nil && have.State == TurnSubmitted
+	})
 }
