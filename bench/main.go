@@ -103,7 +103,9 @@ func main() {
 			}
 		}()
 	}
-	slog.SetDefault(slog.New(slog.DiscardHandler))
+	// Warnings and errors of the parts under test go to stderr: a run that
+	// measures oddly says why.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 

@@ -143,13 +143,27 @@ func (s *stack) drive(ctx context.Context, fn string, turns, calls, inflight int
 	sem := make(chan struct{}, inflight)
 	errs := make(chan error, 1)
 	var wg sync.WaitGroup
+	var slowest atomic.Int64 // nanoseconds
 	start := time.Now()
+	defer func() {
+		if d := time.Duration(slowest.Load()); d > time.Second {
+			fmt.Printf("   (the slowest turn took %s)\n", d.Round(time.Millisecond))
+		}
+	}()
 	for range turns {
 		sem <- struct{}{}
 		req := turn(fn, calls)
 		done := s.sink.expect(req.Key())
 		wg.Go(func() {
 			defer func() { <-sem }()
+			t0 := time.Now()
+			defer func() {
+				for d := int64(time.Since(t0)); ; {
+					if have := slowest.Load(); d <= have || slowest.CompareAndSwap(have, d) {
+						return
+					}
+				}
+			}()
 			if _, err := s.d.Intake(ctx, req); err != nil {
 				select {
 				case errs <- err:
