@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	osexec "os/exec"
 	"runtime"
@@ -83,25 +84,19 @@ func measureScale(ctx context.Context, cfg config, r *report) error {
 }
 
 func scaleOnce(ctx context.Context, env *natsEnv, self string, n, calls int) (float64, error) {
+	// The dispatcher starts first and stops last, as a deployment's would.
 	var procs []*osexec.Cmd
+	s := &stack{sink: newSink()}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
 	defer func() {
 		for _, p := range procs {
 			_ = p.Process.Signal(syscall.SIGTERM)
 			_ = p.Wait()
 		}
+		cancel()
+		wg.Wait()
 	}()
-	for range n {
-		p := osexec.Command(self, "-role", "executor", "-nats", env.url)
-		p.Stderr = os.Stderr
-		if err := p.Start(); err != nil {
-			return 0, err
-		}
-		procs = append(procs, p)
-	}
-	s := &stack{sink: newSink()}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
 	_, js, err := env.connect("dispatcher")
 	if err != nil {
 		return 0, err
@@ -110,6 +105,20 @@ func scaleOnce(ctx context.Context, env *natsEnv, self string, n, calls int) (fl
 		return 0, err
 	}
 	wg.Go(func() { _ = s.d.Run(ctx) })
+	for !s.d.Ready() {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range n {
+		p := osexec.Command(self, "-role", "executor", "-nats", env.url)
+		p.Stderr = os.Stderr
+		if err := p.Start(); err != nil {
+			return 0, err
+		}
+		procs = append(procs, p)
+	}
 	if err := waitServed(ctx, js, "work5ms", s.d); err != nil {
 		return 0, err
 	}
@@ -259,7 +268,10 @@ func memoryOnce(ctx context.Context, cfg config, env *natsEnv, self string, n, l
 	hold := protocol.FunctionSpec{Version: protocol.Version, Name: "hold", Team: benchTeam,
 		Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()}
 	keeper, err := lease.Declare(ctx, js.Conn(), benchTeam, []*protocol.Declaration{{Version: protocol.Version, Spec: hold,
-		Instance: "bench-hold", Executor: "bench", StartedAt: time.Now()}}, nil)
+		Instance: "bench-hold", Executor: "bench", StartedAt: time.Now()}},
+		// Declared before the dispatcher (the child) runs: its "no
+		// dispatcher answered" until then is expected.
+		slog.New(slog.DiscardHandler))
 	if err != nil {
 		return memory{}, err
 	}

@@ -65,10 +65,33 @@ type stack struct {
 const benchTeam = "bench"
 
 func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.Function) (*stack, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
+	// The dispatcher starts first and stops last, as a deployment's
+	// would: executors then declare to a dispatcher that answers, and
+	// withdraw before it goes.
+	dctx, stopDispatcher := context.WithCancel(ctx)
+	ectx, stopExecutors := context.WithCancel(ctx)
+	var dwg, ewg sync.WaitGroup
 	s := &stack{sink: newSink()}
-	s.stop = func() { cancel(); wg.Wait() }
+	s.stop = func() { stopExecutors(); ewg.Wait(); stopDispatcher(); dwg.Wait() }
+	_, djs, err := env.connect("dispatcher")
+	if err != nil {
+		s.stop()
+		return nil, err
+	}
+	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{})
+	if err != nil {
+		s.stop()
+		return nil, err
+	}
+	dwg.Go(func() { _ = s.d.Run(dctx); djs.Conn().Close() })
+	for !s.d.Ready() {
+		select {
+		case <-ctx.Done():
+			s.stop()
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	for i := range executors {
 		_, js, err := env.connect("executor-" + strconv.Itoa(i))
 		if err != nil {
@@ -84,20 +107,9 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			s.stop()
 			return nil, err
 		}
-		wg.Go(func() { _ = ex.Run(ctx); js.Conn().Close() })
+		ewg.Go(func() { _ = ex.Run(ectx); js.Conn().Close() })
 	}
-	_, js, err := env.connect("dispatcher")
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	s.d, err = dispatch.New(js, []dispatch.Platform{s.sink}, dispatch.Options{})
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	wg.Go(func() { _ = s.d.Run(ctx); js.Conn().Close() })
-	if err := waitServed(ctx, js, fn().Name, s.d); err != nil {
+	if err := waitServed(ctx, djs, fn().Name, s.d); err != nil {
 		s.stop()
 		return nil, err
 	}
