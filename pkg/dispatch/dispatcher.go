@@ -17,7 +17,6 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/jsretry"
-	"github.com/toolrelay/toolrelay/internal/lazylog"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -204,9 +203,6 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	// Each result gets a logger with its keys; they are formatted only
-	// if something is logged.
-	opts.Logger = slog.New(lazylog.Wrap(opts.Logger.Handler()))
 	if opts.Name == "" {
 		host, _ := os.Hostname()
 		opts.Name = host + "-" + uuid.NewString()[:8]

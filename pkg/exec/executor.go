@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/jsretry"
-	"github.com/toolrelay/toolrelay/internal/lazylog"
 	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -86,9 +85,6 @@ func New(js jetstream.JetStream, team string, opts Options) (*Executor, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	// Each call gets a logger with its keys; they are formatted only if
-	// something is logged.
-	opts.Logger = slog.New(lazylog.Wrap(opts.Logger.Handler()))
 	if opts.Name == "" {
 		host, _ := os.Hostname()
 		opts.Name = host + "-" + uuid.NewString()[:8]
