@@ -8,13 +8,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/firstwins"
-	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -223,14 +221,16 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	} else if step != nil {
 		beside = append(beside, companion{failed: "remembering the step failed; its remaining calls may be taken in again", ack: step, again: func(ctx context.Context) error { return d.rememberStep(ctx, t) }})
 	}
-	// The record itself is a request: its answer comes straight back to
-	// this goroutine, not through the asynchronous publications' handler.
-	m := &nats.Msg{Subject: kvSubject(provision.TurnBucket, string(t.Key)), Data: b.Bytes(),
-		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}}
-	rctx, cancel := context.WithDeadline(ctx, sent.Add(ackTimeout))
-	seq, err := jspub.Publish(rctx, d.turns.nc, m)
-	cancel()
-	b.release() // a synchronous write: the client keeps no copy of b
+	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b.Bytes(), jetstream.WithExpectLastSequencePerSubject(0))
+	if err != nil {
+		return 0, err
+	}
+	ack, err := awaitAck(ctx, rec, sent)
+	if err == nil || firstwins.Lost(err) {
+		// Answered: the client will not publish b again. (After a
+		// timeout or while no server answers, it may still retry.)
+		b.release()
+	}
 	if firstwins.Lost(err) {
 		return 0, errConflict
 	}
@@ -248,7 +248,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 			}
 		}
 	}
-	return seq, nil
+	return ack.Sequence, nil
 }
 
 // companion is a write published beside a turn's record: its pending
