@@ -3,9 +3,11 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -45,6 +47,9 @@ type submitClaim struct {
 	turn Turn
 	rev  uint64
 	lost bool
+	// unsure holds the claims written without an answer: any may be
+	// stored.
+	unsure []time.Time
 }
 
 // claim starts holding t, recorded at rev, and returns the context of the
@@ -67,10 +72,7 @@ func (c *submitClaim) fire(ctx context.Context) {
 	if ended {
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
-	ours := c.renew(rctx)
-	cancel()
-	if !ours {
+	if !c.renew(ctx) {
 		c.cancel(errTakenOver)
 		return
 	}
@@ -90,17 +92,27 @@ func (c *submitClaim) renew(ctx context.Context) bool {
 	next, rev := c.turn, c.rev
 	c.mu.Unlock()
 	next.SubmittingSince = time.Now().UTC()
-	newRev, err := c.d.turns.update(ctx, &next, rev)
+	rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
+	newRev, err := c.d.turns.update(rctx, &next, rev)
+	cancel()
 	if err != nil {
-		// A conflict is another writer's claim, or this renewal's own
-		// write whose answer was lost (as may be an error): the record
-		// tells which, by the exact claim written.
-		have, haveRev, gerr := c.d.turns.get(ctx, next.Key)
+		// A conflict is another writer's claim, or a write of this
+		// claim's whose answer was lost (this one's, or an earlier
+		// renewal's that failed so): the record tells which, by the
+		// exact claims written.
+		c.mu.Lock()
+		c.unsure = append(c.unsure, next.SubmittingSince)
+		unsure := slices.Clone(c.unsure)
+		c.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
+		have, haveRev, gerr := c.d.turns.get(rctx, next.Key)
+		cancel()
 		switch {
 		case gerr != nil:
 			return true
-		case claimedAs(have, &next):
-			newRev, err = haveRev, nil
+		case have.State == TurnSubmitting && have.Owner == next.Owner &&
+			slices.ContainsFunc(unsure, have.SubmittingSince.Equal):
+			next, newRev, err = *have, haveRev, nil
 		case errors.Is(err, errConflict) || have.State != TurnSubmitting:
 			c.mu.Lock()
 			c.lost = true
@@ -113,7 +125,7 @@ func (c *submitClaim) renew(ctx context.Context) bool {
 		return true
 	}
 	c.mu.Lock()
-	c.turn, c.rev = next, newRev
+	c.turn, c.rev, c.unsure = next, newRev, nil
 	c.mu.Unlock()
 	return true
 }
@@ -122,6 +134,29 @@ func (c *submitClaim) renew(ctx context.Context) bool {
 // the same replica, claimed at the same instant.
 func claimedAs(have, want *Turn) bool {
 	return have.State == TurnSubmitting && have.Owner == want.Owner && have.SubmittingSince.Equal(want.SubmittingSince)
+}
+
+// findClaim looks for claim want, whose write failed, in the stored record
+// (the write may be stored with its answer lost), reading again for a
+// moment: a replica of the bucket that lags may still answer with the
+// record before it. It returns the record's revision if want is stored.
+func (d *Dispatcher) findClaim(ctx context.Context, want *Turn) (uint64, bool) {
+	wait := backoff.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
+	for range 5 {
+		rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
+		have, rev, err := d.turns.get(rctx, want.Key)
+		cancel()
+		if err == nil && claimedAs(have, want) {
+			return rev, true
+		}
+		if err == nil && (have.State != TurnSubmitting || have.Owner != want.Owner) {
+			return 0, false // another claim, or closed
+		}
+		if !backoff.Sleep(ctx, wait.Next()) {
+			return 0, false
+		}
+	}
+	return 0, false
 }
 
 // end stops renewing and returns the claim as last written: the record's

@@ -45,10 +45,11 @@ type gathering struct {
 }
 
 const (
-	// unknownTurnDeliveries is how many times a result whose turn cannot
-	// be read is delivered before it is dropped, unknownTurnRetry apart.
-	unknownTurnDeliveries = 3
-	unknownTurnRetry      = 250 * time.Millisecond
+	// A result whose turn cannot be read is delivered again,
+	// unknownTurnRetry apart, until it is unknownTurnFor old (by the
+	// time it was stored, however often it was delivered meanwhile).
+	unknownTurnFor   = 2 * time.Second
+	unknownTurnRetry = 250 * time.Millisecond
 
 	gatherWorkers  = 16
 	recheckDelay   = 25 * time.Millisecond
@@ -129,7 +130,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		// stray result, or a read answered by a replica of the bucket
 		// that has not stored the record yet (direct gets): it is asked
 		// again a moment later before it is dropped.
-		if meta, merr := msg.Metadata(); merr == nil && meta.NumDelivered < unknownTurnDeliveries {
+		if meta, merr := msg.Metadata(); merr == nil && time.Since(meta.Timestamp) < unknownTurnFor {
 			_ = msg.NakWithDelay(unknownTurnRetry)
 			return
 		}

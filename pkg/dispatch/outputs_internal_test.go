@@ -58,15 +58,57 @@ func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
 		t.Fatalf("outputs = %+v", out)
 	}
 
-	// A result that stays missing is an error once the lag allowance is
-	// spent, not a wait until the run expires.
+	// A result that stays missing fails its call once the lag allowance
+	// is spent, not the whole turn, and not after a wait until expiry.
 	misses.Store(-1 << 30)
 	started := time.Now()
-	if _, err := d.outputs(t.Context(), turn); err == nil {
-		t.Fatal("outputs of a result that never appears: no error")
+	out, err = d.outputs(t.Context(), turn)
+	if err != nil {
+		t.Fatalf("outputs of a result that never appears: %v; want that call failed, not the turn", err)
+	}
+	if len(out) != 1 || out[0].Result.Error == nil || out[0].Result.Error.Code != protocol.CodeUnavailable {
+		t.Fatalf("outputs = %+v; want the call failed as unavailable", out)
 	}
 	if waited := time.Since(started); waited > resultLagFor+5*time.Second {
 		t.Fatalf("gave up after %s; want about %s", waited, resultLagFor)
+	}
+}
+
+// What holds a call's result subject but is not its result (the first
+// message on a subject wins, so nothing will follow it) fails that call
+// only: the turn's other results still go out.
+func TestAMalformedResultFailsOnlyItsCall(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	d := replica(t, js, "one")
+	const team = "geo"
+	if _, err := js.CreateStream(t.Context(), provision.ResultStreamConfig(team, 0, provision.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	key := protocol.TurnKey("99990000aaaabbbbccccddddeeeeffff")
+	good := TurnCall{ID: "call_good", Name: "get_weather", Key: key.Call("call_good"), Team: team}
+	bad := TurnCall{ID: "call_bad", Name: "get_weather", Key: key.Call("call_bad"), Team: team}
+	turn := &Turn{Key: key, Calls: []TurnCall{good, bad}, ExpiresAt: time.Now().Add(time.Minute)}
+	res := &protocol.Result{Version: protocol.Version, Key: good.Key, CallID: good.ID, Team: team, Function: good.Name,
+		Output: "sunny", FinishedAt: time.Now().UTC()}
+	b, err := protocol.EncodeResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(t.Context(), res.Subject(), b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(t.Context(), protocol.ResultSubject(team, bad.Key), []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	if missing := d.withoutResult(t.Context(), turn); len(missing) != 0 {
+		t.Fatalf("cut off, the turn counts %v as without a result; both subjects hold a message", missing)
+	}
+	out, err := d.outputs(t.Context(), turn)
+	if err != nil {
+		t.Fatalf("outputs: %v; want only the malformed call failed", err)
+	}
+	if len(out) != 2 || out[0].Result.Output != "sunny" || out[1].Result.Error == nil || out[1].Result.Error.Code != protocol.CodeUnavailable {
+		t.Fatalf("outputs = %+v %+v; want the good result and the bad call failed", out[0].Result, out[1].Result)
 	}
 }
 

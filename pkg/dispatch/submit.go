@@ -92,7 +92,7 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 		if err != nil && !errors.Is(err, errConflict) {
 			// The claim may be stored with its answer lost: then it is
 			// ours, and nobody else submits the turn unless we do.
-			if have, haveRev, gerr := d.turns.get(ctx, key); gerr == nil && claimedAs(have, t) {
+			if haveRev, ok := d.findClaim(ctx, t); ok {
 				newRev, err = haveRev, nil
 			}
 		}
@@ -276,6 +276,8 @@ const (
 // outputs lists the result of every call, in the turn's order.
 func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 	out := make([]Output, 0, len(t.Calls))
+	// One allowance for results that read as missing, for the whole turn.
+	lagUntil := time.Now().Add(min(resultLagFor, max(time.Until(t.ExpiresAt)-submitLeeway, 0)))
 	for i := range t.Calls {
 		c := t.Calls[i]
 		var res *protocol.Result
@@ -294,7 +296,21 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 			// would throw the whole submission away. The run's expiry
 			// bounds the wait.
 			within := min(max(time.Until(t.ExpiresAt)-submitLeeway, minResultRead), resultReadFor)
-			res, err = d.recordedResult(ctx, t, &c, within)
+			res, err = d.recordedResult(ctx, t, &c, within, lagUntil)
+			if err == nil && (res.Key != c.Key || res.Team != c.Team) {
+				err = errors.New("the recorded result names another call")
+			}
+			if err != nil && !errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+				// Not a passing failure: the result never appeared, or
+				// what holds its subject is not a result of this call
+				// (the first message on it wins, so no result will
+				// follow). That call fails; the turn's others go out.
+				d.log.Warn("a call's recorded result cannot be read; submitting it as failed", "turn", t.Key, "call", c.Key, "err", err)
+				res, err = &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
+					Error: &protocol.CallError{Code: protocol.CodeUnavailable,
+						Message: fmt.Sprintf("The result of %s could not be read. Continue without it.", c.Name)},
+					FinishedAt: t.SubmittingSince}, nil
+			}
 			if err != nil {
 				return nil, fmt.Errorf("dispatch: result of call %s (%s): %w", c.ID, c.Name, err)
 			}
@@ -312,10 +328,9 @@ const resultLagFor = 2 * time.Second
 
 // recordedResult reads the result of c, known to be recorded: it is tried
 // again while JetStream is unavailable (up to within) and while it reads
-// as not found (up to resultLagFor).
-func (d *Dispatcher) recordedResult(ctx context.Context, t *Turn, c *TurnCall, within time.Duration) (*protocol.Result, error) {
+// as not found (until giveUp).
+func (d *Dispatcher) recordedResult(ctx context.Context, t *Turn, c *TurnCall, within time.Duration, giveUp time.Time) (*protocol.Result, error) {
 	lag := backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}
-	giveUp := time.Now().Add(resultLagFor)
 	for {
 		res, err := whileUnavailable(ctx, within, func(ctx context.Context) (*protocol.Result, error) {
 			return d.gather.result(ctx, t, c)
