@@ -330,14 +330,28 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return nil
 	}
 
-	stopResults, err := d.gather.start(rctx)
-	if err != nil {
+	// The consumers are looked up or created as JetStream answers: a
+	// replica restarted while a server is down or a leader is being
+	// elected waits for it, as provisioning does, instead of exiting.
+	var stopResults, stopTimers func()
+	if err := jsretry.UntilReady(rctx, d.log, "starting to gather results", func(ctx context.Context) (err error) {
+		stopResults, err = d.gather.start(ctx)
+		return err
+	}); err != nil {
 		return fmt.Errorf("dispatch: gather results: %w", err)
 	}
+	if stopResults == nil {
+		return nil // stopped while starting
+	}
 	defer stopResults()
-	stopTimers, err := d.startTimers(rctx)
-	if err != nil {
+	if err := jsretry.UntilReady(rctx, d.log, "starting to consume deadline timers", func(ctx context.Context) (err error) {
+		stopTimers, err = d.startTimers(ctx)
+		return err
+	}); err != nil {
 		return fmt.Errorf("dispatch: consume deadline timers: %w", err)
+	}
+	if stopTimers == nil {
+		return nil
 	}
 	defer stopTimers()
 

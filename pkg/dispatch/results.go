@@ -96,10 +96,13 @@ func (r *resultStreams) stream(ctx context.Context, team string) (jetstream.Stre
 }
 
 // stop stops every consumer; it returns once no result is being handed out.
+// The streams are forgotten too, so that a start after it (one that failed
+// half-way is tried again) consumes each again.
 func (r *resultStreams) stop() {
 	r.mu.Lock()
 	stops := r.stops
 	r.stops, r.consuming = nil, nil
+	r.streams = map[string]jetstream.Stream{}
 	r.mu.Unlock()
 	for _, stop := range stops {
 		stop()
