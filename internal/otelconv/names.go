@@ -44,7 +44,8 @@ func (n *Names) Get(a, b string) string {
 	return name
 }
 
-// The start options of the spans opened for every message, built once (an
+// The start options of the spans opened for every message (and every
+// submission), built once (an
 // option passed to Start escapes, so a fresh one would be allocated each
 // time). Their attributes are set after Start, and only on a span that
 // records: building them for a span nobody keeps (no SDK, or sampled out)
@@ -52,6 +53,7 @@ func (n *Names) Get(a, b string) string {
 var (
 	ProducerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
 	ConsumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	ClientSpan   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 )
 
 // WithSpan is ctx carrying span, for injecting into a message, if span has

@@ -47,8 +47,8 @@ type submitClaim struct {
 	turn Turn
 	rev  uint64
 	lost bool
-	// unsure holds the claims written without an answer: any may be
-	// stored.
+	// unsure holds the claims written without an answer (any may be
+	// stored); only renewals, one at a time, use it.
 	unsure []time.Time
 }
 
@@ -100,20 +100,12 @@ func (c *submitClaim) renew(ctx context.Context) bool {
 		// claim's whose answer was lost (this one's, or an earlier
 		// renewal's that failed so): the record tells which, by the
 		// exact claims written.
-		c.mu.Lock()
 		c.unsure = append(c.unsure, next.SubmittingSince)
-		unsure := slices.Clone(c.unsure)
-		c.mu.Unlock()
-		rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
-		have, haveRev, gerr := c.d.turns.get(rctx, next.Key)
-		cancel()
+		have, haveRev, found, taken := c.d.findClaim(ctx, next.Key, rev, next.Owner, c.unsure)
 		switch {
-		case gerr != nil:
-			return true
-		case have.State == TurnSubmitting && have.Owner == next.Owner &&
-			slices.ContainsFunc(unsure, have.SubmittingSince.Equal):
+		case found:
 			next, newRev, err = *have, haveRev, nil
-		case errors.Is(err, errConflict) || have.State != TurnSubmitting:
+		case taken:
 			c.mu.Lock()
 			c.lost = true
 			c.mu.Unlock()
@@ -125,38 +117,34 @@ func (c *submitClaim) renew(ctx context.Context) bool {
 		return true
 	}
 	c.mu.Lock()
-	c.turn, c.rev, c.unsure = next, newRev, nil
+	c.turn, c.rev = next, newRev
 	c.mu.Unlock()
+	c.unsure = c.unsure[:0]
 	return true
 }
 
-// claimedAs reports whether record have is the claim want: submitting, by
-// the same replica, claimed at the same instant.
-func claimedAs(have, want *Turn) bool {
-	return have.State == TurnSubmitting && have.Owner == want.Owner && have.SubmittingSince.Equal(want.SubmittingSince)
-}
-
-// findClaim looks for claim want, whose write failed, in the stored record
-// (the write may be stored with its answer lost), reading again for a
-// moment: a replica of the bucket that lags may still answer with the
-// record before it. It returns the record's revision if want is stored.
-func (d *Dispatcher) findClaim(ctx context.Context, want *Turn) (uint64, bool) {
+// findClaim reads the record of key after a write of a claim on it, made
+// at revision rev, failed without a clear answer: the write may be stored
+// with its answer lost, and a replica of the bucket that lags may still
+// answer with the record at rev, so a record no later than rev is read
+// again, for a moment. It returns the record if it holds a claim of owner
+// made at one of the instants since (found), or whether it holds anything
+// else written after rev (taken); neither if it cannot tell.
+func (d *Dispatcher) findClaim(ctx context.Context, key protocol.TurnKey, rev uint64, owner string, since []time.Time) (have *Turn, haveRev uint64, found, taken bool) {
 	wait := backoff.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 	for range 5 {
 		rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
-		have, rev, err := d.turns.get(rctx, want.Key)
+		have, haveRev, err := d.turns.get(rctx, key)
 		cancel()
-		if err == nil && claimedAs(have, want) {
-			return rev, true
-		}
-		if err == nil && (have.State != TurnSubmitting || have.Owner != want.Owner) {
-			return 0, false // another claim, or closed
+		if err == nil && haveRev > rev {
+			ours := have.State == TurnSubmitting && have.Owner == owner && slices.ContainsFunc(since, have.SubmittingSince.Equal)
+			return have, haveRev, ours, !ours
 		}
 		if !backoff.Sleep(ctx, wait.Next()) {
-			return 0, false
+			break
 		}
 	}
-	return 0, false
+	return nil, 0, false, false
 }
 
 // end stops renewing and returns the claim as last written: the record's

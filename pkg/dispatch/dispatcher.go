@@ -333,21 +333,23 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// The consumers are looked up or created as JetStream answers: a
 	// replica restarted while a server is down or a leader is being
 	// elected waits for it, as provisioning does, instead of exiting.
-	var stopResults, stopTimers func()
-	if err := jsretry.UntilReady(rctx, d.log, "starting to gather results", func(ctx context.Context) (err error) {
-		stopResults, err = d.gather.start(ctx)
-		return err
-	}); err != nil {
+	whenReady := func(what string, start func(context.Context) (func(), error)) (stop func(), err error) {
+		err = jsretry.UntilReady(rctx, d.log, what, func(ctx context.Context) (err error) {
+			stop, err = start(ctx)
+			return err
+		})
+		return stop, err
+	}
+	stopResults, err := whenReady("starting to gather results", d.gather.start)
+	if err != nil {
 		return fmt.Errorf("dispatch: gather results: %w", err)
 	}
 	if stopResults == nil {
 		return nil // stopped while starting
 	}
 	defer stopResults()
-	if err := jsretry.UntilReady(rctx, d.log, "starting to consume deadline timers", func(ctx context.Context) (err error) {
-		stopTimers, err = d.startTimers(ctx)
-		return err
-	}); err != nil {
+	stopTimers, err := whenReady("starting to consume deadline timers", d.startTimers)
+	if err != nil {
 		return fmt.Errorf("dispatch: consume deadline timers: %w", err)
 	}
 	if stopTimers == nil {

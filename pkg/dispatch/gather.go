@@ -312,16 +312,7 @@ func (g *gatherer) tracking(key protocol.TurnKey) bool {
 // result returns the result of a call: the one this replica saw, or the
 // one recorded in the stream.
 func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.Result, error) {
-	g.mu.Lock()
-	st := g.turns[t.Key]
-	var res *protocol.Result
-	if st != nil && st.results != nil {
-		if i := st.turn.callIndex(c.Key); i >= 0 {
-			res = st.results[i]
-		}
-	}
-	g.mu.Unlock()
-	if res != nil {
+	if res := g.local(t.Key, c.Key); res != nil {
 		return res, nil
 	}
 	s, err := g.streams.stream(ctx, c.Team)
@@ -343,16 +334,18 @@ func lastForSubject(ctx context.Context, s jetstream.Stream, subject string) (*j
 	return s.GetLastMsgForSubject(ctx, subject)
 }
 
-// seen reports whether this replica holds the result of call key of turn.
-func (g *gatherer) seen(turn protocol.TurnKey, key protocol.CallKey) bool {
+// local returns the result of call key of turn this replica holds, or nil.
+func (g *gatherer) local(turn protocol.TurnKey, key protocol.CallKey) *protocol.Result {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	st := g.turns[turn]
 	if st == nil || st.results == nil {
-		return false
+		return nil
 	}
-	i := st.turn.callIndex(key)
-	return i >= 0 && st.results[i] != nil
+	if i := st.turn.callIndex(key); i >= 0 {
+		return st.results[i]
+	}
+	return nil
 }
 
 // known returns the record of a turn this replica gathers for, and its

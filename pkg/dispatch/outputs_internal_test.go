@@ -14,6 +14,28 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
+// resultStream creates team's result stream, as its executors would.
+func resultStream(t *testing.T, js jetstream.JetStream, team string) {
+	t.Helper()
+	if _, err := js.CreateStream(t.Context(), provision.ResultStreamConfig(team, 0, provision.Options{})); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publishResult records output as the result of c, as an executor would.
+func publishResult(t *testing.T, js jetstream.JetStream, c TurnCall, output string) {
+	t.Helper()
+	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: c.Name,
+		Output: output, FinishedAt: time.Now().UTC()}
+	b, err := protocol.EncodeResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(t.Context(), res.Subject(), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A result the stream's leader has stored can read as "not found" for a
 // moment: result streams allow direct gets, which a replica that lags
 // answers. Submitting such a turn reads the result again instead of
@@ -24,21 +46,11 @@ func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	d := replica(t, js, "one")
 	const team = "geo"
-	if _, err := js.CreateStream(t.Context(), provision.ResultStreamConfig(team, 0, provision.Options{})); err != nil {
-		t.Fatal(err)
-	}
+	resultStream(t, js, team)
 	key := protocol.TurnKey("0123456789abcdef0123456789abcdef")
 	c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: team}
 	turn := &Turn{Key: key, Calls: []TurnCall{c}, ExpiresAt: time.Now().Add(time.Minute)}
-	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: team, Function: c.Name,
-		Output: "sunny", FinishedAt: time.Now().UTC()}
-	b, err := protocol.EncodeResult(res)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(t.Context(), res.Subject(), b); err != nil {
-		t.Fatal(err)
-	}
+	publishResult(t, js, c, "sunny")
 
 	var misses atomic.Int32
 	d.gather.lastFor = func(ctx context.Context, s jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
@@ -81,22 +93,12 @@ func TestAMalformedResultFailsOnlyItsCall(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	d := replica(t, js, "one")
 	const team = "geo"
-	if _, err := js.CreateStream(t.Context(), provision.ResultStreamConfig(team, 0, provision.Options{})); err != nil {
-		t.Fatal(err)
-	}
+	resultStream(t, js, team)
 	key := protocol.TurnKey("99990000aaaabbbbccccddddeeeeffff")
 	good := TurnCall{ID: "call_good", Name: "get_weather", Key: key.Call("call_good"), Team: team}
 	bad := TurnCall{ID: "call_bad", Name: "get_weather", Key: key.Call("call_bad"), Team: team}
 	turn := &Turn{Key: key, Calls: []TurnCall{good, bad}, ExpiresAt: time.Now().Add(time.Minute)}
-	res := &protocol.Result{Version: protocol.Version, Key: good.Key, CallID: good.ID, Team: team, Function: good.Name,
-		Output: "sunny", FinishedAt: time.Now().UTC()}
-	b, err := protocol.EncodeResult(res)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(t.Context(), res.Subject(), b); err != nil {
-		t.Fatal(err)
-	}
+	publishResult(t, js, good, "sunny")
 	if _, err := js.Publish(t.Context(), protocol.ResultSubject(team, bad.Key), []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
@@ -120,15 +122,7 @@ func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
 	d := replica(t, js, "one")
 	key := protocol.TurnKey("aaaabbbbccccddddeeeeffff00001111")
 	c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: protocol.SystemTeam}
-	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: c.Name,
-		Output: "sunny", FinishedAt: time.Now().UTC()}
-	b, err := protocol.EncodeResult(res)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(t.Context(), res.Subject(), b); err != nil {
-		t.Fatal(err)
-	}
+	publishResult(t, js, c, "sunny")
 	cons, err := js.Consumer(t.Context(), protocol.ResultStream(protocol.SystemTeam), resultsConsumer)
 	if err != nil {
 		t.Fatal(err)

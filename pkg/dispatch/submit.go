@@ -8,10 +8,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
+	"github.com/toolrelay/toolrelay/internal/otelconv"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -92,7 +92,7 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 		if err != nil && !errors.Is(err, errConflict) {
 			// The claim may be stored with its answer lost: then it is
 			// ours, and nobody else submits the turn unless we do.
-			if haveRev, ok := d.findClaim(ctx, t); ok {
+			if _, haveRev, found, _ := d.findClaim(ctx, key, rev, t.Owner, []time.Time{t.SubmittingSince}); found {
 				newRev, err = haveRev, nil
 			}
 		}
@@ -108,9 +108,6 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 	}
 }
 
-// clientSpan is the start option of submission spans, built once.
-var clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
-
 // submit gathers the outputs of a turn this replica owns, gives them to
 // the platform (retrying what may be retried, until the run expires) and
 // records the outcome.
@@ -121,7 +118,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	}
 	defer done()
 	defer d.gather.forget(t.Key)
-	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), clientSpan...)
+	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), otelconv.ClientSpan...)
 	defer span.End()
 	if span.IsRecording() {
 		span.SetAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
@@ -354,7 +351,7 @@ func (d *Dispatcher) withoutResult(ctx context.Context, t *Turn) []protocol.Call
 	for i := range t.Calls {
 		c := &t.Calls[i]
 		switch {
-		case d.gather.seen(t.Key, c.Key):
+		case d.gather.local(t.Key, c.Key) != nil:
 		case err == nil:
 			if !recorded[c.Key] {
 				missing = append(missing, c.Key)
