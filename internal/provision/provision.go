@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/leaderread"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -328,13 +329,16 @@ func sorted(s []string) []string {
 }
 
 // KeyValue checks that the bucket exists and is compatible, or creates it,
-// looking up first like Stream.
+// looking up first like Stream. Its Get is answered by the bucket's
+// leader (leaderread): every bucket allows direct gets, which a replica
+// that lags answers with what it has, and toolrelay decides on what it
+// reads.
 func KeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, want.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, want)
 		if err == nil {
-			return kv, nil
+			return leaderread.KV(js, kv), nil
 		}
 		if !errors.Is(err, jetstream.ErrBucketExists) {
 			return nil, fmt.Errorf("provision: create bucket %s: %w", want.Bucket, err)
@@ -361,7 +365,7 @@ func KeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyVal
 	if len(diffs) > 0 {
 		return nil, &IncompatibleError{Kind: "bucket", Name: want.Bucket, Diffs: diffs}
 	}
-	return kv, nil
+	return leaderread.KV(js, kv), nil
 }
 
 // Consumer creates a durable consumer, or checks the existing one. Fields

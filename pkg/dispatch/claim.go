@@ -125,9 +125,9 @@ func (c *submitClaim) renew(ctx context.Context) bool {
 
 // findClaim reads the record of key after a write of a claim on it, made
 // at revision rev, failed without a clear answer: the write may be stored
-// with its answer lost, and a replica of the bucket that lags may still
-// answer with the record at rev, so a record no later than rev is read
-// again, for a moment. It returns the record if it holds a claim of owner
+// with its answer lost, or still on its way to being stored when the
+// record is read, so a record no later than rev is read again, for a
+// moment. It returns the record if it holds a claim of owner
 // made at one of the instants since (found), or whether it holds anything
 // else written after rev (taken); neither if it cannot tell.
 func (d *Dispatcher) findClaim(ctx context.Context, key protocol.TurnKey, rev uint64, owner string, since []time.Time) (have *Turn, haveRev uint64, found, taken bool) {

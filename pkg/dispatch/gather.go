@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
+	"github.com/toolrelay/toolrelay/internal/leaderread"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -59,7 +60,9 @@ const (
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
-	return &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}, lastFor: lastForSubject}
+	g := &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}}
+	g.lastFor = g.leaderLastFor
+	return g
 }
 
 // start consumes results until the returned stop is called. Results of one
@@ -127,9 +130,8 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	st, err := g.load(ctx, turnKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A call goes out only once its turn is recorded, so this is a
-		// stray result, or a read answered by a replica of the bucket
-		// that has not stored the record yet (direct gets): it is asked
-		// again a moment later before it is dropped.
+		// stray result, or one read while the bucket's leader changed
+		// hands: it is asked again a moment later before it is dropped.
 		if meta, merr := msg.Metadata(); merr == nil && time.Since(meta.Timestamp) < unknownTurnFor {
 			_ = msg.NakWithDelay(unknownTurnRetry)
 			return
@@ -326,12 +328,12 @@ func (g *gatherer) result(ctx context.Context, t *Turn, c *TurnCall) (*protocol.
 	return protocol.DecodeResult(m.Data)
 }
 
-// lastForSubject reads the last message on subject. Result streams allow
-// direct gets, which any replica of the stream answers: one that has not
-// yet stored a result answers "not found" for a moment (see
-// Dispatcher.outputs).
-func lastForSubject(ctx context.Context, s jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
-	return s.GetLastMsgForSubject(ctx, subject)
+// leaderLastFor reads the last message on subject as the stream's leader
+// has it. Result streams allow direct gets (executors look their results
+// up so), which any replica answers, and one that lags answers "not
+// found" for a result already recorded.
+func (g *gatherer) leaderLastFor(ctx context.Context, s jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
+	return leaderread.LastFor(ctx, g.d.js, s.CachedInfo().Config.Name, subject)
 }
 
 // local returns the result of call key of turn this replica holds, or nil.

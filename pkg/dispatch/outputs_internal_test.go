@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
@@ -36,12 +37,12 @@ func publishResult(t *testing.T, js jetstream.JetStream, c TurnCall, output stri
 	}
 }
 
-// A result the stream's leader has stored can read as "not found" for a
-// moment: result streams allow direct gets, which a replica that lags
-// answers. Submitting such a turn reads the result again instead of
-// failing the whole turn (a chaos soak lost a run so). A cut-off turn asks
-// the leader which results exist, so a lagging replica does not make a
-// recorded result a timeout either.
+// A result known to be recorded can read as "not found" for a moment
+// (before results were read from the stream's leader, a replica that
+// lagged answered so, and a chaos soak lost a run). Submitting such a turn
+// reads the result again instead of failing the whole turn; a cut-off
+// turn asks the leader which results exist, so a read that misses does
+// not make a recorded result a timeout either.
 func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	d := replica(t, js, "one")
@@ -57,7 +58,7 @@ func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
 		if misses.Add(1) <= 3 { // a lagging replica answers first
 			return nil, jetstream.ErrMsgNotFound
 		}
-		return lastForSubject(ctx, s, subject)
+		return d.gather.leaderLastFor(ctx, s, subject)
 	}
 	if missing := d.withoutResult(t.Context(), turn); len(missing) != 0 {
 		t.Fatalf("cut off, the turn counts %v as without a result; the stream holds it", missing)
@@ -141,4 +142,60 @@ func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
 		have, _, err := d.turns.get(t.Context(), key)
 		return err == nil && have.State == TurnSubmitted
 	})
+}
+
+// Every record the dispatcher decides on (turns, watches, steps, webhook
+// and response marks, the registry) and every result it submits is read
+// from its stream's leader: buckets and result streams allow direct gets,
+// which any replica answers, and one that lags answers with an older
+// revision or "not found" (a repeated intake then errs, an Agents step
+// reads as new and its calls run again, a timer is dropped). A spy on the
+// direct-get subjects sees none of the reads.
+func TestTheDispatcherReadsFromTheLeader(t *testing.T) {
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	spy, _ := srv.Connect(t)
+	var direct atomic.Int64
+	if _, err := spy.Subscribe("$JS.API.DIRECT.GET.>", func(m *nats.Msg) { direct.Add(1); t.Logf("direct get: %s", m.Subject) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	d := replica(t, js, "one")
+	const team = "geo"
+	resultStream(t, js, team)
+	key := protocol.TurnKey("1234123412341234abcdabcdabcdabcd")
+	c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: team}
+	turn := &Turn{Key: key, State: TurnCollecting, Calls: []TurnCall{c}, CreatedAt: time.Now().UTC(),
+		Deadline: time.Now().Add(time.Minute).UTC(), ExpiresAt: time.Now().Add(2 * time.Minute).UTC()}
+	ctx := t.Context()
+	rev, err := d.turns.create(ctx, turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, gotRev, err := d.turns.get(ctx, key); err != nil || gotRev != rev || got.Key != key {
+		t.Fatalf("turns.get = %+v, %d, %v; want the record at %d", got, gotRev, err, rev)
+	}
+	for name, kv := range map[string]jetstream.KeyValue{"watches": d.watches, "steps": d.steps, "webhooks": d.webhooksSeen,
+		"responses": d.responses, "claims": d.registry.claims, "declarations": d.registry.decls} {
+		if _, err := kv.Get(ctx, "absent"); err != jetstream.ErrKeyNotFound {
+			t.Errorf("%s: Get of an absent key = %v, want jetstream.ErrKeyNotFound", name, err)
+		}
+	}
+	// A result of a turn never recorded here: the gatherer cannot take it
+	// in, so submitting reads it from the stream.
+	other := protocol.TurnKey("5678567856785678efefefefefefefef")
+	oc := TurnCall{ID: "call_1", Name: "get_weather", Key: other.Call("call_1"), Team: team}
+	publishResult(t, js, oc, "sunny")
+	out, err := d.outputs(ctx, &Turn{Key: other, Calls: []TurnCall{oc}, ExpiresAt: time.Now().Add(time.Minute)})
+	if err != nil || len(out) != 1 || out[0].Result.Output != "sunny" {
+		t.Fatalf("outputs = %+v, %v", out, err)
+	}
+	if err := spy.Flush(); err != nil { // every direct get sent so far has reached the spy
+		t.Fatal(err)
+	}
+	if n := direct.Load(); n != 0 {
+		t.Fatalf("%d reads were direct gets, which a lagging replica may answer", n)
+	}
 }

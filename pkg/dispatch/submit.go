@@ -318,9 +318,10 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 }
 
 // resultLagFor bounds how long a result known to be recorded may read as
-// not found: a direct get answered by a replica of the stream that has
-// not stored it yet (a chaos soak failed a whole turn so, the result
-// stored a moment before on the stream's leader).
+// not found. Results are read from the stream's leader, which holds every
+// result acknowledged; before, a direct get answered by a replica that
+// had not stored it yet failed a whole turn in a chaos soak, and the
+// allowance stays for whatever else may answer so for a moment.
 const resultLagFor = 2 * time.Second
 
 // recordedResult reads the result of c, known to be recorded: it is tried
@@ -342,9 +343,8 @@ func (d *Dispatcher) recordedResult(ctx context.Context, t *Turn, c *TurnCall, w
 }
 
 // withoutResult lists the calls of t, cut off at its deadline, that have
-// no result: none seen here, and none in the stream as its leader tells
-// (a direct get may be answered by a replica that lags). If the stream
-// cannot be asked, each result is read instead.
+// no result: none seen here, and none in the stream as its leader tells.
+// If the stream cannot be asked, each result is read instead.
 func (d *Dispatcher) withoutResult(ctx context.Context, t *Turn) []protocol.CallKey {
 	recorded, err := d.gather.recorded(ctx, t)
 	var missing []protocol.CallKey

@@ -352,8 +352,10 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 	t, rev, err := d.turns.get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A timer without a record: intake died in between (or is under
-		// way right now, so only old timers are dropped).
-		if m, gerr := d.timers.GetLastMsgForSubject(ctx, timerScheduleSubject(key)); gerr != nil || time.Since(m.Time) > stuckAfter {
+		// way right now, so only old timers are dropped). A timer that
+		// cannot be read is left for the next sweep.
+		m, gerr := d.timers.GetLastMsgForSubject(ctx, timerScheduleSubject(key))
+		if errors.Is(gerr, jetstream.ErrMsgNotFound) || gerr == nil && time.Since(m.Time) > stuckAfter {
 			d.unindex(key, true)
 		}
 		return
