@@ -177,3 +177,30 @@ func TestAStaleDriverDoesNotWriteOverTheWatchItLost(t *testing.T) {
 		t.Fatalf("the record says driver %q, state %s; want two's, still active", after.Driver, after.State)
 	}
 }
+
+// A lease past its expiry here, with no renewal heard and no marker from
+// the server yet (a watcher stalled while a server fails over), has
+// lapsed lately for one lease period, then not any more; a current lease
+// has not lapsed.
+func TestALeasePastItsExpiryHasLapsedLately(t *testing.T) {
+	r := newRegistry(testutil.Logger(t))
+	lease := func(team string, expired time.Duration) {
+		r.live["get_weather"] = map[string]*declared{"k": {expires: time.Now().Add(-expired),
+			decl: &protocol.Declaration{Spec: protocol.FunctionSpec{Name: "get_weather", Team: team}}}}
+	}
+	for _, c := range []struct {
+		team    string
+		expired time.Duration
+		want    bool
+	}{
+		{"geo", -time.Second, false},
+		{"geo", time.Second, true},
+		{"geo", protocol.LeaseTTL + time.Second, false},
+		{"other", time.Second, false},
+	} {
+		lease(c.team, c.expired)
+		if got := r.lapsedLately("get_weather", "geo"); got != c.want {
+			t.Errorf("a lease of team %s expired %s ago: lapsed lately = %v, want %v", c.team, c.expired, got, c.want)
+		}
+	}
+}

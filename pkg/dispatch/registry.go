@@ -44,7 +44,11 @@ type registry struct {
 	disagree map[string]int
 	// refusals are the declarations refused lately, by team/function.
 	refusals map[string]refusal
-	changed  chan struct{} // closed and replaced on every change
+	// lapsed holds, by team/function, when a lease of the function last
+	// lapsed (the server removed it unrenewed) while none of its
+	// declarations is live: see lapsedLately.
+	lapsed  map[string]time.Time
+	changed chan struct{} // closed and replaced on every change
 }
 
 // refusal is a declaration the dispatcher refused, as reported.
@@ -77,7 +81,8 @@ type function struct {
 
 func newRegistry(log *slog.Logger) *registry {
 	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, live: map[string]map[string]*declared{},
-		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, refusals: map[string]refusal{}, changed: make(chan struct{})}
+		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, refusals: map[string]refusal{},
+		lapsed: map[string]time.Time{}, changed: make(chan struct{})}
 }
 
 // watch keeps the cache current until ctx ends. ready is closed once both
@@ -143,6 +148,11 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 	}
 	if e.Operation() != jetstream.KeyValuePut {
 		r.mu.Lock()
+		// A withdrawal is a delete; the server's marker for a lease
+		// that lapsed unrenewed reads as a purge.
+		if e.Operation() == jetstream.KeyValuePurge {
+			r.lapsed[team+"/"+name] = e.Created()
+		}
 		delete(r.live[name], e.Key())
 		r.checkAgreement(name)
 		r.notify()
@@ -171,6 +181,7 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 	if r.live[name] == nil {
 		r.live[name] = map[string]*declared{}
 	}
+	delete(r.lapsed, team+"/"+name)
 	r.live[name][e.Key()] = &declared{decl: decl, schema: s, digest: digest, expires: time.Now().Add(protocol.LeaseTTL)}
 	r.checkAgreement(name)
 	r.notify()
@@ -350,6 +361,26 @@ func (r *registry) awaitLive(ctx context.Context, f *function, grace time.Durati
 			return f
 		}
 	}
+}
+
+// lapsedLately reports whether a lease of name by team lapsed within the
+// last LeaseTTL, unrenewed rather than withdrawn: removed by the server, or
+// past its expiry here with no renewal heard. Its process is likelier cut
+// off for a moment (a server failing over holds renewals back for as long
+// as an election takes) than gone, so intake waits longer for it.
+func (r *registry) lapsedLately(name, team string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	now := time.Now()
+	if at, ok := r.lapsed[team+"/"+name]; ok && now.Sub(at) < protocol.LeaseTTL {
+		return true
+	}
+	for _, d := range r.live[name] {
+		if d.decl.Spec.Team == team && !now.Before(d.expires) && now.Sub(d.expires) < protocol.LeaseTTL {
+			return true
+		}
+	}
+	return false
 }
 
 // fleetGauge is what the registry knows of one function's executors.

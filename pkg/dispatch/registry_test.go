@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/schema"
 	"github.com/toolrelay/toolrelay/internal/testutil"
@@ -179,5 +180,50 @@ func TestACallNamesTheSchemaItsArgumentsMatched(t *testing.T) {
 		if msgs.Error() != nil {
 			t.Fatal(msgs.Error())
 		}
+	}
+}
+
+// A lease that lapsed unrenewed is not a process that stopped: while a
+// server fails over, an executor's renewals cannot be stored, the server
+// removes its lease once the new leader takes over, and the renewal that
+// brings it back lands a moment later. A call in that moment waits for the
+// executor instead of failing at once as unserved (after a withdrawal it
+// fails at once: TestFunctionNobodyServesFailsAtOnce).
+func TestAFunctionWhoseLeaseLapsedIsWaitedFor(t *testing.T) {
+	e := newEnv(t, weatherScenario("lapsed", "weather after a lapse", `{"location":"Oslo"}`))
+	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
+	d, _ := e.dispatcher(dispatch.Options{ServeGrace: 200 * time.Millisecond})
+	ctx := context.Background()
+	decl := &protocol.Declaration{Version: protocol.Version, Instance: "cut-off", Executor: "exec-cut-off", StartedAt: time.Now(),
+		Spec: protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}}
+	keeper, err := lease.Declare(ctx, e.js.Conn(), "geo", []*protocol.Declaration{decl}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+
+	// The server's marker for an expired lease, as the watchers read it.
+	decls, err := e.js.KeyValue(ctx, protocol.DeclarationBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := decls.Purge(ctx, decl.Key()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 0 })
+
+	// The executor is heard from again well after the serve grace.
+	renewed := make(chan error, 1)
+	back := time.AfterFunc(time.Second, func() { renewed <- keeper.Renew(ctx) })
+	t.Cleanup(func() { back.Stop() })
+	w := finish(t, d, e.response("weather after a lapse"), 20*time.Second)
+	if w.Answer != "weather: sunny" {
+		t.Fatalf("answer %q (%s); want the output of the executor that came back", w.Answer, w.Error)
+	}
+	if err := <-renewed; err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("the executor ran %d calls, want 1", n)
 	}
 }

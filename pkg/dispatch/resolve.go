@@ -10,8 +10,9 @@ import (
 
 // resolve finds the team of a call and validates its arguments; it returns
 // the failure the model should see, or nil. A function no live executor
-// serves is waited for up to grace. With no failure it returns the digest
-// of the schema the arguments match (see protocol.HeaderSchema).
+// serves is waited for up to grace (longer if one served it a moment ago).
+// With no failure it returns the digest of the schema the arguments match
+// (see protocol.HeaderSchema).
 func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Duration) (checked string, cerr *protocol.CallError) {
 	if err := protocol.ValidateFunctionName(c.Name); err != nil {
 		return "", &protocol.CallError{Code: protocol.CodeUnknownFunction,
@@ -30,7 +31,13 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Durati
 	// Arguments are checked against what live executors declare; with none
 	// alive there is nothing to run them, so wait a moment for one. A live
 	// declaration is a lease its process renews, so it is also the answer
-	// to "is anyone serving this?".
+	// to "is anyone serving this?". One whose lease lapsed a moment ago,
+	// unrenewed, is waited for as long as JetStream is when it is away:
+	// the renewals of a live process are held back while a server fails
+	// over, and calling it unserved then would fail calls it can run.
+	if len(f.live) == 0 && grace > 0 && d.registry.lapsedLately(f.name, f.team) {
+		grace = max(grace, d.unavailableFor)
+	}
 	if f = d.registry.awaitLive(ctx, f, grace); len(f.live) == 0 {
 		return "", notServed(c.Name)
 	}
