@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"syscall"
@@ -122,6 +123,28 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// allocs is what the process's heap took in: objects and bytes.
+type allocs struct{ objects, bytes float64 }
+
+var allocSamples = []metrics.Sample{{Name: "/gc/heap/allocs:objects"}, {Name: "/gc/heap/allocs:bytes"}}
+
+// allocated returns what the process has allocated on its heap so far.
+func allocated() allocs {
+	s := slices.Clone(allocSamples)
+	metrics.Read(s)
+	return allocs{objects: float64(s[0].Value.Uint64()), bytes: float64(s[1].Value.Uint64())}
+}
+
+// per returns what was allocated since a, per one of n.
+func (a allocs) per(n int) allocs {
+	now := allocated()
+	return allocs{objects: (now.objects - a.objects) / float64(n), bytes: (now.bytes - a.bytes) / float64(n)}
+}
+
+func (a allocs) String() string {
+	return fmt.Sprintf("%.0f objects, %.1f KiB", a.objects, a.bytes/1024)
 }
 
 // payload mimics a call envelope's size: a few hundred bytes.

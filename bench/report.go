@@ -22,6 +22,10 @@ type e2eResult struct {
 	// cpu is the process's CPU time per call (server, dispatcher,
 	// executor and driver, all in this process).
 	cpu time.Duration
+	// alloc is what the process allocated per call, as cpu: unlike CPU
+	// time it hardly varies between runs, so it shows a change of a few
+	// per cent that the CPU figures' spread hides.
+	alloc allocs
 }
 
 type scaleResult struct {
@@ -38,6 +42,7 @@ type report struct {
 
 	floorRate  float64
 	floorCPU   time.Duration // per call, as e2eResult.cpu
+	floorAlloc allocs        // per call, as e2eResult.alloc
 	floorLat   latencies
 	e2e        []e2eResult
 	e2eLat     latencies
@@ -99,6 +104,11 @@ func (r *report) rows() []row {
 		for _, e := range r.e2e {
 			rows = append(rows, row{fmt.Sprintf("toolrelay: CPU time per call, turns of %d calls", e.size), usf(e.cpu),
 				ratio(float64(e.cpu), float64(r.floorCPU)) + " the floor's", "", ""})
+		}
+		rows = append(rows, row{"floor: heap allocated per call (whole process)", r.floorAlloc.String(), "1.00×", "", ""})
+		for _, e := range r.e2e {
+			rows = append(rows, row{fmt.Sprintf("toolrelay: heap allocated per call, turns of %d calls", e.size), e.alloc.String(),
+				ratio(e.alloc.bytes, r.floorAlloc.bytes) + " the floor's bytes", "", ""})
 		}
 	}
 	if len(r.floorLat) > 0 {
