@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -107,10 +108,11 @@ func shard(subject string) int {
 }
 
 func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
-	log := g.d.log.With("subject", msg.Subject())
+	// Made when something is logged: most results log nothing.
+	log := func() *slog.Logger { return g.d.log.With("subject", msg.Subject()) }
 	team, key, err := protocol.ParseResultSubject(msg.Subject())
 	if err != nil {
-		log.ErrorContext(ctx, "ignoring result on a malformed subject", "err", err)
+		log().ErrorContext(ctx, "ignoring result on a malformed subject", "err", err)
 		_ = msg.Term()
 		return
 	}
@@ -122,7 +124,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	defer span.End()
 	if err != nil {
 		span.SetStatus(codes.Error, "malformed result")
-		log.ErrorContext(ctx, "ignoring malformed result", "size", len(msg.Data()), "err", err)
+		log().ErrorContext(ctx, "ignoring malformed result", "size", len(msg.Data()), "err", err)
 		_ = msg.Term()
 		return
 	}
@@ -136,7 +138,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.NakWithDelay(unknownTurnRetry)
 			return
 		}
-		log.Debug("result for an unknown turn", "turn", turnKey)
+		log().Debug("result for an unknown turn", "turn", turnKey)
 		_ = msg.Ack()
 		return
 	}
@@ -145,7 +147,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if err != nil {
-		log.Warn("loading turn failed; result will be redelivered", "turn", turnKey, "err", err)
+		log().Warn("loading turn failed; result will be redelivered", "turn", turnKey, "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -153,7 +155,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	i := st.turn.callIndex(key)
 	if i < 0 || st.turn.Calls[i].Team != team {
 		span.SetStatus(codes.Error, "result from a team that does not own the call")
-		log.WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
+		log().WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
 		return
 	}
 	g.d.tel.result(ctx, st.turn, res)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime/debug"
 	"time"
 	"unicode/utf8"
@@ -39,7 +38,7 @@ const abandonGrace = 2 * time.Second
 // result are one sequence whose order matters (the shutdown check must
 // come before any result is built), and reads best in one piece.
 func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, timeout time.Duration,
-	every time.Duration, heartbeat func(), executor string, log *slog.Logger) outcome {
+	every time.Duration, heartbeat func(), executor string, log logger) outcome {
 	deadline := call.Deadline
 	if timeout > 0 {
 		deadline = minTime(deadline, time.Now().Add(timeout))
@@ -59,35 +58,42 @@ func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, ti
 	go func() {
 		defer func() {
 			if p := recover(); p != nil {
-				log.Error("handler panicked", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				log().Error("handler panicked", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				done <- ret{panicked: true}
 			}
 		}()
 		out, err := h.Handle(rctx, inv)
 		done <- ret{out: out, err: err}
 	}()
-	var tick <-chan time.Time
-	if heartbeat != nil && every > 0 {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		tick = t.C
+	// One timer, for whichever comes first: the next heartbeat, or the
+	// abandoning of a handler that ignores its context (shortly after the
+	// deadline, so the call still gets its timeout result).
+	abandonAt := deadline.Add(abandonGrace)
+	next := func() time.Duration {
+		left := time.Until(abandonAt)
+		if heartbeat != nil && every > 0 {
+			return min(every, left)
+		}
+		return left
 	}
-	// A handler that ignores its context is abandoned shortly after the
-	// deadline, so the call still gets its timeout result.
-	abandon := time.NewTimer(time.Until(deadline) + abandonGrace)
-	defer abandon.Stop()
+	timer := time.NewTimer(next())
+	defer timer.Stop()
 	var r ret
 wait:
 	for {
 		select {
 		case r = <-done:
 			break wait
-		case <-tick:
-			heartbeat()
-		case <-abandon.C:
-			log.Error("handler ignored its context past the deadline; abandoning it", "grace", abandonGrace.String())
-			r = ret{err: context.DeadlineExceeded}
-			break wait
+		case <-timer.C:
+			if !time.Now().Before(abandonAt) {
+				log().Error("handler ignored its context past the deadline; abandoning it", "grace", abandonGrace.String())
+				r = ret{err: context.DeadlineExceeded}
+				break wait
+			}
+			if heartbeat != nil {
+				heartbeat()
+			}
+			timer.Reset(next())
 		}
 	}
 	if errors.Is(context.Cause(ctx), ErrShutdown) {

@@ -42,7 +42,7 @@ func runDelivery(ctx context.Context, r testhook.Request) (testhook.Outcome, err
 	if res, reason := fn.precheck(r.Call, "", attempt, retry, now); res != nil {
 		return testhook.Outcome{Result: res, DeadLetter: reason}, nil
 	}
-	log := slog.Default().With("fn", fn.Name, "attempt", attempt)
+	log := func() *slog.Logger { return slog.Default().With("fn", fn.Name, "attempt", attempt) }
 	if r.MayHaveRun {
 		if fn.Reconcile == nil {
 			return testhook.Outcome{Result: mayHaveRunFailure(r.Call, now), DeadLetter: protocol.ReasonMayHaveRun}, nil

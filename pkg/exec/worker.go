@@ -74,7 +74,7 @@ func (w *worker) claim(key protocol.CallKey) (release func(), busy <-chan struct
 // and hands it back otherwise, so the call is never run twice at once by
 // one process.
 func (w *worker) awaitOwnRun(ctx context.Context, d decision, busy <-chan struct{}) {
-	d.log.Info("redelivered while this process still runs it; waiting for that run")
+	d.log().Info("redelivered while this process still runs it; waiting for that run")
 	tick := time.NewTicker(w.e.opts.AckWait / 3)
 	defer tick.Stop()
 	for {
@@ -191,7 +191,10 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	if meta, err := msg.Metadata(); err == nil {
 		attempt = int(meta.NumDelivered)
 	}
-	replay, _ := strconv.Atoi(msg.Headers().Get(protocol.HeaderReplay))
+	var replay int
+	if h := msg.Headers().Get(protocol.HeaderReplay); h != "" {
+		replay, _ = strconv.Atoi(h)
+	}
 	call, err := protocol.DecodeCall(msg.Data())
 	if err == nil && (call.Team != w.e.team || call.Function != w.fn.Name) {
 		err = fmt.Errorf("call for %s/%s arrived on %s", call.Team, call.Function, msg.Subject())
@@ -208,14 +211,11 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	if attempt > 1 {
 		w.tel.redeliveries.Add(ctx, 1, metric.WithAttributes(attrFunction.String(call.Function)))
 	}
-	log := w.log.With("call_key", call.Key, "call_id", call.CallID, "attempt", attempt)
-	if replay > 0 {
-		log = log.With("replay", replay)
-	}
+	log := w.logFor(call, attempt, replay)
 	d := decision{w: w, msg: msg, call: call, attempt: attempt, replay: replay, log: log, span: span}
 
 	if replay == 0 && attempt > 1 && w.resultRecorded(ctx, call) {
-		log.Info("result already recorded; skipping redelivered call")
+		log().Info("result already recorded; skipping redelivered call")
 		_ = msg.Ack()
 		return
 	}
@@ -233,7 +233,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if res, reason := w.fn.precheck(call, msg.Headers().Get(protocol.HeaderSchema), attempt, w.retry, now); res != nil {
 		if res.Error.Code == protocol.CodeInvalidArguments {
-			log.Warn("refusing call with invalid arguments")
+			log().Warn("refusing call with invalid arguments")
 		}
 		d.finish(ctx, res, reason)
 		return
@@ -248,7 +248,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	cancelledByPlatform := errors.Is(context.Cause(cctx), ErrCallCancelled)
 	untrack()
 	if cancelledByPlatform && !o.cancelled {
-		log.Info("the platform ended the run; the call was cancelled")
+		log().Info("the platform ended the run; the call was cancelled")
 		o.res.Error = &protocol.CallError{Code: protocol.CodeUnavailable,
 			Message: fmt.Sprintf("%s was cancelled: the platform ended the run.", call.Function)}
 		o.res.Output, o.retry, o.panicked = "", false, false
@@ -265,10 +265,10 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	if delay, ok := w.retry.retryIn(o, attempt, call.Deadline); ok && replay == 0 {
 		if w.fn.SideEffects {
 			if err := w.attempts.mark(ctx, call.Key, attemptRetryable, attempt, w.e.opts.Name); err != nil {
-				log.Warn("cannot record the failed attempt", "err", err)
+				log().Warn("cannot record the failed attempt", "err", err)
 			}
 		}
-		log.Info("retryable error; retrying", "delay", delay.String(), "err", o.err)
+		log().Info("retryable error; retrying", "delay", delay.String(), "err", o.err)
 		_ = msg.NakWithDelay(delay)
 		return
 	}
@@ -282,13 +282,13 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 func (w *worker) guardSideEffects(ctx context.Context, d decision, now time.Time) bool {
 	may, rev, err := w.attempts.mayHaveRun(ctx, d.call.Key)
 	if err != nil {
-		d.log.Warn("cannot tell whether an earlier attempt ran; retrying later", "err", err)
+		d.log().Warn("cannot tell whether an earlier attempt ran; retrying later", "err", err)
 		_ = d.msg.NakWithDelay(time.Second)
 		return false
 	}
 	if may {
 		if w.fn.Reconcile == nil {
-			d.log.Warn("an earlier attempt may have run; not re-running a side-effect function")
+			d.log().Warn("an earlier attempt may have run; not re-running a side-effect function")
 			d.finish(ctx, mayHaveRunFailure(d.call, now), protocol.ReasonMayHaveRun)
 			return false
 		}
@@ -298,25 +298,41 @@ func (w *worker) guardSideEffects(ctx context.Context, d decision, now time.Time
 			return false
 		}
 		if !errors.Is(o.err, ErrDidNotRun) {
-			d.log.Info("reconciled an attempt that may have run", "ok", o.res.OK())
+			d.log().Info("reconciled an attempt that may have run", "ok", o.res.OK())
 			d.conclude(ctx, o)
 			return false
 		}
-		d.log.Info("reconcile found no effect; running the call")
+		d.log().Info("reconcile found no effect; running the call")
 	}
 	if err := w.attempts.start(ctx, d.call.Key, rev, d.attempt, w.e.opts.Name); errors.Is(err, errAttemptRaced) {
 		// The other attempt runs the call and answers it; this delivery is
 		// stale (it outlived its ack wait), so leave it unacknowledged:
 		// should the other attempt die too, the next delivery finds its
 		// mark and does not run the call blindly.
-		d.log.Warn("another attempt of this call started meanwhile; leaving the call to it")
+		d.log().Warn("another attempt of this call started meanwhile; leaving the call to it")
 		return false
 	} else if err != nil {
-		d.log.Warn("cannot record the attempt; retrying later", "err", err)
+		d.log().Warn("cannot record the attempt; retrying later", "err", err)
 		_ = d.msg.NakWithDelay(time.Second)
 		return false
 	}
 	return true
+}
+
+// logger returns the logger of one delivery, made when something is to be
+// logged: formatting a call's attributes costs more than the rest of a
+// no-op call's bookkeeping, and most deliveries log nothing.
+type logger func() *slog.Logger
+
+// logFor returns the logger of a delivery of call.
+func (w *worker) logFor(call *protocol.Call, attempt, replay int) logger {
+	return func() *slog.Logger {
+		log := w.log.With("call_key", call.Key, "call_id", call.CallID, "attempt", attempt)
+		if replay > 0 {
+			log = log.With("replay", replay)
+		}
+		return log
+	}
 }
 
 // decision carries one delivery to its end.
@@ -326,7 +342,7 @@ type decision struct {
 	call    *protocol.Call
 	attempt int
 	replay  int
-	log     *slog.Logger
+	log     logger
 	span    trace.Span
 }
 
@@ -347,7 +363,7 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 		if err := d.persist(ctx, func(ctx context.Context) error {
 			return deadLetter(ctx, js, d.call, res, protocol.ReasonReplayed, d.attempt, d.replay, d.w.e.opts.Name)
 		}); err != nil {
-			d.log.Error("could not record the replay's outcome; it will be redelivered", "err", err)
+			d.log().Error("could not record the replay's outcome; it will be redelivered", "err", err)
 			_ = d.msg.NakWithDelay(time.Second)
 			return
 		}
@@ -358,7 +374,7 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 		if err := d.persist(ctx, func(ctx context.Context) error {
 			return deadLetter(ctx, js, d.call, res, reason, d.attempt, 0, d.w.e.opts.Name)
 		}); err != nil {
-			d.log.ErrorContext(ctx, "could not record the dead letter; call will be redelivered", "err", err)
+			d.log().ErrorContext(ctx, "could not record the dead letter; call will be redelivered", "err", err)
 			_ = d.msg.NakWithDelay(time.Second)
 			return
 		}
@@ -376,16 +392,16 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	err := d.persist(ctx, func(ctx context.Context) error { return firstwins.Record(ctx, js.Conn(), res, header) })
 	send.End()
 	if err != nil {
-		d.log.Error("could not record result; call will be redelivered", "err", err)
+		d.log().Error("could not record result; call will be redelivered", "err", err)
 		_ = d.msg.NakWithDelay(time.Second)
 		return
 	}
 	if err := d.msg.Ack(); err != nil {
 		// The result is recorded: a redelivery finds it and skips the call.
-		d.log.Warn("ack failed after recording the result", "err", err)
+		d.log().Warn("ack failed after recording the result", "err", err)
 	}
 	if res.Error != nil {
-		d.log.Info("call failed", "code", res.Error.Code, "dead_letter", reason)
+		d.log().Info("call failed", "code", res.Error.Code, "dead_letter", reason)
 	}
 }
 
@@ -414,7 +430,7 @@ func (d decision) persist(ctx context.Context, publish func(context.Context) err
 			ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
 			return err
 		}
-		d.log.Warn("recording the outcome failed; retrying", "err", err, "in", wait.String())
+		d.log().Warn("recording the outcome failed; retrying", "err", err, "in", wait.String())
 		_ = d.msg.InProgress() // each try takes under AckWait/3
 		if !backoff.Sleep(ctx, wait) {
 			return errors.Join(err, ctx.Err())
