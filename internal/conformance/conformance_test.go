@@ -265,6 +265,9 @@ func (x *executor) handle(ctx context.Context, name string, run func(*protocol.C
 	if got := msg.Headers().Get(jetstream.MsgIDHeader); got != protocol.CallMsgID(call.Key) {
 		t.Errorf("call's message ID = %q, want %q", got, protocol.CallMsgID(call.Key))
 	}
+	if ttl, err := time.ParseDuration(msg.Headers().Get(jetstream.MsgTTLHeader)); err != nil || time.Now().Add(ttl).Before(call.Deadline) {
+		t.Errorf("call's TTL %q does not outlast its deadline %s", msg.Headers().Get(jetstream.MsgTTLHeader), call.Deadline)
+	}
 	meta, err := msg.Metadata()
 	if err != nil {
 		t.Errorf("metadata: %v", err)

@@ -33,13 +33,10 @@ func Record(ctx context.Context, nc *nats.Conn, res *protocol.Result, header nat
 	if err != nil {
 		return err
 	}
-	if header == nil {
-		header = nats.Header{}
-	}
-	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: header}
-	m.Header.Set(protocol.HeaderCallKey, string(res.Key))
-	m.Header.Set(jetstream.MsgIDHeader, protocol.ResultMsgID(res.Key))
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	m := &nats.Msg{Subject: res.Subject(), Data: data, Header: jspub.SetHeaders(header,
+		protocol.HeaderCallKey, string(res.Key),
+		jetstream.MsgIDHeader, protocol.ResultMsgID(res.Key),
+		jetstream.ExpectedLastSubjSeqHeader, "0")}
 	_, err = jspub.Publish(ctx, nc, m)
 	if Lost(err) {
 		return nil

@@ -131,3 +131,22 @@ func plainAck(b []byte) (seq uint64, duplicate, ok bool) {
 	}
 	return seq, duplicate, true
 }
+
+// SetHeaders sets each key of kv (pairs of key and value) in h, making h
+// when nil, and returns it. The values share one allocation, where
+// nats.Header.Set makes one per value: a call's and a result's headers are
+// set on every message.
+func SetHeaders(h nats.Header, kv ...string) nats.Header {
+	if len(kv)%2 != 0 {
+		panic("jspub: SetHeaders needs pairs of key and value")
+	}
+	if h == nil {
+		h = make(nats.Header, len(kv)/2+2) // room for a trace context
+	}
+	vals := make([]string, len(kv)/2)
+	for i := range vals {
+		vals[i] = kv[2*i+1]
+		h[kv[2*i]] = vals[i : i+1 : i+1] // full: an Add copies, not overwrites
+	}
+	return h
+}

@@ -3,6 +3,7 @@ package jspub_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -97,5 +98,28 @@ func TestPublishWithoutADeadlineGivesUp(t *testing.T) {
 		}
 	case <-time.After(3 * jspub.DefaultTimeout):
 		t.Fatal("Publish without a deadline still waiting after three times DefaultTimeout")
+	}
+}
+
+// SetHeaders sets what Header.Set would, keeps what was there, and leaves
+// each value on its own: adding to one key changes no other.
+func TestSetHeadersIsHeaderSet(t *testing.T) {
+	h := nats.Header{}
+	h.Set("Traceparent", "00-abc-def-01")
+	got := jspub.SetHeaders(h, "A", "1", "B", "2", "Traceparent", "00-new-01")
+	want := nats.Header{}
+	want.Set("Traceparent", "00-abc-def-01")
+	for _, kv := range [][2]string{{"A", "1"}, {"B", "2"}, {"Traceparent", "00-new-01"}} {
+		want.Set(kv[0], kv[1])
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("SetHeaders gave %v, Header.Set %v", got, want)
+	}
+	got.Add("A", "3")
+	if a, b := got.Values("A"), got.Values("B"); len(a) != 2 || a[1] != "3" || len(b) != 1 || b[0] != "2" {
+		t.Fatalf("after Add to A: A=%v B=%v", a, b)
+	}
+	if fresh := jspub.SetHeaders(nil, "Nats-Msg-Id", "x"); fresh.Get("Nats-Msg-Id") != "x" {
+		t.Fatalf("SetHeaders on nil gave %v", fresh)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -62,7 +63,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			}
 		}
 		p := pendingCall{call: c, msg: msg, release: release, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
-		if p.ack, p.err = d.js.PublishMsgAsync(msg, callPubOpts(t, c)...); p.err != nil {
+		if p.ack, p.err = d.js.PublishMsgAsync(msg); p.err != nil {
 			d.settleCall(ctx, t, p) // not sent: retried at once, in order
 			continue
 		}
@@ -100,9 +101,11 @@ func (d *Dispatcher) settleCall(ctx context.Context, t *Turn, p pendingCall) {
 	}
 }
 
-func callPubOpts(t *Turn, c *TurnCall) []jetstream.PublishOpt {
-	ttl := time.Until(t.Deadline) + time.Minute
-	return []jetstream.PublishOpt{jetstream.WithMsgID(protocol.CallMsgID(c.Key)), jetstream.WithMsgTTL(max(ttl, time.Second))}
+// callTTL is how long a call is kept in its stream: past its turn's
+// deadline by a minute, so a call that no executor took is not kept for
+// ever.
+func callTTL(t *Turn) time.Duration {
+	return max(time.Until(t.Deadline)+time.Minute, time.Second)
 }
 
 // republish retries a call whose publication failed, while the failure may
@@ -117,7 +120,7 @@ func (d *Dispatcher) republish(ctx context.Context, t *Turn, c *TurnCall, msg *n
 	ctx, cancel := context.WithDeadline(ctx, t.Deadline)
 	defer cancel()
 	_, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*jetstream.PubAck, error) {
-		return d.js.PublishMsg(ctx, msg, callPubOpts(t, c)...)
+		return d.js.PublishMsg(ctx, msg) // its message ID and TTL are in its headers
 	})
 	return err
 }
@@ -131,15 +134,21 @@ func (d *Dispatcher) callMsg(t *Turn, c *TurnCall, checked string) (*nats.Msg, e
 	if err != nil {
 		return nil, fmt.Errorf("The arguments for %s could not be sent (%v). Call it again with smaller arguments.", c.Name, err)
 	}
-	m := nats.NewMsg(call.Subject())
-	m.Data = data
-	m.Header.Set(protocol.HeaderCallKey, string(c.Key))
-	m.Header.Set(protocol.HeaderDeadline, t.Deadline.Format(time.RFC3339Nano))
-	m.Header.Set(protocol.HeaderFunction, c.Name)
-	if checked != "" {
-		m.Header.Set(protocol.HeaderSchema, checked)
+	// The message ID makes a repeat (resume after a crash, a retry) a
+	// no-op on the server. Set as headers, not publish options: these are
+	// on every call, and the options cost allocations of their own.
+	kv := []string{
+		protocol.HeaderCallKey, string(c.Key),
+		protocol.HeaderDeadline, t.Deadline.Format(time.RFC3339Nano),
+		protocol.HeaderFunction, c.Name,
+		jetstream.MsgIDHeader, protocol.CallMsgID(c.Key),
+		jetstream.MsgTTLHeader, callTTL(t).String(),
+		protocol.HeaderSchema, checked,
 	}
-	return m, nil
+	if checked == "" {
+		kv = kv[:len(kv)-2]
+	}
+	return &nats.Msg{Subject: call.Subject(), Data: data, Header: jspub.SetHeaders(nil, kv...)}, nil
 }
 
 // publishFailed fails a call whose publication JetStream refused (no
