@@ -16,11 +16,14 @@ import (
 type cancels struct {
 	mu      sync.Mutex
 	turns   map[protocol.TurnKey]time.Time
-	running map[protocol.TurnKey]map[protocol.CallKey]context.CancelCauseFunc
+	// running holds the calls running here, each with what cancels it.
+	// A cancellation is rare and the calls running at once are few, so
+	// it looks through them all; each call costs one map entry.
+	running map[protocol.CallKey]context.CancelCauseFunc
 }
 
 func newCancels() *cancels {
-	return &cancels{turns: map[protocol.TurnKey]time.Time{}, running: map[protocol.TurnKey]map[protocol.CallKey]context.CancelCauseFunc{}}
+	return &cancels{turns: map[protocol.TurnKey]time.Time{}, running: map[protocol.CallKey]context.CancelCauseFunc{}}
 }
 
 func (c *cancels) cancelled(turn protocol.TurnKey) bool {
@@ -40,8 +43,10 @@ func (c *cancels) cancel(turn protocol.TurnKey) {
 			delete(c.turns, t)
 		}
 	}
-	for _, stop := range c.running[turn] {
-		stop(ErrCallCancelled)
+	for key, stop := range c.running {
+		if key.Turn() == turn {
+			stop(ErrCallCancelled)
+		}
 	}
 }
 
@@ -50,10 +55,7 @@ func (c *cancels) track(ctx context.Context, key protocol.CallKey) (context.Cont
 	ctx, stop := context.WithCancelCause(ctx)
 	turn := key.Turn()
 	c.mu.Lock()
-	if c.running[turn] == nil {
-		c.running[turn] = map[protocol.CallKey]context.CancelCauseFunc{}
-	}
-	c.running[turn][key] = stop
+	c.running[key] = stop
 	_, gone := c.turns[turn]
 	c.mu.Unlock()
 	if gone {
@@ -61,10 +63,7 @@ func (c *cancels) track(ctx context.Context, key protocol.CallKey) (context.Cont
 	}
 	return ctx, func() {
 		c.mu.Lock()
-		delete(c.running[turn], key)
-		if len(c.running[turn]) == 0 {
-			delete(c.running, turn)
-		}
+		delete(c.running, key)
 		c.mu.Unlock()
 		stop(nil)
 	}
