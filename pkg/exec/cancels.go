@@ -14,8 +14,8 @@ import (
 // cancels tracks the turns the dispatcher cancelled, so running handlers of
 // such a turn are cancelled and its queued calls do not run.
 type cancels struct {
-	mu      sync.Mutex
-	turns   map[protocol.TurnKey]time.Time
+	mu    sync.Mutex
+	turns map[protocol.TurnKey]time.Time
 	// running holds the calls running here, each with what cancels it.
 	// A cancellation is rare and the calls running at once are few, so
 	// it looks through them all; each call costs one map entry.
