@@ -55,7 +55,7 @@ func main() {
 	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")
 	flag.IntVar(&inflightCalls, "inflight", inflightCalls, "calls kept in flight in the saturation runs")
 	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
-	only := flag.String("only", "", "comma-separated phases to run (floor, toolrelay, parallel, scale, memory, micro, mcp, asynq); default all")
+	only := flag.String("only", "", "comma-separated phases to run (floor, writes, toolrelay, parallel, scale, memory, micro, mcp, asynq); default all")
 	flag.Parse()
 	cfg.skip = map[string]bool{}
 	for _, s := range splitComma(skip) {
@@ -80,7 +80,7 @@ func main() {
 		for _, s := range splitComma(*only) {
 			keep[s] = true
 		}
-		for _, s := range []string{"floor", "toolrelay", "parallel", "scale", "memory", "micro", "mcp", "asynq"} {
+		for _, s := range []string{"floor", "writes", "toolrelay", "parallel", "scale", "memory", "micro", "mcp", "asynq"} {
 			if !keep[s] {
 				cfg.skip[s] = true
 			}
@@ -138,6 +138,7 @@ func run(ctx context.Context, cfg config) error {
 		f    func(context.Context, config, *report) error
 	}{
 		{"floor", measureFloor},
+		{"writes", measureWrites},
 		{"toolrelay", measureToolrelay},
 		{"parallel", measureParallelTurn},
 		{"scale", measureScale},

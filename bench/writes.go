@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
+)
+
+// The floor with toolrelay's writes: the pipeline of floor.go plus what
+// toolrelay stores for a single-call turn to keep its guarantees, in the
+// same order and with the same waits, by no toolrelay code. The turn
+// record created by compare-and-set beside its deadline timer (both
+// awaited before the call goes out), a message ID and a TTL on the call, a
+// message ID and a first-wins expectation on the result (stored before the
+// call is acknowledged), the two compare-and-sets of the close and the
+// roll-up marker that removes the timer. What toolrelay costs beyond this
+// is its own code; what this costs beyond the floor, the guarantees'
+// writes.
+
+// recordPayload mimics a single-call turn's record: about 600 bytes.
+var recordPayload = []byte(`{"v":1,"key":"891ba37957aad57674e84d4889f5b53a","ref":{"platform":"responses","response_id":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy"},"scope":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy","state":"collecting","created_at":"2026-01-01T00:00:01Z","expires_at":"2026-01-01T00:10:01Z","deadline":"2026-01-01T00:09:31Z","calls":[{"id":"call_hTthyt3Sx8AzZZi3qmgYfH1O","name":"noop","key":"891ba37957aad57674e84d4889f5b53a.e1e1856e112d8be5","team":"bench","arguments":{"order_id":"A-1001","carrier":"ups"}}]}`)
+
+type writesPipeline struct {
+	js      jetstream.JetStream
+	kv      jetstream.KeyValue
+	mu      sync.Mutex
+	waiting map[string]chan struct{}
+	stop    func()
+}
+
+func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, error) {
+	_, js, err := env.connect("writes-dispatcher")
+	if err != nil {
+		return nil, err
+	}
+	popts := provision.Options{}
+	calls, err := js.CreateStream(ctx, provision.CallStreamConfig("bench", popts))
+	if err != nil {
+		return nil, err
+	}
+	results, err := js.CreateStream(ctx, provision.ResultStreamConfig("bench", 0, popts))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := js.CreateStream(ctx, provision.TimerStreamConfig(popts)); err != nil {
+		return nil, err
+	}
+	kv, err := js.CreateKeyValue(ctx, provision.TurnBucketConfig(popts))
+	if err != nil {
+		return nil, err
+	}
+	p := &writesPipeline{js: js, kv: kv, waiting: map[string]chan struct{}{}}
+
+	// The executor, on its own connection: the result is stored, first
+	// wins, before the call is acknowledged.
+	_, wjs, err := env.connect("writes-executor")
+	if err != nil {
+		return nil, err
+	}
+	wc, err := calls.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "noop", FilterSubject: "fncall.bench.noop", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		return nil, err
+	}
+	wcc, err := wc.Consume(func(m jetstream.Msg) {
+		key := m.Headers().Get("Key")
+		res := &nats.Msg{Subject: "fnresult.bench." + key, Data: m.Data(), Header: nats.Header{}}
+		f, err := wjs.PublishMsgAsync(res, jetstream.WithMsgID("result."+key), jetstream.WithExpectLastSequencePerSubject(0))
+		if err != nil {
+			_ = m.Nak()
+			return
+		}
+		go func() {
+			select {
+			case <-f.Ok():
+				_ = m.Ack()
+			case <-f.Err():
+				_ = m.Nak()
+			}
+		}()
+	})
+	if err != nil {
+		return nil, err
+	}
+	rc, err := results.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "gather", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		return nil, err
+	}
+	rcc, err := rc.Consume(func(m jetstream.Msg) {
+		_ = m.Ack()
+		key := m.Subject()[len("fnresult.bench."):]
+		p.mu.Lock()
+		ch := p.waiting[key]
+		delete(p.waiting, key)
+		p.mu.Unlock()
+		if ch != nil {
+			close(ch)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.stop = func() { wcc.Stop(); rcc.Stop(); js.Conn().Close(); wjs.Conn().Close() }
+	return p, nil
+}
+
+// turn runs one single-call turn's writes, waiting where toolrelay waits.
+func (p *writesPipeline) turn(ctx context.Context, key string) error {
+	timerSubject := provision.TimerSubjectPrefix + ".sched." + key
+	timer, err := p.js.PublishAsync(timerSubject, []byte(key), jetstream.WithMsgID("timer."+key),
+		jetstream.WithScheduleAt(time.Now().Add(10*time.Minute)),
+		jetstream.WithScheduleTarget(provision.TimerSubjectPrefix+".fire."+key))
+	if err != nil {
+		return err
+	}
+	record, err := p.js.PublishAsync("$KV."+provision.TurnBucket+"."+key, recordPayload, jetstream.WithExpectLastSequencePerSubject(0))
+	if err != nil {
+		return err
+	}
+	rev, err := awaitFuture(ctx, record)
+	if err != nil {
+		return err
+	}
+	if _, err := awaitFuture(ctx, timer); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.waiting[key] = done
+	p.mu.Unlock()
+	call := &nats.Msg{Subject: "fncall.bench.noop", Data: payload, Header: nats.Header{"Key": {key}}}
+	sent, err := p.js.PublishMsgAsync(call, jetstream.WithMsgID("call."+key), jetstream.WithMsgTTL(11*time.Minute))
+	if err != nil {
+		return err
+	}
+	if _, err := awaitFuture(ctx, sent); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for range 2 { // collecting → submitting, then submitting → submitted
+		if rev, err = p.kv.Update(ctx, key, recordPayload, rev); err != nil {
+			return err
+		}
+	}
+	marker := nats.NewMsg(timerSubject)
+	marker.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	marker.Header.Set(jetstream.MsgTTLHeader, "1s")
+	return p.js.Conn().PublishMsg(marker)
+}
+
+func awaitFuture(ctx context.Context, f jetstream.PubAckFuture) (uint64, error) {
+	select {
+	case ack := <-f.Ok():
+		return ack.Sequence, nil
+	case err := <-f.Err():
+		return 0, err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func measureWrites(ctx context.Context, cfg config, r *report) error {
+	env, err := startNATS(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	p, err := newWritesPipeline(ctx, env)
+	if err != nil {
+		return err
+	}
+	defer p.stop()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+
+	turns := cfg.calls
+	slots := make(chan struct{}, inflightCalls)
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	start, cpu0, alloc0 := time.Now(), cpuTime(), allocated()
+	for i := range turns {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := p.turn(ctx, fmt.Sprintf("t%08d", i)); err != nil {
+				select {
+				case errs <- err:
+				default:
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return fmt.Errorf("writes: %w", err)
+	default:
+	}
+	elapsed := time.Since(start)
+	r.writesRate = float64(turns) / elapsed.Seconds()
+	r.writesCPU = (cpuTime() - cpu0) / time.Duration(turns)
+	r.writesAlloc = alloc0.per(turns)
+	fmt.Printf("   single-call turns: %.0f calls/s, %s CPU per call, %s allocated per call\n", r.writesRate, usf(r.writesCPU), r.writesAlloc)
+	return nil
+}
