@@ -43,22 +43,20 @@ type report struct {
 	floorRate  float64
 	floorCPU   time.Duration // per call, as e2eResult.cpu
 	floorAlloc allocs        // per call, as e2eResult.alloc
-	// The floor with toolrelay's writes per single-call turn (writes.go).
-	writesRate  float64
-	writesCPU   time.Duration
-	writesAlloc allocs
-	floorLat    latencies
-	e2e         []e2eResult
-	e2eLat      latencies
-	parallel    latencies
-	sequential  time.Duration
-	scale       []scaleResult
-	memory      []memory
-	microRate   float64
-	microLat    latencies
-	mcpLat      latencies
-	asynqRate   float64
-	asynqLat    latencies
+	// The floor with toolrelay's writes (writes.go), by turn size.
+	writes     []e2eResult
+	floorLat   latencies
+	e2e        []e2eResult
+	e2eLat     latencies
+	parallel   latencies
+	sequential time.Duration
+	scale      []scaleResult
+	memory     []memory
+	microRate  float64
+	microLat   latencies
+	mcpLat     latencies
+	asynqRate  float64
+	asynqLat   latencies
 }
 
 func (r *report) note(format string, args ...any) {
@@ -92,9 +90,9 @@ func (r *report) rows() []row {
 	if r.floorRate > 0 {
 		rows = append(rows, row{"floor: raw JetStream pipeline, throughput", fmt.Sprintf("%.0f calls/s", r.floorRate), "1.00×", "", ""})
 	}
-	if r.writesRate > 0 {
-		rows = append(rows, row{"floor with toolrelay's writes, single-call turns (no toolrelay code)", fmt.Sprintf("%.0f calls/s", r.writesRate),
-			ratio(r.writesRate, r.floorRate), "", ""})
+	for _, w := range r.writes {
+		rows = append(rows, row{fmt.Sprintf("floor with toolrelay's writes, turns of %d calls (no toolrelay code)", w.size),
+			fmt.Sprintf("%.0f calls/s", w.calls), ratio(w.calls, r.floorRate), "", ""})
 	}
 	for _, e := range r.e2e {
 		target, v := "", ""
@@ -113,14 +111,14 @@ func (r *report) rows() []row {
 			rows = append(rows, row{fmt.Sprintf("toolrelay: CPU time per call, turns of %d calls", e.size), usf(e.cpu),
 				ratio(float64(e.cpu), float64(r.floorCPU)) + " the floor's", "", ""})
 		}
-		if r.writesCPU > 0 {
-			rows = append(rows, row{"floor with toolrelay's writes: CPU time per call", usf(r.writesCPU),
-				ratio(float64(r.writesCPU), float64(r.floorCPU)) + " the floor's", "", ""})
+		for _, w := range r.writes {
+			rows = append(rows, row{fmt.Sprintf("floor with toolrelay's writes: CPU time per call, turns of %d", w.size), usf(w.cpu),
+				ratio(float64(w.cpu), float64(r.floorCPU)) + " the floor's", "", ""})
 		}
 		rows = append(rows, row{"floor: heap allocated per call (whole process)", r.floorAlloc.String(), "1.00×", "", ""})
-		if r.writesCPU > 0 {
-			rows = append(rows, row{"floor with toolrelay's writes: heap allocated per call", r.writesAlloc.String(),
-				ratio(r.writesAlloc.bytes, r.floorAlloc.bytes) + " the floor's bytes", "", ""})
+		for _, w := range r.writes {
+			rows = append(rows, row{fmt.Sprintf("floor with toolrelay's writes: heap allocated per call, turns of %d", w.size), w.alloc.String(),
+				ratio(w.alloc.bytes, r.floorAlloc.bytes) + " the floor's bytes", "", ""})
 		}
 		for _, e := range r.e2e {
 			rows = append(rows, row{fmt.Sprintf("toolrelay: heap allocated per call, turns of %d calls", e.size), e.alloc.String(),

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,14 +24,21 @@ import (
 // is its own code; what this costs beyond the floor, the guarantees'
 // writes.
 
-// recordPayload mimics a single-call turn's record: about 600 bytes.
-var recordPayload = []byte(`{"v":1,"key":"891ba37957aad57674e84d4889f5b53a","ref":{"platform":"responses","response_id":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy"},"scope":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy","state":"collecting","created_at":"2026-01-01T00:00:01Z","expires_at":"2026-01-01T00:10:01Z","deadline":"2026-01-01T00:09:31Z","calls":[{"id":"call_hTthyt3Sx8AzZZi3qmgYfH1O","name":"noop","key":"891ba37957aad57674e84d4889f5b53a.e1e1856e112d8be5","team":"bench","arguments":{"order_id":"A-1001","carrier":"ups"}}]}`)
+// turnRecord mimics the record of a turn of n calls: about 400 bytes and
+// 200 more per call.
+func turnRecord(n int) []byte {
+	const call = `{"id":"call_hTthyt3Sx8AzZZi3qmgYfH1O","name":"noop","key":"891ba37957aad57674e84d4889f5b53a.e1e1856e112d8be5","team":"bench","arguments":{"order_id":"A-1001","carrier":"ups"}}`
+	calls := strings.Repeat(call+",", n)
+	return []byte(`{"v":1,"key":"891ba37957aad57674e84d4889f5b53a","ref":{"platform":"responses","response_id":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy"},` +
+		`"scope":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy","state":"collecting","created_at":"2026-01-01T00:00:01Z","expires_at":"2026-01-01T00:10:01Z",` +
+		`"deadline":"2026-01-01T00:09:31Z","calls":[` + calls[:len(calls)-1] + `]}`)
+}
 
 type writesPipeline struct {
 	js      jetstream.JetStream
 	kv      jetstream.KeyValue
 	mu      sync.Mutex
-	waiting map[string]chan struct{}
+	waiting map[string]chan struct{} // by call key: its turn's results
 	stop    func()
 }
 
@@ -99,7 +107,7 @@ func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, erro
 		delete(p.waiting, key)
 		p.mu.Unlock()
 		if ch != nil {
-			close(ch)
+			ch <- struct{}{}
 		}
 	})
 	if err != nil {
@@ -109,8 +117,10 @@ func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, erro
 	return p, nil
 }
 
-// turn runs one single-call turn's writes, waiting where toolrelay waits.
-func (p *writesPipeline) turn(ctx context.Context, key string) error {
+// turn runs the writes of one turn of n calls, waiting where toolrelay
+// waits: the calls go out once the record and the timer are stored, and
+// the close once every result is in.
+func (p *writesPipeline) turn(ctx context.Context, key string, n int, record []byte) error {
 	timerSubject := provision.TimerSubjectPrefix + ".sched." + key
 	timer, err := p.js.PublishAsync(timerSubject, []byte(key), jetstream.WithMsgID("timer."+key),
 		jetstream.WithScheduleAt(time.Now().Add(10*time.Minute)),
@@ -118,36 +128,43 @@ func (p *writesPipeline) turn(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	record, err := p.js.PublishAsync("$KV."+provision.TurnBucket+"."+key, recordPayload, jetstream.WithExpectLastSequencePerSubject(0))
+	created, err := p.js.PublishAsync("$KV."+provision.TurnBucket+"."+key, record, jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil {
 		return err
 	}
-	rev, err := awaitFuture(ctx, record)
+	rev, err := awaitFuture(ctx, created)
 	if err != nil {
 		return err
 	}
 	if _, err := awaitFuture(ctx, timer); err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	p.mu.Lock()
-	p.waiting[key] = done
-	p.mu.Unlock()
-	call := &nats.Msg{Subject: "fncall.bench.noop", Data: payload, Header: nats.Header{"Key": {key}}}
-	sent, err := p.js.PublishMsgAsync(call, jetstream.WithMsgID("call."+key), jetstream.WithMsgTTL(11*time.Minute))
-	if err != nil {
-		return err
+	results := make(chan struct{}, n)
+	sent := make([]jetstream.PubAckFuture, n)
+	for i := range n {
+		callKey := fmt.Sprintf("%s.c%02d", key, i)
+		p.mu.Lock()
+		p.waiting[callKey] = results
+		p.mu.Unlock()
+		call := &nats.Msg{Subject: "fncall.bench.noop", Data: payload, Header: nats.Header{"Key": {callKey}}}
+		if sent[i], err = p.js.PublishMsgAsync(call, jetstream.WithMsgID("call."+callKey), jetstream.WithMsgTTL(11*time.Minute)); err != nil {
+			return err
+		}
 	}
-	if _, err := awaitFuture(ctx, sent); err != nil {
-		return err
+	for _, f := range sent {
+		if _, err := awaitFuture(ctx, f); err != nil {
+			return err
+		}
 	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return ctx.Err()
+	for range n {
+		select {
+		case <-results:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	for range 2 { // collecting → submitting, then submitting → submitted
-		if rev, err = p.kv.Update(ctx, key, recordPayload, rev); err != nil {
+		if rev, err = p.kv.Update(ctx, key, record, rev); err != nil {
 			return err
 		}
 	}
@@ -182,34 +199,36 @@ func measureWrites(ctx context.Context, cfg config, r *report) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 
-	turns := cfg.calls
-	slots := make(chan struct{}, inflightCalls)
-	errs := make(chan error, 1)
-	var wg sync.WaitGroup
-	start, cpu0, alloc0 := time.Now(), cpuTime(), allocated()
-	for i := range turns {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			if err := p.turn(ctx, fmt.Sprintf("t%08d", i)); err != nil {
-				select {
-				case errs <- err:
-				default:
+	for _, size := range []int{1, 16} {
+		turns, record := cfg.calls/size, turnRecord(size)
+		slots := make(chan struct{}, max(inflightCalls/size, 16))
+		errs := make(chan error, 1)
+		var wg sync.WaitGroup
+		start, cpu0, alloc0 := time.Now(), cpuTime(), allocated()
+		for i := range turns {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				if err := p.turn(ctx, fmt.Sprintf("s%02dt%08d", size, i), size, record); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					cancel()
 				}
-				cancel()
-			}
-		})
+			})
+		}
+		wg.Wait()
+		select {
+		case err := <-errs:
+			return fmt.Errorf("writes: %w", err)
+		default:
+		}
+		calls := turns * size
+		w := e2eResult{size: size, calls: float64(calls) / time.Since(start).Seconds(), cpu: (cpuTime() - cpu0) / time.Duration(calls), alloc: alloc0.per(calls)}
+		w.turns = w.calls / float64(size)
+		r.writes = append(r.writes, w)
+		fmt.Printf("   writes, turns of %2d: %.0f calls/s, %s CPU per call, %s allocated per call\n", size, w.calls, usf(w.cpu), w.alloc)
 	}
-	wg.Wait()
-	select {
-	case err := <-errs:
-		return fmt.Errorf("writes: %w", err)
-	default:
-	}
-	elapsed := time.Since(start)
-	r.writesRate = float64(turns) / elapsed.Seconds()
-	r.writesCPU = (cpuTime() - cpu0) / time.Duration(turns)
-	r.writesAlloc = alloc0.per(turns)
-	fmt.Printf("   single-call turns: %.0f calls/s, %s CPU per call, %s allocated per call\n", r.writesRate, usf(r.writesCPU), r.writesAlloc)
 	return nil
 }
