@@ -62,6 +62,10 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 				return // shutting down; the sweep re-publishes
 			}
 		}
+		// The server counts the TTL from when it stores the call: stamped
+		// again once the slot is held, not left as it was when the message
+		// was built (callMsg gave it its slot in the header).
+		msg.Header[jetstream.MsgTTLHeader][0] = callTTL(t).String()
 		p := pendingCall{call: c, msg: msg, release: release, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
 		if p.ack, p.err = d.js.PublishMsgAsync(msg); p.err != nil {
 			d.settleCall(ctx, t, p) // not sent: retried at once, in order
