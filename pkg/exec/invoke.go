@@ -68,7 +68,7 @@ func invoke(ctx context.Context, h Handler, call *protocol.Call, attempt int, ti
 	// One timer, for whichever comes first: the next heartbeat, or the
 	// abandoning of a handler that ignores its context (shortly after the
 	// deadline, so the call still gets its timeout result).
-	abandonAt := deadline.Add(abandonGrace)
+	abandonAt := time.Now().Add(time.Until(deadline) + abandonGrace) // monotonic: a clock step moves nothing
 	next := func() time.Duration {
 		left := time.Until(abandonAt)
 		if heartbeat != nil && every > 0 {

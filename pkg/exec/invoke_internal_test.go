@@ -36,7 +36,9 @@ func TestInvokeBeatsWhileTheHandlerRuns(t *testing.T) {
 			close(enough)
 		}
 	}
-	o := invoke(t.Context(), h, invokeCall(time.Now().Add(time.Minute)), 1, 0, 5*time.Millisecond, heartbeat, "test", discardLog)
+	// Should the beats stop, the deadline ends the handler without its
+	// output, and the test fails within seconds.
+	o := invoke(t.Context(), h, invokeCall(time.Now().Add(5*time.Second)), 1, 0, 5*time.Millisecond, heartbeat, "test", discardLog)
 	if o.res == nil || o.res.Error != nil || o.res.Output != `"done"` {
 		t.Fatalf("outcome %+v, want the handler's output", o.res)
 	}
@@ -57,7 +59,16 @@ func TestInvokeAbandonsAHandlerThatIgnoresItsDeadline(t *testing.T) {
 	})
 	var beats atomic.Int32
 	deadline := time.Now().Add(20 * time.Millisecond)
-	o := invoke(t.Context(), h, invokeCall(deadline), 1, 0, 50*time.Millisecond, func() { beats.Add(1) }, "test", discardLog)
+	returned := make(chan outcome, 1)
+	go func() {
+		returned <- invoke(t.Context(), h, invokeCall(deadline), 1, 0, 50*time.Millisecond, func() { beats.Add(1) }, "test", discardLog)
+	}()
+	var o outcome
+	select {
+	case o = <-returned:
+	case <-time.After(abandonGrace + 30*time.Second):
+		t.Fatal("a handler that ignores its context was never abandoned")
+	}
 	if time.Now().Before(deadline.Add(abandonGrace)) {
 		t.Fatal("abandoned before the deadline's grace was over")
 	}
