@@ -64,6 +64,7 @@ func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, erro
 		return nil, err
 	}
 	p := &writesPipeline{js: js, kv: kv, waiting: map[string]chan struct{}{}}
+	stopped := make(chan struct{}) // ends the executor's waits for acknowledgements
 
 	// The executor, on its own connection: the result is stored, first
 	// wins, before the call is acknowledged.
@@ -89,6 +90,7 @@ func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, erro
 				_ = m.Ack()
 			case <-f.Err():
 				_ = m.Nak()
+			case <-stopped:
 			}
 		}()
 	})
@@ -113,7 +115,7 @@ func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, erro
 	if err != nil {
 		return nil, err
 	}
-	p.stop = func() { wcc.Stop(); rcc.Stop(); js.Conn().Close(); wjs.Conn().Close() }
+	p.stop = func() { wcc.Stop(); rcc.Stop(); close(stopped); js.Conn().Close(); wjs.Conn().Close() }
 	return p, nil
 }
 
@@ -196,39 +198,46 @@ func measureWrites(ctx context.Context, cfg config, r *report) error {
 		return err
 	}
 	defer p.stop()
+	for _, size := range []int{1, 16} {
+		if err := p.measure(ctx, cfg, r, size); err != nil {
+			return fmt.Errorf("writes, turns of %d: %w", size, err)
+		}
+	}
+	return nil
+}
+
+// measure runs cfg.calls calls in turns of size, inflightCalls at a time.
+func (p *writesPipeline) measure(ctx context.Context, cfg config, r *report, size int) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-
-	for _, size := range []int{1, 16} {
-		turns, record := cfg.calls/size, turnRecord(size)
-		slots := make(chan struct{}, max(inflightCalls/size, 16))
-		errs := make(chan error, 1)
-		var wg sync.WaitGroup
-		start, cpu0, alloc0 := time.Now(), cpuTime(), allocated()
-		for i := range turns {
-			slots <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-slots }()
-				if err := p.turn(ctx, fmt.Sprintf("s%02dt%08d", size, i), size, record); err != nil {
-					select {
-					case errs <- err:
-					default:
-					}
-					cancel()
+	turns, record := cfg.calls/size, turnRecord(size)
+	slots := make(chan struct{}, max(inflightCalls/size, 16))
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	start, cpu0, alloc0 := time.Now(), cpuTime(), allocated()
+	for i := 0; i < turns && ctx.Err() == nil; i++ {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := p.turn(ctx, fmt.Sprintf("s%02dt%08d", size, i), size, record); err != nil {
+				select {
+				case errs <- err:
+				default:
 				}
-			})
-		}
-		wg.Wait()
-		select {
-		case err := <-errs:
-			return fmt.Errorf("writes: %w", err)
-		default:
-		}
-		calls := turns * size
-		w := e2eResult{size: size, calls: float64(calls) / time.Since(start).Seconds(), cpu: (cpuTime() - cpu0) / time.Duration(calls), alloc: alloc0.per(calls)}
-		w.turns = w.calls / float64(size)
-		r.writes = append(r.writes, w)
-		fmt.Printf("   writes, turns of %2d: %.0f calls/s, %s CPU per call, %s allocated per call\n", size, w.calls, usf(w.cpu), w.alloc)
+				cancel()
+			}
+		})
 	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	calls := turns * size
+	w := e2eResult{size: size, calls: float64(calls) / time.Since(start).Seconds(), cpu: (cpuTime() - cpu0) / time.Duration(calls), alloc: alloc0.per(calls)}
+	w.turns = w.calls / float64(size)
+	r.writes = append(r.writes, w)
+	fmt.Printf("   writes, turns of %2d: %.0f calls/s, %s CPU per call, %s allocated per call\n", size, w.calls, usf(w.cpu), w.alloc)
 	return nil
 }
