@@ -47,25 +47,25 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 		if checked != nil {
 			digest = checked[i]
 		}
-		msg, err := d.callMsg(t, c, digest)
-		if err != nil {
-			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
-			continue
-		}
 		release, ok := d.limiter.tryAcquire(c.Team)
 		for !ok && len(pending) > 0 {
 			settleOldest()
 			release, ok = d.limiter.tryAcquire(c.Team)
 		}
 		if !ok {
+			var err error
 			if release, err = d.limiter.acquire(ctx, c.Team); err != nil {
 				return // shutting down; the sweep re-publishes
 			}
 		}
-		// The server counts the TTL from when it stores the call: stamped
-		// again once the slot is held, not left as it was when the message
-		// was built (callMsg gave it its slot in the header).
-		msg.Header[jetstream.MsgTTLHeader][0] = callTTL(t).String()
+		// Built once the slot is held: the server counts the call's TTL
+		// from when it stores it, not from before a wait for a slot.
+		msg, err := d.callMsg(t, c, digest)
+		if err != nil {
+			release()
+			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
+			continue
+		}
 		p := pendingCall{call: c, msg: msg, release: release, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
 		if p.ack, p.err = d.js.PublishMsgAsync(msg); p.err != nil {
 			d.settleCall(ctx, t, p) // not sent: retried at once, in order
