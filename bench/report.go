@@ -262,6 +262,9 @@ func (r *report) plots(dir string) error {
 			return err
 		}
 	}
+	if len(r.floorLat)+len(r.e2eLat)+len(r.microLat)+len(r.asynqLat) == 0 {
+		return nil // a partial run (-only) measured no latency: no plot to draw
+	}
 	p := plot.New()
 	p.Title.Text = "closed-loop latency, CDF"
 	p.X.Label.Text = "milliseconds (log)"
