@@ -79,7 +79,12 @@ func (refuseLoader) Load(url string) (any, error) {
 // Check validates arguments and returns a message for the model saying
 // what is wrong, or "" when they are valid.
 func (s *Schema) Check(args []byte) string {
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
+	inst, err := decode(args)
+	if err != nil {
+		// Described as encoding/json describes it (and taken, should it
+		// read what decode does not).
+		inst, err = jsonschema.UnmarshalJSON(bytes.NewReader(args))
+	}
 	if err != nil {
 		return fmt.Sprintf("The arguments for %s are not valid JSON (%v). Call it again with a JSON object that matches its parameters.", s.function, err)
 	}
