@@ -276,7 +276,7 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 	// One allowance for results that read as missing, for the whole turn.
 	lagUntil := time.Now().Add(min(resultLagFor, max(time.Until(t.ExpiresAt)-submitLeeway, 0)))
 	for i := range t.Calls {
-		c := t.Calls[i]
+		c := &t.Calls[i]
 		var res *protocol.Result
 		if timedOut(t, c.Key) {
 			res = &protocol.Result{
@@ -288,12 +288,16 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 			}
 		} else {
 			var err error
-			// A read that times out while JetStream fails over is tried
-			// again: the result is recorded, and failing the turn for it
-			// would throw the whole submission away. The run's expiry
-			// bounds the wait.
-			within := min(max(time.Until(t.ExpiresAt)-submitLeeway, minResultRead), resultReadFor)
-			res, err = d.recordedResult(ctx, t, &c, within, lagUntil)
+			// A result gathered here is in hand. Any other (gathered by
+			// another replica, or before a restart) is read from the
+			// stream; a read that times out while JetStream fails over is
+			// tried again: the result is recorded, and failing the turn
+			// for it would throw the whole submission away. The run's
+			// expiry bounds the wait.
+			if res = d.gather.local(t.Key, c.Key); res == nil {
+				within := min(max(time.Until(t.ExpiresAt)-submitLeeway, minResultRead), resultReadFor)
+				res, err = d.recordedResult(ctx, t, c, within, lagUntil)
+			}
 			if err == nil && (res.Key != c.Key || res.Team != c.Team) {
 				err = errors.New("the recorded result names another call")
 			}
@@ -312,7 +316,7 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 				return nil, fmt.Errorf("dispatch: result of call %s (%s): %w", c.ID, c.Name, err)
 			}
 		}
-		out = append(out, Output{Call: c, Result: res})
+		out = append(out, Output{Call: *c, Result: res})
 	}
 	return out, nil
 }
