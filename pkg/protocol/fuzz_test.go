@@ -237,3 +237,21 @@ func FuzzParseDeclareSubject(f *testing.F) {
 		}
 	})
 }
+
+// Every well-formed result subject is read back as the team and key it was
+// made of.
+func FuzzResultSubjectOfValidParts(f *testing.F) {
+	key := NewTurnKey(PlatformAgents, "s", []string{"c"}).Call("c")
+	f.Add("geo", string(key))
+	f.Add(SystemTeam, string(key))
+	f.Add("a.b", string(key))
+	f.Fuzz(func(t *testing.T, team, k string) {
+		if validResultTeam(team) != nil || CallKey(k).Validate() != nil {
+			return
+		}
+		gotTeam, gotKey, err := ParseResultSubject(ResultSubject(team, CallKey(k)))
+		if err != nil || gotTeam != team || gotKey != CallKey(k) {
+			t.Fatalf("ParseResultSubject(ResultSubject(%q, %q)) = %q, %q, %v", team, k, gotTeam, gotKey, err)
+		}
+	})
+}
