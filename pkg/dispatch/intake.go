@@ -96,7 +96,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if channel == "" {
 		channel = "api"
 	}
-	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Get(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel)))
+	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel))...)
 	d.gather.track(t, rev)
 	d.emit(Event{Kind: EventTurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),

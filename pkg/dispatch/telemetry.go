@@ -434,10 +434,10 @@ func (t *telemetry) processResult(ctx context.Context, subject, team string, hea
 
 // result records the metrics a result carries.
 func (t *telemetry) result(ctx context.Context, turn *Turn, res *protocol.Result) {
-	fn := t.sets.Get(attrFunction.String(res.Function), attrTeam.String(res.Team))
 	if !res.StartedAt.IsZero() {
-		t.callDuration.Record(ctx, res.FinishedAt.Sub(res.StartedAt).Seconds(), fn)
-		t.queueWait.Record(ctx, max(res.StartedAt.Sub(turn.CreatedAt), 0).Seconds(), fn)
+		fn := t.sets.Record(attrFunction.String(res.Function), attrTeam.String(res.Team))
+		t.callDuration.Record(ctx, res.FinishedAt.Sub(res.StartedAt).Seconds(), fn...)
+		t.queueWait.Record(ctx, max(res.StartedAt.Sub(turn.CreatedAt), 0).Seconds(), fn...)
 	}
 	if res.Attempt > 1 {
 		t.redeliveries.Add(ctx, int64(res.Attempt-1), metric.WithAttributes(attrFunction.String(res.Function)))
@@ -447,9 +447,9 @@ func (t *telemetry) result(ctx context.Context, turn *Turn, res *protocol.Result
 // submitted records the metrics of a closed turn.
 func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output, state TurnState, at time.Time) {
 	p := attrPlatform.String(string(turn.Ref.Platform))
-	t.turnDuration.Record(ctx, at.Sub(turn.CreatedAt).Seconds(), t.sets.Get(p, attrOutcome.String(string(state))))
+	t.turnDuration.Record(ctx, at.Sub(turn.CreatedAt).Seconds(), t.sets.Record(p, attrOutcome.String(string(state)))...)
 	if state == TurnSubmitted {
-		t.timeLeft.Record(ctx, max(turn.ExpiresAt.Sub(at), 0).Seconds(), t.sets.Get(p))
+		t.timeLeft.Record(ctx, max(turn.ExpiresAt.Sub(at), 0).Seconds(), t.sets.Record(p)...)
 	}
 	if turn.CutOff {
 		t.cutoffs.Add(ctx, 1, metric.WithAttributes(p))
@@ -459,7 +459,7 @@ func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output,
 		if o.Result.Error != nil {
 			outcome = string(o.Result.Error.Code)
 		}
-		t.calls.Add(ctx, 1, t.sets.Get(attrFunction.String(metricFunction(&o.Call)), attrTeam.String(o.Call.Team), attrOutcome.String(outcome)))
+		t.calls.Add(ctx, 1, t.sets.Add(attrFunction.String(metricFunction(&o.Call)), attrTeam.String(o.Call.Team), attrOutcome.String(outcome))...)
 	}
 }
 

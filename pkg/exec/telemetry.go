@@ -95,8 +95,8 @@ func Metrics(mp metric.MeterProvider) Middleware {
 				outcome = "error"
 			}
 			fn := attrFunction.String(inv.Call.Function)
-			calls.Add(ctx, 1, sets.Get(fn, attrOutcome.String(outcome)))
-			duration.Record(ctx, time.Since(start).Seconds(), sets.Get(fn))
+			calls.Add(ctx, 1, sets.Add(fn, attrOutcome.String(outcome))...)
+			duration.Record(ctx, time.Since(start).Seconds(), sets.Record(fn)...)
 			return out, err
 		})
 	}
