@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // limiter bounds the calls being published: at most max in flight overall
@@ -33,7 +34,7 @@ func (l *limiter) team(name string) chan struct{} {
 
 // tryAcquire takes a slot of team's and a global one if both are free at
 // once; ok is false otherwise.
-func (l *limiter) tryAcquire(team string) (release func(), ok bool) {
+func (l *limiter) tryAcquire(team string) (s *slot, ok bool) {
 	t := l.team(team)
 	select {
 	case t <- struct{}{}:
@@ -46,19 +47,26 @@ func (l *limiter) tryAcquire(team string) (release func(), ok bool) {
 		<-t
 		return nil, false
 	}
-	return l.releaser(t), true
+	return &slot{l: l, team: t}, true
 }
 
-func (l *limiter) releaser(t chan struct{}) func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() { <-l.global; <-t })
+// slot is a team's slot and a global one, held until released.
+type slot struct {
+	l        *limiter
+	team     chan struct{}
+	released atomic.Bool
+}
+
+// release gives the slots back; releasing again does nothing.
+func (s *slot) release() {
+	if s.released.CompareAndSwap(false, true) {
+		<-s.l.global
+		<-s.team
 	}
 }
 
-// acquire waits for a slot of team's and then a global one; release gives
-// both back.
-func (l *limiter) acquire(ctx context.Context, team string) (release func(), err error) {
+// acquire waits for a slot of team's and then a global one.
+func (l *limiter) acquire(ctx context.Context, team string) (*slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // stopping: a free slot must not win the select by chance
 	}
@@ -74,5 +82,5 @@ func (l *limiter) acquire(ctx context.Context, team string) (release func(), err
 		<-t
 		return nil, ctx.Err()
 	}
-	return l.releaser(t), nil
+	return &slot{l: l, team: t}, nil
 }

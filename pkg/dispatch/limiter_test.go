@@ -10,19 +10,19 @@ func TestLimiterKeepsABurstFromStarvingOtherTeams(t *testing.T) {
 	l := newLimiter(4, 2)
 	ctx := context.Background()
 	// Team "bulk" holds its two slots and queues more.
-	var held []func()
+	var held []*slot
 	for range 2 {
-		release, err := l.acquire(ctx, "bulk")
+		s, err := l.acquire(ctx, "bulk")
 		if err != nil {
 			t.Fatal(err)
 		}
-		held = append(held, release)
+		held = append(held, s)
 	}
 	blocked := make(chan struct{})
 	go func() {
-		release, err := l.acquire(ctx, "bulk")
+		s, err := l.acquire(ctx, "bulk")
 		if err == nil {
-			release()
+			s.release()
 		}
 		close(blocked)
 	}()
@@ -30,29 +30,49 @@ func TestLimiterKeepsABurstFromStarvingOtherTeams(t *testing.T) {
 	// global slots beyond its share.
 	quick, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	release, err := l.acquire(quick, "small")
+	s, err := l.acquire(quick, "small")
 	if err != nil {
 		t.Fatalf("team small starved: %v", err)
 	}
-	release()
+	s.release()
 	select {
 	case <-blocked:
 		t.Fatal("team bulk got a third slot while holding its two")
 	default:
 	}
 	for _, r := range held {
-		r()
+		r.release()
 	}
 	<-blocked
 }
 
 func TestLimiterRespectsCancellation(t *testing.T) {
 	l := newLimiter(1, 1)
-	release, _ := l.acquire(context.Background(), "a")
-	defer release()
+	s, _ := l.acquire(context.Background(), "a")
+	defer s.release()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := l.acquire(ctx, "a"); err == nil {
 		t.Fatal("acquired a slot with a cancelled context")
 	}
+}
+
+// Releasing a slot twice gives back one: a call's publication may end in
+// more than one place, and a second release must not free another's slot.
+func TestSlotReleasesOnce(t *testing.T) {
+	l := newLimiter(2, 2)
+	a, _ := l.tryAcquire("a")
+	b, ok := l.tryAcquire("a")
+	if !ok {
+		t.Fatal("second slot refused")
+	}
+	a.release()
+	a.release()
+	if _, ok := l.tryAcquire("a"); !ok {
+		t.Fatal("a released slot was not free")
+	}
+	if _, ok := l.tryAcquire("a"); ok {
+		t.Fatal("a third slot was free: the second release gave back b's")
+	}
+	b.release()
 }

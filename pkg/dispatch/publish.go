@@ -38,6 +38,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			settleOldest()
 		}
 	}()
+	deadline := t.Deadline.Format(time.RFC3339Nano) // the same on each call
 	for i := range t.Calls {
 		c := &t.Calls[i]
 		if c.Rejected || skip[c.Key] {
@@ -47,26 +48,26 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 		if checked != nil {
 			digest = checked[i]
 		}
-		release, ok := d.limiter.tryAcquire(c.Team)
+		held, ok := d.limiter.tryAcquire(c.Team)
 		for !ok && len(pending) > 0 {
 			settleOldest()
-			release, ok = d.limiter.tryAcquire(c.Team)
+			held, ok = d.limiter.tryAcquire(c.Team)
 		}
 		if !ok {
 			var err error
-			if release, err = d.limiter.acquire(ctx, c.Team); err != nil {
+			if held, err = d.limiter.acquire(ctx, c.Team); err != nil {
 				return // shutting down; the sweep re-publishes
 			}
 		}
 		// Built once the slot is held: the server counts the call's TTL
 		// from when it stores it, not from before a wait for a slot.
-		msg, err := d.callMsg(t, c, digest)
+		msg, err := d.callMsg(t, c, deadline, digest)
 		if err != nil {
-			release()
+			held.release()
 			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
 			continue
 		}
-		p := pendingCall{call: c, msg: msg, release: release, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
+		p := pendingCall{call: c, msg: msg, slot: held, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
 		if p.ack, p.err = d.js.PublishMsgAsync(msg); p.err != nil {
 			d.settleCall(ctx, t, p) // not sent: retried at once, in order
 			continue
@@ -77,20 +78,20 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 
 // pendingCall is a call's publication until its acknowledgement is in.
 type pendingCall struct {
-	call    *TurnCall
-	msg     *nats.Msg
-	ack     jetstream.PubAckFuture
-	err     error // publishing failed before anything was sent
-	sent    time.Time
-	release func()
-	span    trace.Span
+	call *TurnCall
+	msg  *nats.Msg
+	ack  jetstream.PubAckFuture
+	err  error // publishing failed before anything was sent
+	sent time.Time
+	slot *slot
+	span trace.Span
 }
 
 // settleCall waits for p's acknowledgement, publishes p again while its
 // failure may pass, fails the call if it cannot be stored, and gives its
 // slot back.
 func (d *Dispatcher) settleCall(ctx context.Context, t *Turn, p pendingCall) {
-	defer p.release()
+	defer p.slot.release()
 	defer p.span.End()
 	err := p.err
 	if err == nil {
@@ -129,7 +130,8 @@ func (d *Dispatcher) republish(ctx context.Context, t *Turn, c *TurnCall, msg *n
 	return err
 }
 
-func (d *Dispatcher) callMsg(t *Turn, c *TurnCall, checked string) (*nats.Msg, error) {
+// callMsg builds c's message; deadline is t's, formatted for its header.
+func (d *Dispatcher) callMsg(t *Turn, c *TurnCall, deadline, checked string) (*nats.Msg, error) {
 	call := &protocol.Call{
 		Version: protocol.Version, Key: c.Key, Platform: t.Ref.Platform, Scope: t.Scope, CallID: c.ID,
 		Team: c.Team, Function: c.Name, Arguments: c.Arguments, Deadline: t.Deadline, CreatedAt: t.CreatedAt,
@@ -143,7 +145,7 @@ func (d *Dispatcher) callMsg(t *Turn, c *TurnCall, checked string) (*nats.Msg, e
 	// on every call, and the options cost allocations of their own.
 	kv := []string{
 		protocol.HeaderCallKey, string(c.Key),
-		protocol.HeaderDeadline, t.Deadline.Format(time.RFC3339Nano),
+		protocol.HeaderDeadline, deadline,
 		protocol.HeaderFunction, c.Name,
 		jetstream.MsgIDHeader, protocol.CallMsgID(c.Key),
 		jetstream.MsgTTLHeader, callTTL(t).String(),
