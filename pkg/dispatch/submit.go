@@ -393,11 +393,12 @@ func (d *Dispatcher) submitWithRetry(ctx context.Context, t *Turn, outputs []Out
 	if p == nil {
 		return nil, fmt.Errorf("dispatch: no adapter for platform %q", t.Ref.Platform)
 	}
-	ctx, cancel := context.WithDeadline(ctx, t.ExpiresAt)
-	defer cancel()
 	retry := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 8 * time.Second}
 	for attempt := 1; ; attempt++ {
-		actx, acancel := context.WithTimeout(ctx, submitAttemptTimeout)
+		// Each attempt ends by the run's expiry (the waits between them
+		// do too: retryWait keeps them short of it), so one context per
+		// attempt bounds both.
+		actx, acancel := context.WithDeadline(ctx, earliest(t.ExpiresAt, time.Now().Add(submitAttemptTimeout)))
 		sub, err := p.Submit(actx, t, outputs)
 		acancel()
 		if err == nil {
@@ -448,4 +449,12 @@ func retryWait(left, backoff, retryAfter time.Duration) (time.Duration, bool) {
 func (d *Dispatcher) lateResult(ctx context.Context, t *Turn) {
 	d.tel.late.Add(ctx, 1)
 	d.log.InfoContext(ctx, "late result for a closed turn; recorded, not submitted", "turn", t.Key, "state", t.State)
+}
+
+// earliest returns the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
