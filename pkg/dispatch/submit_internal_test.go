@@ -228,3 +228,53 @@ func TestTheSweepLeavesATurnSubmittedHere(t *testing.T) {
 		t.Fatalf("after the sweep's take-over the record is at revision %d (%v); want it untouched at %d", after, err, rev)
 	}
 }
+
+// expiringRefuser refuses every submission as retryable, noting each
+// attempt's deadline, and calls onRefuse (if set) after each refusal.
+type expiringRefuser struct {
+	idlePlatform
+	deadlines []time.Time
+	onRefuse  func()
+}
+
+func (p *expiringRefuser) Submit(ctx context.Context, _ *Turn, _ []Output) (*Submission, error) {
+	dl, _ := ctx.Deadline()
+	p.deadlines = append(p.deadlines, dl)
+	if p.onRefuse != nil {
+		p.onRefuse()
+	}
+	return nil, &PlatformError{Op: "submit", StatusCode: http.StatusBadGateway, Retryable: true, Err: errors.New("bad gateway")}
+}
+
+// Every attempt ends by the run's expiry (and by its own timeout), with one
+// context per attempt; a takeover during the wait between attempts still
+// ends the submission as taken over.
+func TestSubmissionAttemptsEndByTheRunsExpiry(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &expiringRefuser{}
+	d, err := New(js, []Platform{p}, Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	soon := &Turn{Key: "t", Ref: Ref{Platform: p.Name()}, ExpiresAt: time.Now().Add(1500 * time.Millisecond)}
+	if _, err := d.submitWithRetry(t.Context(), soon, nil); err == nil {
+		t.Fatal("a submission refused until the run expired succeeded")
+	}
+	for i, dl := range p.deadlines {
+		if dl.IsZero() || dl.After(soon.ExpiresAt) {
+			t.Fatalf("attempt %d's deadline %v, want by the run's expiry %v", i+1, dl, soon.ExpiresAt)
+		}
+	}
+
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	p.deadlines = nil
+	p.onRefuse = func() { cancel(errTakenOver) } // taken over as the first attempt is refused
+	later := &Turn{Key: "t", Ref: Ref{Platform: p.Name()}, ExpiresAt: time.Now().Add(time.Hour)}
+	if _, err := d.submitWithRetry(ctx, later, nil); !errors.Is(err, errTakenOver) {
+		t.Fatalf("err %v, want errTakenOver", err)
+	}
+	if len(p.deadlines) != 1 || time.Until(p.deadlines[0]) > submitAttemptTimeout {
+		t.Fatalf("attempts' deadlines %v, want one within %s", p.deadlines, submitAttemptTimeout)
+	}
+}
