@@ -221,7 +221,7 @@ func (in *inspector) mirrorTurns(ctx context.Context, loaded func()) {
 
 // loadOpen reads the record of every turn in the index of open turns.
 func (in *inspector) loadOpen(ctx context.Context) error {
-	keys, _, err := in.d.openTurns(ctx)
+	keys, _, err := in.d.openTurns(ctx, nil)
 	if err != nil {
 		return err
 	}

@@ -60,20 +60,25 @@ const (
 )
 
 func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
-	keys, listed, err := d.openTurns(ctx)
-	if err != nil {
-		d.log.Warn("sweep: listing open turns failed", "err", err)
-	}
 	now := time.Now()
 	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
 	d.lastSweep = now
+	// A young turn this replica gathers for is swept as it is listed, and
+	// kept out of the set: under load most open turns are young, and the
+	// sweep's memory stays what the listing's page takes.
+	keys, listed, err := d.openTurns(ctx, func(t *Turn) bool {
+		if startup || now.Sub(t.CreatedAt) > stuckAfter {
+			return false
+		}
+		d.sweepYoung(t, now)
+		return true
+	})
+	if err != nil {
+		d.log.Warn("sweep: listing open turns failed", "err", err)
+	}
 	for _, key := range keys {
 		if ctx.Err() != nil {
 			return
-		}
-		if t, _ := d.gather.known(key); t != nil && !startup && now.Sub(t.CreatedAt) <= stuckAfter {
-			d.sweepYoung(t, now)
-			continue
 		}
 		d.sweepTurn(ctx, key, startup, sinceLast)
 	}
@@ -87,7 +92,8 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 // stuckAfter ago, as it knows it: nothing about it can be stuck yet (a
 // replica submitting it has been for less than stuckAfter), so its record
 // is not read. Under load most open turns are young, and reading each
-// one's record every sweep was most of the sweep's cost.
+// one's record every sweep was most of the sweep's cost. A turn listed
+// twice (pages overlap) may be swept twice; cutting off is compare-and-set.
 func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) {
 	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than stuckAfter
 		d.cutOffLate(t.Key, "sweep: turn past its deadline; cutting it off")
@@ -101,8 +107,8 @@ func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) {
 // off at its deadline, as its timer would have.
 func (d *Dispatcher) sweepUnlisted(ctx context.Context, listed map[protocol.TurnKey]bool, now time.Time) {
 	for _, t := range d.gather.trackedTurns() {
-		if listed[t.Key] || now.Sub(t.CreatedAt) <= stuckAfter || ctx.Err() != nil {
-			continue // open, or too young to be missing from the listing for long
+		if now.Sub(t.CreatedAt) <= stuckAfter || listed[t.Key] || ctx.Err() != nil {
+			continue // too young to be missing from the listing for long (and not in listed), or open
 		}
 		key := t.Key
 		r, _, err := d.turns.get(ctx, key)
@@ -116,20 +122,25 @@ func (d *Dispatcher) sweepUnlisted(ctx context.Context, listed map[protocol.Turn
 }
 
 // openTurns lists the turns whose timer subjects exist: the open turns,
-// each once, in the order listed and as a set. A sweep of many open turns
-// must not cost the dispatcher much memory while it runs, so the listing
-// (a stream-info request, in pages of up to the server's limit) is read
-// from each page's bytes, not decoded into a map, and a turn this replica
-// gathers for is named by the key it already holds.
-func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, map[protocol.TurnKey]bool, error) {
+// each once, in the order listed and as a set. A turn this replica
+// gathers for is named by the key it already holds, and handed first to
+// seen (if not nil), which may take it out of the listing by returning
+// true. A sweep of many open turns must not cost the dispatcher much
+// memory while it runs, so the listing (a stream-info request, in pages
+// of up to the server's limit) is read from each page's bytes, not
+// decoded into a map.
+func (d *Dispatcher) openTurns(ctx context.Context, seen func(*Turn) bool) ([]protocol.TurnKey, map[protocol.TurnKey]bool, error) {
 	var keys []protocol.TurnKey
-	var listed map[protocol.TurnKey]bool
+	listed := map[protocol.TurnKey]bool{}
 	add := func(subject string) {
 		key, err := parseTimerSubject(subject)
 		if err != nil || listed[key] {
 			return
 		}
 		if t, _ := d.gather.known(key); t != nil {
+			if seen != nil && seen(t) {
+				return
+			}
 			key = t.Key
 		} else {
 			key = protocol.TurnKey(strings.Clone(string(key))) // not the subject: the page goes
@@ -140,11 +151,7 @@ func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, map[pro
 	// Scheduled timers first, then fired ones: a timer that fires while the
 	// listing is read moves from the first to the second, and is listed.
 	for _, filter := range []string{provision.TimerSubjectPrefix + ".sched.>", provision.TimerSubjectPrefix + ".fire.>"} {
-		if err := d.listTimerSubjects(ctx, filter, func(total int) {
-			if listed == nil { // most turns have one timer subject
-				keys, listed = make([]protocol.TurnKey, 0, total), make(map[protocol.TurnKey]bool, total)
-			}
-		}, add); err != nil {
+		if err := d.listTimerSubjects(ctx, filter, add); err != nil {
 			return keys, listed, fmt.Errorf("dispatch: list open turns: %w", err)
 		}
 	}
@@ -152,12 +159,11 @@ func (d *Dispatcher) openTurns(ctx context.Context) ([]protocol.TurnKey, map[pro
 }
 
 // listTimerSubjects hands each subject of the timer stream that matches
-// filter to each, reading the stream-info answer page by page; sized learns
-// the total first. Each page has its own deadline: a request that finds no
+// filter to each, reading the stream-info answer page by page. Each page has its own deadline: a request that finds no
 // stream leader (one is being elected) gets no answer at all.
-func (d *Dispatcher) listTimerSubjects(ctx context.Context, filter string, sized func(total int), each func(string)) error {
+func (d *Dispatcher) listTimerSubjects(ctx context.Context, filter string, each func(string)) error {
 	subject := "$JS.API.STREAM.INFO." + provision.TimerStream // New refuses other API prefixes
-	return pageThrough(func(offset int) (int, json.RawMessage, error) {
+	return pageThrough(func(offset int) (int, []byte, error) {
 		req := fmt.Appendf(nil, `{"subjects_filter":%q,"offset":%d}`, filter, offset)
 		rctx, cancel := context.WithTimeout(ctx, listPageTimeout)
 		defer cancel()
@@ -166,7 +172,7 @@ func (d *Dispatcher) listTimerSubjects(ctx context.Context, filter string, sized
 			return 0, nil, err
 		}
 		return decodeSubjectsPage(m.Data)
-	}, sized, each)
+	}, each)
 }
 
 // pageThrough reads every page fetch returns. The server cuts its sorted
@@ -176,7 +182,7 @@ func (d *Dispatcher) listTimerSubjects(ctx context.Context, filter string, sized
 // the last, and one that starts past everything read so far (more was
 // deleted than it overlapped) is asked for again from further back.
 // Subjects may so be handed to each more than once.
-func pageThrough(fetch func(offset int) (total int, subjects json.RawMessage, err error), sized func(total int), each func(string)) error {
+func pageThrough(fetch func(offset int) (total int, subjects []byte, err error), each func(string)) error {
 	offset, back := 0, 0
 	var last string // the greatest subject read
 	for range maxPages {
@@ -184,7 +190,6 @@ func pageThrough(fetch func(offset int) (total int, subjects json.RawMessage, er
 		if err != nil {
 			return err
 		}
-		sized(total)
 		var first, greatest string
 		n, err := eachSubject(subjects, func(s string) {
 			if first == "" || s < first {
@@ -232,13 +237,14 @@ const listPageTimeout = 10 * time.Second
 
 // decodeSubjectsPage reads one page of a stream-info answer with subject
 // details: the total the server has, and this page's subjects as they
-// came (see eachSubject).
-func decodeSubjectsPage(data []byte) (total int, subjects json.RawMessage, err error) {
+// came (see eachSubject), a slice of data rather than a copy: at 100k open
+// turns a page is several megabytes.
+func decodeSubjectsPage(data []byte) (total int, subjects []byte, err error) {
 	var page struct {
 		Error *jetstream.APIError `json:"error"`
 		Total int                 `json:"total"`
 		State *struct {
-			Subjects json.RawMessage `json:"subjects"`
+			Subjects rawSlice `json:"subjects"`
 		} `json:"state"`
 	}
 	if err := json.Unmarshal(data, &page); err != nil {
@@ -253,6 +259,17 @@ func decodeSubjectsPage(data []byte) (total int, subjects json.RawMessage, err e
 	return page.Total, page.State.Subjects, nil
 }
 
+// rawSlice is a JSON value kept as the slice of the input it came from.
+// encoding/json's Unmarshal hands an Unmarshaler a slice of the data it
+// was given (json.RawMessage copies it); the caller owns that data, so
+// the slice stays valid as long as it does.
+type rawSlice []byte
+
+func (r *rawSlice) UnmarshalJSON(b []byte) error {
+	*r = b
+	return nil
+}
+
 // eachSubject calls each with every key of raw, a JSON object of subjects
 // and message counts (or null), and returns how many there were. It reads
 // them from raw's bytes: at 100k open turns, decoding them into a map was
@@ -260,7 +277,7 @@ func decodeSubjectsPage(data []byte) (total int, subjects json.RawMessage, err e
 // hold no character JSON must escape, so the keys are read as they are;
 // an object with an escape anywhere (or bytes that are not UTF-8, which
 // encoding/json would replace) is decoded by encoding/json.
-func eachSubject(raw json.RawMessage, each func(string)) (int, error) {
+func eachSubject(raw []byte, each func(string)) (int, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, nil

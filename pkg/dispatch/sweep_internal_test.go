@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,7 +86,7 @@ func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	keys, listed, err := d.openTurns(ctx)
+	keys, listed, err := d.openTurns(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +96,32 @@ func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
 	for _, k := range keys {
 		if !want[k] || !listed[k] {
 			t.Fatalf("listed %s, which is not an open turn (or not in the set)", k)
+		}
+	}
+
+	// Turns this replica gathers for go to seen first; those it takes are
+	// left out of both the keys and the set (the sweep's young turns).
+	taken := map[protocol.TurnKey]bool{}
+	for i, k := range keys[:600] {
+		d.gather.track(&Turn{Key: k, CreatedAt: time.Now()}, 1)
+		if i%2 == 0 {
+			taken[k] = true
+		}
+	}
+	seen := map[protocol.TurnKey]int{}
+	keys, listed, err = d.openTurns(ctx, func(tr *Turn) bool {
+		seen[tr.Key]++
+		return taken[tr.Key]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 600 || len(keys) != len(want)-len(taken) || len(listed) != len(keys) {
+		t.Fatalf("seen %d tracked turns (want 600), listed %d keys (%d in the set), want %d", len(seen), len(keys), len(listed), len(want)-len(taken))
+	}
+	for _, k := range keys {
+		if taken[k] || !want[k] {
+			t.Fatalf("listed %s, which seen took or is not open", k)
 		}
 	}
 }
@@ -120,6 +147,14 @@ func TestDecodeSubjectsPage(t *testing.T) {
 		if n, err := eachSubject([]byte(empty), func(string) { t.Errorf("%q has no subject", empty) }); err != nil || n != 0 {
 			t.Errorf("eachSubject(%q): n %d, err %v", empty, n, err)
 		}
+	}
+	// The subjects are the answer's own bytes, not a copy: a page of 100k
+	// open turns is several megabytes.
+	answer := []byte(`{"total":1,"state":{"subjects":{"fntimer.sched.a":1}}}`)
+	if _, subjects, err := decodeSubjectsPage(answer); err != nil {
+		t.Fatal(err)
+	} else if answer[bytes.Index(answer, []byte(".a"))+1] = 'z'; string(subjects) != `{"fntimer.sched.z":1}` {
+		t.Fatalf("subjects %s after the answer changed: a copy, not the answer's bytes", subjects)
 	}
 	if _, subjects, err := decodeSubjectsPage([]byte(`{"total":0,"state":{"messages":0}}`)); err != nil || subjects != nil {
 		t.Fatalf("a page without subjects: %s, err %v", subjects, err)
@@ -200,9 +235,22 @@ func BenchmarkOpenTurns(b *testing.B) {
 	<-js.PublishAsyncComplete()
 	b.Run("paged", func(b *testing.B) {
 		for b.Loop() {
-			if keys, _, err := d.openTurns(ctx); err != nil || len(keys) != open {
-				b.Fatalf("%d keys, %v", len(keys), err)
+			if keys := d.mustOpenTurns(b); len(keys) != open {
+				b.Fatalf("%d keys, want %d", len(keys), open)
 			}
+		}
+	})
+	b.Run("sweep-young", func(b *testing.B) { // every turn taken in here a moment ago
+		for _, k := range d.mustOpenTurns(b) {
+			d.gather.track(&Turn{Key: k, CreatedAt: time.Now(), Deadline: time.Now().Add(time.Hour)}, 1)
+		}
+		defer func() {
+			for _, t := range d.gather.trackedTurns() {
+				d.gather.forget(t.Key)
+			}
+		}()
+		for b.Loop() {
+			d.sweep(ctx, false)
 		}
 	})
 	b.Run("stream-info", func(b *testing.B) {
@@ -219,6 +267,14 @@ func BenchmarkOpenTurns(b *testing.B) {
 			}
 		}
 	})
+}
+
+func (d *Dispatcher) mustOpenTurns(tb testing.TB) []protocol.TurnKey {
+	keys, _, err := d.openTurns(tb.Context(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return keys
 }
 
 // The server cuts its sorted list of subjects into pages by position, and
@@ -238,7 +294,7 @@ func TestPageThroughSkipsNothingThatStays(t *testing.T) {
 		}
 	}
 	pages := 0
-	fetch := func(offset int) (int, json.RawMessage, error) {
+	fetch := func(offset int) (int, []byte, error) {
 		pages++
 		if pages > 1 { // between pages, delete up to 150 subjects from the front half
 			kept := set[:0:0]
@@ -262,7 +318,7 @@ func TestPageThroughSkipsNothingThatStays(t *testing.T) {
 		return len(set), b, nil
 	}
 	got := map[string]bool{}
-	if err := pageThrough(fetch, func(int) {}, func(s string) { got[s] = true }); err != nil {
+	if err := pageThrough(fetch, func(s string) { got[s] = true }); err != nil {
 		t.Fatal(err)
 	}
 	for s := range stay {
