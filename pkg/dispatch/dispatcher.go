@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
+	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -141,7 +142,10 @@ const (
 // may share one NATS: each turn is submitted by the replica that wins its
 // compare-and-set.
 type Dispatcher struct {
-	js        jetstream.JetStream
+	js jetstream.JetStream
+	// async publishes the writes a turn waits for together (its record,
+	// timer and calls); Run closes it as it returns.
+	async     *jspub.Async
 	platforms map[protocol.Platform]Platform
 	opts      Options
 	log       *slog.Logger
@@ -243,8 +247,8 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.MaxDeclarationsPerTeam <= 0 {
 		opts.MaxDeclarationsPerTeam = DefaultMaxDeclarationsPerTeam
 	}
-	d := &Dispatcher{js: js, opts: opts, log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{},
-		unavailableFor: unavailableRetryFor}
+	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending), opts: opts,
+		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
 		if _, dup := d.platforms[p.Name()]; dup {
 			return nil, fmt.Errorf("dispatch: two adapters for platform %s", p.Name())
@@ -284,6 +288,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("dispatch: Run called twice")
 	}
+	defer d.async.Close() // last: once the background work is done
 	// A dispatcher started with its servers waits for JetStream to answer.
 	err := jsretry.UntilReady(ctx, d.log, "provisioning", d.provision)
 	if ctx.Err() != nil {

@@ -8,11 +8,13 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/firstwins"
+	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -221,11 +223,12 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	} else if step != nil {
 		beside = append(beside, companion{failed: "remembering the step failed; its remaining calls may be taken in again", ack: step, again: func(ctx context.Context) error { return d.rememberStep(ctx, t) }})
 	}
-	rec, err := d.js.PublishAsync(kvSubject(provision.TurnBucket, string(t.Key)), b.Bytes(), jetstream.WithExpectLastSequencePerSubject(0))
+	rec, err := d.async.Publish(&nats.Msg{Subject: kvSubject(provision.TurnBucket, string(t.Key)), Data: b.Bytes(),
+		Header: jspub.SetHeaders(nil, jetstream.ExpectedLastSubjSeqHeader, "0")}) // created, not overwritten
 	if err != nil {
 		return 0, err
 	}
-	ack, err := awaitAck(ctx, rec, sent)
+	seq, err := awaitAck(ctx, rec, sent)
 	if err == nil || firstwins.Lost(err) {
 		// Answered: the client will not publish b again. (After a
 		// timeout or while no server answers, it may still retry.)
@@ -248,13 +251,13 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 			}
 		}
 	}
-	return ack.Sequence, nil
+	return seq, nil
 }
 
 // companion is a write published beside a turn's record: its pending
 // acknowledgement, how to write it again, and what to log if that fails.
 type companion struct {
-	ack    jetstream.PubAckFuture
+	ack    *jspub.Future
 	again  func(context.Context) error
 	failed string
 }

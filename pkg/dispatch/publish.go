@@ -68,7 +68,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			continue
 		}
 		p := pendingCall{call: c, msg: msg, slot: held, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
-		if p.ack, p.err = d.js.PublishMsgAsync(msg); p.err != nil {
+		if p.ack, p.err = d.async.Publish(msg); p.err != nil {
 			d.settleCall(ctx, t, p) // not sent: retried at once, in order
 			continue
 		}
@@ -80,7 +80,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 type pendingCall struct {
 	call *TurnCall
 	msg  *nats.Msg
-	ack  jetstream.PubAckFuture
+	ack  *jspub.Future
 	err  error // publishing failed before anything was sent
 	sent time.Time
 	slot *slot

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -71,7 +73,7 @@ func (d *Dispatcher) stepOf(ctx context.Context, req *TurnRequest, key protocol.
 // stepAsync publishes t as its session turn's latest step (Agents only:
 // nil otherwise), beside its record (see record): by the time any of its
 // results is submitted, a request for its remaining calls finds it.
-func (d *Dispatcher) stepAsync(t *Turn) (jetstream.PubAckFuture, error) {
+func (d *Dispatcher) stepAsync(t *Turn) (*jspub.Future, error) {
 	if t.Ref.Platform != protocol.PlatformAgents {
 		return nil, nil
 	}
@@ -79,7 +81,7 @@ func (d *Dispatcher) stepAsync(t *Turn) (jetstream.PubAckFuture, error) {
 	if err != nil {
 		return nil, err
 	}
-	return d.js.PublishAsync(kvSubject(provision.StepBucket, stepKey(t.Scope)), b)
+	return d.async.Publish(&nats.Msg{Subject: kvSubject(provision.StepBucket, stepKey(t.Scope)), Data: b})
 }
 
 // rememberStep writes t's step again, waiting for it.

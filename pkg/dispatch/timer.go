@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -30,15 +31,15 @@ func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
 	return err
 }
 
-func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (jetstream.PubAckFuture, error) {
+func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (*jspub.Future, error) {
 	// @at has second resolution. Fire at the second before the deadline
 	// and wait out the rest in-process (closeTurn): rounding up would eat
 	// up to a second of the margin.
 	at := t.Deadline.Truncate(time.Second)
-	return d.js.PublishAsync(timerScheduleSubject(t.Key), []byte(t.Key),
-		jetstream.WithMsgID("timer."+string(t.Key)),
-		jetstream.WithScheduleAt(at),
-		jetstream.WithScheduleTarget(timerFireSubject(t.Key)))
+	return d.async.Publish(&nats.Msg{Subject: timerScheduleSubject(t.Key), Data: []byte(t.Key), Header: jspub.SetHeaders(nil,
+		jetstream.MsgIDHeader, "timer."+string(t.Key),
+		jetstream.ScheduleHeader, "@at "+at.UTC().Format(time.RFC3339),
+		jetstream.ScheduleTargetHeader, timerFireSubject(t.Key))})
 }
 
 func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {

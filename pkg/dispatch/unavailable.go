@@ -19,45 +19,54 @@ const unavailableRetryFor = 10 * time.Second
 // ackTimeout bounds the wait for a publication's acknowledgement.
 const ackTimeout = 5 * time.Second
 
+// asyncMaxPending bounds the asynchronous publications waiting for their
+// acknowledgements; one more waits a moment for a slot, then fails with
+// jetstream.ErrTooManyStalledMsgs, which may pass.
+const asyncMaxPending = 4096
+
 // awaitAck waits for the acknowledgement of an asynchronous publication
-// sent at sent. A JetStream context made without WithPublishAsyncTimeout
-// never fails a future whose acknowledgement was lost with a server (only a
-// reconnect of this client does), so the wait ends ackTimeout after sent:
+// sent at sent, and returns the sequence it is stored at. A publication
+// whose acknowledgement was lost with a server is failed only by a
+// reconnect of this client (or, long after, by jspub), so the wait ends
+// ackTimeout after sent:
 // a lost acknowledgement is jetstream.ErrAsyncPublishTimeout, which may
 // pass, and message IDs make publishing again safe.
-func awaitAck(ctx context.Context, f jetstream.PubAckFuture, sent time.Time) (*jetstream.PubAck, error) {
+func awaitAck(ctx context.Context, f ackFuture, sent time.Time) (uint64, error) {
 	// An answer already in is taken as it is, however long ago the write
 	// was sent: a select with the timeout already fired could pick either,
 	// and a turn's later calls are settled only once all are published.
-	if ack, in, err := answered(f); in {
-		return ack, err
+	if answered(f) {
+		return f.Result()
 	}
 	timeout := time.NewTimer(time.Until(sent.Add(ackTimeout)))
 	defer timeout.Stop()
 	select {
-	case ack := <-f.Ok():
-		return ack, nil
-	case err := <-f.Err():
-		return nil, err
+	case <-f.Done():
+		return f.Result()
 	case <-timeout.C:
-		if ack, in, err := answered(f); in { // came in as the timer fired
-			return ack, err
+		if answered(f) { // came in as the timer fired
+			return f.Result()
 		}
-		return nil, jetstream.ErrAsyncPublishTimeout
+		return 0, jetstream.ErrAsyncPublishTimeout
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return 0, ctx.Err()
 	}
 }
 
-// answered returns f's answer if it is in, without waiting.
-func answered(f jetstream.PubAckFuture) (ack *jetstream.PubAck, in bool, err error) {
+// ackFuture is an asynchronous publication's answer to come
+// (*jspub.Future).
+type ackFuture interface {
+	Done() <-chan struct{}
+	Result() (seq uint64, err error)
+}
+
+// answered reports whether f's answer is in, without waiting.
+func answered(f ackFuture) bool {
 	select {
-	case ack := <-f.Ok():
-		return ack, true, nil
-	case err := <-f.Err():
-		return nil, true, err
+	case <-f.Done():
+		return true
 	default:
-		return nil, false, nil
+		return false
 	}
 }
 

@@ -118,9 +118,8 @@ func TestWhileUnavailableStopsAtTheCallersDeadline(t *testing.T) {
 // server that stored it went away.
 type lostAck struct{}
 
-func (lostAck) Ok() <-chan *jetstream.PubAck { return nil }
-func (lostAck) Err() <-chan error            { return nil }
-func (lostAck) Msg() *nats.Msg               { return nil }
+func (lostAck) Done() <-chan struct{}   { return nil }
+func (lostAck) Result() (uint64, error) { return 0, errors.New("not answered") }
 
 // A lost acknowledgement ends the wait ackTimeout after the publication
 // (nats.go fails such futures only when this client reconnects), as a
@@ -133,22 +132,21 @@ func TestAwaitAckGivesUpOnALostAcknowledgement(t *testing.T) {
 }
 
 // answeredAck is a publication whose acknowledgement is in.
-type answeredAck struct{ ok chan *jetstream.PubAck }
+type answeredAck struct{ done chan struct{} }
 
-func (a answeredAck) Ok() <-chan *jetstream.PubAck { return a.ok }
-func (answeredAck) Err() <-chan error              { return nil }
-func (answeredAck) Msg() *nats.Msg                 { return nil }
+func (a answeredAck) Done() <-chan struct{} { return a.done }
+func (answeredAck) Result() (uint64, error) { return 7, nil }
 
 // An acknowledgement that came in while the caller did other work is
 // taken, however long ago the publication went out: taking the timeout
 // instead would publish a stored call again.
 func TestAwaitAckTakesAnAnswerAlreadyIn(t *testing.T) {
 	for range 50 { // a select between the two would pick the timeout about half the time
-		f := answeredAck{ok: make(chan *jetstream.PubAck, 1)}
-		f.ok <- &jetstream.PubAck{Sequence: 7}
-		ack, err := awaitAck(context.Background(), f, time.Now().Add(-2*ackTimeout))
-		if err != nil || ack.Sequence != 7 {
-			t.Fatalf("answered long after the publication: %v, %v; want the acknowledgement", ack, err)
+		f := answeredAck{done: make(chan struct{})}
+		close(f.done)
+		seq, err := awaitAck(context.Background(), f, time.Now().Add(-2*ackTimeout))
+		if err != nil || seq != 7 {
+			t.Fatalf("answered long after the publication: %v, %v; want the acknowledgement", seq, err)
 		}
 	}
 }
