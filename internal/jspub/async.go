@@ -25,23 +25,25 @@ import (
 // nats.ErrDisconnected (its answer, if any, is lost with the connection);
 // and at most maxPending publications wait for answers, a publisher over
 // that waiting up to stallWait for one to come in, then getting
-// jetstream.ErrTooManyStalledMsgs. Unlike jetstream, a publication whose
-// answer never comes (lost with a server, the connection never dropped) is
-// failed with jetstream.ErrAsyncPublishTimeout once it is forgetAfter old,
-// so a lost answer does not hold a slot for ever.
+// jetstream.ErrTooManyStalledMsgs. A publication whose answer does not
+// come within its timeout (lost with a server, the connection never
+// dropped) fails with jetstream.ErrAsyncPublishTimeout, as with
+// jetstream's WithPublishAsyncTimeout, but without a timer each: one
+// ticker looks at what is pending.
 type Async struct {
 	nc         *nats.Conn
 	maxPending int
+	timeout    time.Duration
 
 	mu        sync.Mutex
 	prefix    string // the reply subjects', set up at the first publication
 	sub       *nats.Subscription
 	status    chan nats.Status
-	listening sync.WaitGroup // the status listener
+	listening sync.WaitGroup // the status listener and timeout ticker
+	stop      chan struct{}  // closed by Close
 	pending   map[string]*Future
 	next      uint64
 	freed     chan struct{} // closed when a slot frees; nil if nobody waits
-	sinceTidy int
 	closed    bool
 }
 
@@ -49,18 +51,16 @@ const (
 	// stallWait is how long a publication waits for a slot (jetstream's
 	// default).
 	stallWait = 200 * time.Millisecond
-	// forgetAfter is how old an unanswered publication is before it is
-	// failed: well past any caller's wait for it.
-	forgetAfter = 30 * time.Second
-	// tidyEvery is how many publications go by between looks for
-	// publications to forget.
-	tidyEvery = 1024
+	// timeoutTicks is how many times per timeout pending publications are
+	// looked at: one fails between timeout and timeout plus a tick.
+	timeoutTicks = 20
 )
 
 // NewAsync returns a publisher on nc with at most maxPending publications
-// waiting for answers. It subscribes at its first publication.
-func NewAsync(nc *nats.Conn, maxPending int) *Async {
-	return &Async{nc: nc, maxPending: max(maxPending, 1), pending: map[string]*Future{}}
+// waiting for answers, each failed timeout after it went out if none came.
+// It subscribes at its first publication.
+func NewAsync(nc *nats.Conn, maxPending int, timeout time.Duration) *Async {
+	return &Async{nc: nc, maxPending: max(maxPending, 1), timeout: timeout, pending: map[string]*Future{}, stop: make(chan struct{})}
 }
 
 // Future is a publication's answer to come.
@@ -99,10 +99,6 @@ func (a *Async) Publish(m *nats.Msg) (*Future, error) {
 	if err := a.awaitSlot(); err != nil {
 		a.mu.Unlock()
 		return nil, err
-	}
-	if a.sinceTidy++; a.sinceTidy >= tidyEvery {
-		a.sinceTidy = 0
-		a.forgetOld(time.Now())
 	}
 	a.next++
 	reply := strconv.AppendUint(append(make([]byte, 0, len(a.prefix)+12), a.prefix...), a.next, 36)
@@ -214,18 +210,33 @@ func (a *Async) again(f *Future) {
 }
 
 // listen fails every pending publication when the connection starts
-// reconnecting (their answers are lost with it) or closes; it returns when
-// the connection closes or Close stops it.
+// reconnecting (their answers are lost with it) or closes, and each one
+// still unanswered after its timeout; it returns when the connection
+// closes or Close stops it.
 func (a *Async) listen(status chan nats.Status) {
-	for s := range status {
-		err := nats.ErrDisconnected
-		if s == nats.CLOSED {
-			err = nats.ErrConnectionClosed
-		}
-		a.mu.Lock()
-		a.failAll(err)
-		a.mu.Unlock()
-		if s == nats.CLOSED {
+	tick := time.NewTicker(max(a.timeout/timeoutTicks, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case s, ok := <-status:
+			if !ok {
+				return
+			}
+			err := nats.ErrDisconnected
+			if s == nats.CLOSED {
+				err = nats.ErrConnectionClosed
+			}
+			a.mu.Lock()
+			a.failAll(err)
+			a.mu.Unlock()
+			if s == nats.CLOSED {
+				return
+			}
+		case now := <-tick.C:
+			a.mu.Lock()
+			a.expire(now)
+			a.mu.Unlock()
+		case <-a.stop:
 			return
 		}
 	}
@@ -241,6 +252,7 @@ func (a *Async) Close() {
 		return
 	}
 	a.closed = true
+	close(a.stop)
 	a.failAll(nats.ErrConnectionClosed)
 	sub, status := a.sub, a.status
 	if a.freed != nil {
@@ -287,11 +299,11 @@ func (a *Async) failAll(err error) {
 	}
 }
 
-// forgetOld fails the publications still unanswered forgetAfter after
-// they went out; a.mu is held.
-func (a *Async) forgetOld(now time.Time) {
+// expire fails the publications still unanswered a timeout after they
+// went out; a.mu is held.
+func (a *Async) expire(now time.Time) {
 	for _, f := range a.pending {
-		if now.Sub(f.sent) > forgetAfter {
+		if now.Sub(f.sent) >= a.timeout {
 			a.finish(f, 0, jetstream.ErrAsyncPublishTimeout)
 		}
 	}

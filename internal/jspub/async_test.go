@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/jspub"
+	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/internal/natstest"
 )
 
@@ -48,7 +49,7 @@ func TestAsyncAnswersAsJetStreamDoes(t *testing.T) {
 		}
 		return m
 	}
-	a := jspub.NewAsync(nc, 64)
+	a := jspub.NewAsync(nc, 64, 5*time.Second)
 	defer a.Close()
 	for _, c := range []struct {
 		name             string
@@ -120,7 +121,7 @@ func sameCode(a, b error) bool {
 func TestAsyncPublishesAgainAfterNoResponders(t *testing.T) {
 	srv := natstest.Start(t)
 	nc, js := srv.Connect(t)
-	a := jspub.NewAsync(nc, 64)
+	a := jspub.NewAsync(nc, 64, 5*time.Second)
 	defer a.Close()
 	f, err := a.Publish(&nats.Msg{Subject: "LATE.a", Data: []byte("x")})
 	if err != nil {
@@ -145,7 +146,7 @@ func TestAsyncStallsAtMaxPendingAndCloseFailsThePending(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	a := jspub.NewAsync(nc, 2)
+	a := jspub.NewAsync(nc, 2, 5*time.Second)
 	var held []*jspub.Future
 	for range 2 {
 		f, err := a.Publish(nats.NewMsg("silent.a"))
@@ -194,7 +195,7 @@ func TestAsyncFailsThePendingWhenTheConnectionDrops(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	a := jspub.NewAsync(nc, 8)
+	a := jspub.NewAsync(nc, 8, 5*time.Second)
 	defer a.Close()
 	f, err := a.Publish(nats.NewMsg("silent.a"))
 	if err != nil {
@@ -220,7 +221,7 @@ func BenchmarkAsync(b *testing.B) {
 	}
 	data := []byte("x")
 	b.Run("jspub", func(b *testing.B) {
-		a := jspub.NewAsync(nc, 64)
+		a := jspub.NewAsync(nc, 64, 5*time.Second)
 		defer a.Close()
 		for b.Loop() {
 			f, err := a.Publish(&nats.Msg{Subject: "B.a", Data: data})
@@ -246,4 +247,51 @@ func BenchmarkAsync(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A publication whose answer never comes, with the connection up all the
+// while (the server that took it went away), fails with
+// ErrAsyncPublishTimeout, which may pass, once its timeout is over, and
+// frees its slot; one answered in time is not touched.
+func TestAsyncTimesOutWhatIsNeverAnswered(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	sub, err := nc.SubscribeSync("silent.>") // takes each publication, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	const timeout = 300 * time.Millisecond
+	a := jspub.NewAsync(nc, 8, timeout)
+	defer a.Close()
+	start := time.Now()
+	lost, err := a.Publish(nats.NewMsg("silent.a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered, err := a.Publish(nats.NewMsg("silent.b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.NextMsg(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Respond([]byte(`{"stream":"S","seq":9}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := await(t, lost); !errors.Is(err, jetstream.ErrAsyncPublishTimeout) || !jsretry.MayPass(err) {
+		t.Fatalf("never answered: %v; want ErrAsyncPublishTimeout, which may pass", err)
+	}
+	if waited := time.Since(start); waited < timeout {
+		t.Fatalf("timed out after %v, before its timeout of %v", waited, timeout)
+	}
+	if seq, err := await(t, answered); err != nil || seq != 9 {
+		t.Fatalf("answered in time: %d, %v", seq, err)
+	}
+	if n := a.Pending(); n != 0 {
+		t.Fatalf("%d still pending", n)
+	}
 }

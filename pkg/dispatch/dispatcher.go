@@ -247,7 +247,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.MaxDeclarationsPerTeam <= 0 {
 		opts.MaxDeclarationsPerTeam = DefaultMaxDeclarationsPerTeam
 	}
-	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending), opts: opts,
+	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
 		if _, dup := d.platforms[p.Name()]; dup {

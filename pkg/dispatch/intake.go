@@ -209,7 +209,6 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	sent := time.Now()
 	// Beside the record go the writes that must exist once it does: the
 	// timer (or the turn has no deadline and the sweep never sees it) and
 	// the step (or its remaining calls are taken in again). Each can be
@@ -228,7 +227,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	seq, err := awaitAck(ctx, rec, sent)
+	seq, err := awaitAck(ctx, rec)
 	if err == nil || firstwins.Lost(err) {
 		// Answered: the client will not publish b again. (After a
 		// timeout or while no server answers, it may still retry.)
@@ -241,7 +240,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 		return 0, err
 	}
 	for _, c := range beside {
-		if _, err := awaitAck(ctx, c.ack, sent); err != nil {
+		if _, err := awaitAck(ctx, c.ack); err != nil {
 			// The record exists, so this write must too: keep at it while
 			// JetStream fails over.
 			if _, err := whileUnavailable(ctx, armRetryFor, func(ctx context.Context) (struct{}, error) {

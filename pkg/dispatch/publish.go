@@ -67,7 +67,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 			d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: err.Error()})
 			continue
 		}
-		p := pendingCall{call: c, msg: msg, slot: held, span: d.tel.send(ctx, c, msg.Header, len(msg.Data)), sent: time.Now()}
+		p := pendingCall{call: c, msg: msg, slot: held, span: d.tel.send(ctx, c, msg.Header, len(msg.Data))}
 		if p.ack, p.err = d.async.Publish(msg); p.err != nil {
 			d.settleCall(ctx, t, p) // not sent: retried at once, in order
 			continue
@@ -82,7 +82,6 @@ type pendingCall struct {
 	msg  *nats.Msg
 	ack  *jspub.Future
 	err  error // publishing failed before anything was sent
-	sent time.Time
 	slot *slot
 	span trace.Span
 }
@@ -95,7 +94,7 @@ func (d *Dispatcher) settleCall(ctx context.Context, t *Turn, p pendingCall) {
 	defer p.span.End()
 	err := p.err
 	if err == nil {
-		if _, err = awaitAck(ctx, p.ack, p.sent); err == nil || ctx.Err() != nil {
+		if _, err = awaitAck(ctx, p.ack); err == nil || ctx.Err() != nil {
 			return
 		}
 	}

@@ -22,12 +22,11 @@ const timersConsumer = "toolrelay_timers"
 
 // scheduleDeadline arms t's timer. Arming twice is deduplicated.
 func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
-	sent := time.Now()
 	f, err := d.scheduleDeadlineAsync(t)
 	if err != nil {
 		return err
 	}
-	_, err = awaitAck(ctx, f, sent)
+	_, err = awaitAck(ctx, f)
 	return err
 }
 

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/jsretry"
 )
@@ -25,29 +23,20 @@ const ackTimeout = 5 * time.Second
 const asyncMaxPending = 4096
 
 // awaitAck waits for the acknowledgement of an asynchronous publication
-// sent at sent, and returns the sequence it is stored at. A publication
-// whose acknowledgement was lost with a server is failed only by a
-// reconnect of this client (or, long after, by jspub), so the wait ends
-// ackTimeout after sent:
-// a lost acknowledgement is jetstream.ErrAsyncPublishTimeout, which may
-// pass, and message IDs make publishing again safe.
-func awaitAck(ctx context.Context, f ackFuture, sent time.Time) (uint64, error) {
-	// An answer already in is taken as it is, however long ago the write
-	// was sent: a select with the timeout already fired could pick either,
-	// and a turn's later calls are settled only once all are published.
+// and returns the sequence it is stored at. A publication whose
+// acknowledgement was lost with a server fails ackTimeout after it went out
+// (the publisher's timeout), with jetstream.ErrAsyncPublishTimeout, which
+// may pass: message IDs make publishing again safe.
+func awaitAck(ctx context.Context, f ackFuture) (uint64, error) {
+	// An answer already in is taken as it is, however late it is looked
+	// at: a select with ctx done could pick either, and a turn's later
+	// calls are settled only once all are published.
 	if answered(f) {
 		return f.Result()
 	}
-	timeout := time.NewTimer(time.Until(sent.Add(ackTimeout)))
-	defer timeout.Stop()
 	select {
 	case <-f.Done():
 		return f.Result()
-	case <-timeout.C:
-		if answered(f) { // came in as the timer fired
-			return f.Result()
-		}
-		return 0, jetstream.ErrAsyncPublishTimeout
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
