@@ -188,7 +188,7 @@ func (a *Async) answer(m *nats.Msg) {
 		a.finish(f, 0, jetstream.ErrNoStreamResponse)
 		return
 	}
-	seq, err := readAck(m.Data)
+	seq, err := readAsyncAck(m.Data)
 	a.finish(f, seq, err)
 }
 

@@ -65,6 +65,17 @@ func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg) (uint64, error) {
 
 // readAck reads a publication's answer as jetstream's PublishMsg does.
 func readAck(data []byte) (uint64, error) {
+	seq, err := readAsyncAck(data)
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return 0, fmt.Errorf("nats: %w", apiErr)
+	}
+	return seq, err
+}
+
+// readAsyncAck reads a publication's answer as jetstream's asynchronous
+// publisher does: the server's error as it is.
+func readAsyncAck(data []byte) (uint64, error) {
 	if seq, _, ok := plainAck(data); ok {
 		return seq, nil
 	}
@@ -73,7 +84,7 @@ func readAck(data []byte) (uint64, error) {
 		return 0, jetstream.ErrInvalidJSAck
 	}
 	if r.Error != nil {
-		return 0, fmt.Errorf("nats: %w", r.Error)
+		return 0, r.Error
 	}
 	if r.PubAck == nil || r.Stream == "" {
 		return 0, jetstream.ErrInvalidJSAck

@@ -144,7 +144,9 @@ const (
 type Dispatcher struct {
 	js jetstream.JetStream
 	// async publishes the writes a turn waits for together (its record,
-	// timer and calls); Run closes it as it returns.
+	// timer and calls). It lives as long as js's connection, as
+	// jetstream's own publisher does: intakes from handlers Run does not
+	// wait for may still be under way when Run returns.
 	async     *jspub.Async
 	platforms map[protocol.Platform]Platform
 	opts      Options
@@ -288,7 +290,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("dispatch: Run called twice")
 	}
-	defer d.async.Close() // last: once the background work is done
 	// A dispatcher started with its servers waits for JetStream to answer.
 	err := jsretry.UntilReady(ctx, d.log, "provisioning", d.provision)
 	if ctx.Err() != nil {

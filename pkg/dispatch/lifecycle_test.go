@@ -106,3 +106,54 @@ func TestUnknownWatchAndTurnAreNotFound(t *testing.T) {
 		t.Errorf("Turn of an unknown key = %v, want ErrNotFound", err)
 	}
 }
+
+// An intake from a handler Run does not wait for (HTTP, webhooks) may
+// still be under way when Run returns; the turn it records still gets its
+// deadline timer (the timer subjects are the index the sweep reads: a
+// turn without one is never closed). Here the timer's stream is gone while
+// the intake arms it, so its arming is still being retried when Run
+// returns.
+func TestATurnRecordedAsRunReturnsStillGetsItsTimer(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_weather", weatherSchema)
+	d, stop := e.dispatcher(dispatch.Options{})
+	ctx := t.Context()
+	if err := e.js.DeleteStream(ctx, provision.TimerStream); err != nil {
+		t.Fatal(err)
+	}
+	req := &dispatch.TurnRequest{Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_late"}, Scope: "resp_late",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: []byte(`{"location":"Oslo"}`)}}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Intake(context.WithoutCancel(ctx), req)
+		done <- err
+	}()
+	turns, err := e.js.KeyValue(ctx, provision.TurnBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() bool { // the turn is recorded
+		_, err := turns.Get(ctx, string(req.Key()))
+		return err == nil
+	})
+	stop() // Run returns while the timer is being armed again
+	if _, err := provision.Stream(ctx, e.js, provision.TimerStreamConfig(provision.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("intake: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("intake still under way a minute later")
+	}
+	timers, err := e.js.Stream(ctx, provision.TimerStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := timers.Info(ctx)
+	if err != nil || info.State.Msgs == 0 {
+		t.Fatalf("timers after the intake: %+v, %v; want the turn's timer", info, err)
+	}
+}

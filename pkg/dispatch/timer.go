@@ -20,25 +20,28 @@ import (
 
 const timersConsumer = "toolrelay_timers"
 
-// scheduleDeadline arms t's timer. Arming twice is deduplicated.
+// scheduleDeadline arms t's timer, waiting for it: a request of its own,
+// not through the asynchronous publisher, so that arming again after a
+// failure does not depend on what failed. Arming twice is deduplicated.
 func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
-	f, err := d.scheduleDeadlineAsync(t)
-	if err != nil {
-		return err
-	}
-	_, err = awaitAck(ctx, f)
+	_, err := jspub.Publish(ctx, d.js.Conn(), timerMsg(t))
 	return err
 }
 
+// scheduleDeadlineAsync arms t's timer beside its record.
 func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (*jspub.Future, error) {
+	return d.async.Publish(timerMsg(t))
+}
+
+func timerMsg(t *Turn) *nats.Msg {
 	// @at has second resolution. Fire at the second before the deadline
 	// and wait out the rest in-process (closeTurn): rounding up would eat
 	// up to a second of the margin.
 	at := t.Deadline.Truncate(time.Second)
-	return d.async.Publish(&nats.Msg{Subject: timerScheduleSubject(t.Key), Data: []byte(t.Key), Header: jspub.SetHeaders(nil,
+	return &nats.Msg{Subject: timerScheduleSubject(t.Key), Data: []byte(t.Key), Header: jspub.SetHeaders(nil,
 		jetstream.MsgIDHeader, "timer."+string(t.Key),
 		jetstream.ScheduleHeader, "@at "+at.UTC().Format(time.RFC3339),
-		jetstream.ScheduleTargetHeader, timerFireSubject(t.Key))})
+		jetstream.ScheduleTargetHeader, timerFireSubject(t.Key))}
 }
 
 func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
