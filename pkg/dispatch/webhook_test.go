@@ -150,7 +150,11 @@ func TestOneActionByWebhookStreamAndWatchIsOneTurn(t *testing.T) {
 	if n := e.sim.Stats().ToolResults; n != 2 || ran() != 2 {
 		t.Errorf("%d tool results, %d runs; want 2 and 2 (one turn)", n, ran())
 	}
-	if hooks := e.sim.Webhooks(); len(hooks) != 1 || hooks[0].Status != http.StatusOK {
+	// The platform records a webhook once its delivery is answered, which
+	// may be after the turn it announced was taken in from the stream.
+	var hooks []platformsim.WebhookEvent
+	testutil.WaitFor(t, 10*time.Second, func() bool { hooks = e.sim.Webhooks(); return len(hooks) > 0 })
+	if len(hooks) != 1 || hooks[0].Status != http.StatusOK {
 		t.Errorf("webhooks = %+v", hooks)
 	}
 }
