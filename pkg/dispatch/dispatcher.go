@@ -189,6 +189,9 @@ type Dispatcher struct {
 
 	// lastSweep is when the last sweep began; only the sweep loop uses it.
 	lastSweep time.Time
+	// recent holds the turns closed here a moment ago, which the sweep
+	// need not read.
+	recent *recentlyClosed
 
 	// unavailableFor is how long requests wait for JetStream to come back
 	// before answering that it is unavailable.
@@ -249,7 +252,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.MaxDeclarationsPerTeam <= 0 {
 		opts.MaxDeclarationsPerTeam = DefaultMaxDeclarationsPerTeam
 	}
-	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), opts: opts,
+	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
 		if _, dup := d.platforms[p.Name()]; dup {

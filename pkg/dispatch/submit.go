@@ -208,6 +208,7 @@ func (d *Dispatcher) finished(t *Turn, fired bool) {
 	d.tel.endTurn(t.Key, t.State, t.Error)
 	d.gather.forget(t.Key)
 	d.unindex(t.Key, fired)
+	d.recent.add(t.Key, time.Now())
 }
 
 // closedElsewhere drops a turn this replica gathered for that another

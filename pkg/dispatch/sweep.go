@@ -80,6 +80,9 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 		if ctx.Err() != nil {
 			return
 		}
+		if d.recent.has(key, now) {
+			continue // closed here a moment ago: what was listed is its markers
+		}
 		d.sweepTurn(ctx, key, startup, sinceLast)
 	}
 	if err == nil {
