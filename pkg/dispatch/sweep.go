@@ -61,26 +61,35 @@ const (
 
 func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	now := time.Now()
-	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
-	d.lastSweep = now
 	// A young turn this replica gathers for is swept as it is listed, and
 	// kept out of the set: under load most open turns are young, and the
 	// sweep's memory stays what the listing's page takes.
+	var cut map[protocol.TurnKey]bool // young turns cut off: a turn may be listed twice
 	keys, listed, err := d.openTurns(ctx, func(t *Turn) bool {
 		if startup || now.Sub(t.CreatedAt) > stuckAfter {
 			return false
 		}
-		d.sweepYoung(t, now)
+		if !cut[t.Key] && d.sweepYoung(t, now) {
+			if cut == nil {
+				cut = map[protocol.TurnKey]bool{}
+			}
+			cut[t.Key] = true
+		}
 		return true
 	})
 	if err != nil {
 		d.log.Warn("sweep: listing open turns failed", "err", err)
 	}
+	// Measured from after the listing, as the ages sweepTurn reads are: a
+	// long listing must not make a turn miss its re-check.
+	listedAt := time.Now()
+	sinceLast := listedAt.Sub(d.lastSweep) // the sweeps run one after another
+	d.lastSweep = listedAt
 	for _, key := range keys {
 		if ctx.Err() != nil {
 			return
 		}
-		if d.recent.has(key, now) {
+		if d.recent.has(key, listedAt) {
 			continue // closed here a moment ago: what was listed is its markers
 		}
 		d.sweepTurn(ctx, key, startup, sinceLast)
@@ -95,12 +104,16 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 // stuckAfter ago, as it knows it: nothing about it can be stuck yet (a
 // replica submitting it has been for less than stuckAfter), so its record
 // is not read. Under load most open turns are young, and reading each
-// one's record every sweep was most of the sweep's cost. A turn listed
-// twice (pages overlap) may be swept twice; cutting off is compare-and-set.
-func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) {
+// one's record every sweep was most of the sweep's cost. It reports
+// whether it cut the turn off: a turn may be listed twice (both timer
+// subjects, or pages that overlap), and two cut-offs of one turn in one
+// replica would race each other.
+func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) (cutOff bool) {
 	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than stuckAfter
 		d.cutOffLate(t.Key, "sweep: turn past its deadline; cutting it off")
+		return true
 	}
+	return false
 }
 
 // sweepUnlisted deals with the turns this replica gathers for that are

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -325,5 +326,34 @@ func TestPageThroughSkipsNothingThatStays(t *testing.T) {
 		if !got[s] {
 			t.Fatalf("%s stayed throughout and was not listed (%d pages)", s, pages)
 		}
+	}
+}
+
+// A young turn past its deadline listed twice (its timer both scheduled
+// and fired) is cut off once: the young turns are kept out of the set that
+// would have told the second listing apart.
+func TestAYoungTurnListedTwiceIsCutOffOnce(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	spawned := 0
+	d.spawn = func(func(context.Context)) { spawned++ } // counts the closes, runs none; the sweep runs here
+	key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_x", []string{"call_1"})
+	for _, s := range []string{timerScheduleSubject(key), timerFireSubject(key)} {
+		if _, err := js.Publish(ctx, s, []byte(key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	d.gather.track(&Turn{Key: key, CreatedAt: now.Add(-6 * time.Second), Deadline: now.Add(-3 * time.Second)}, 1)
+	d.sweep(ctx, false)
+	if spawned != 1 {
+		t.Fatalf("cut off %d times, want once", spawned)
 	}
 }
