@@ -125,13 +125,21 @@ func (a *Async) setUp() error {
 	if a.sub != nil {
 		return nil
 	}
+	// Listen first: a connection closing from here on tells the listener;
+	// one closed before is seen closed.
+	status := a.nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
+	if a.nc.IsClosed() {
+		a.nc.RemoveStatusListener(status)
+		return nats.ErrConnectionClosed
+	}
 	prefix := a.nc.NewInbox() + "." // the connection's inbox prefix, as its permissions allow
 	sub, err := a.nc.Subscribe(prefix+"*", a.answer)
 	if err != nil {
+		a.nc.RemoveStatusListener(status)
 		return err
 	}
 	a.prefix, a.sub = prefix, sub
-	a.status = a.nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
+	a.status = status
 	a.listening.Go(func() { a.listen(a.status) })
 	return nil
 }
