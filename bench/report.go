@@ -48,6 +48,7 @@ type report struct {
 	floorLat   latencies
 	e2e        []e2eResult
 	e2eLat     latencies
+	breakdown  *breakdownResult
 	parallel   latencies
 	sequential time.Duration
 	scale      []scaleResult
@@ -218,6 +219,18 @@ func (r *report) markdown() string {
 	b.WriteString("| measurement | value | ratio to floor | target |\n|---|---|---|---|\n")
 	for _, x := range r.rows() {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s %s |\n", x.name, x.value, x.ratio, x.target, x.verdict)
+	}
+	if br := r.breakdown; br != nil {
+		fmt.Fprintf(&b, "\nWhere a single-call turn's time goes: the closed loop once more, with every span recorded in memory by the "+
+			"OpenTelemetry SDK, each step read from the turn's trace (p50 over %d turns; recording spans costs a little, so the total "+
+			"sits a little above the untraced loop's):\n\n| step | p50 | what it is |\n|---|---|---|\n", br.turns)
+		for i, st := range steps {
+			fmt.Fprintf(&b, "| %s | %.0f µs | %s |\n", st.name, usFloat(br.p50[i]), st.why)
+		}
+		fmt.Fprintf(&b, "| intake → the platform has it | %.0f µs | |\n", usFloat(br.total))
+		if len(r.floorLat) > 0 {
+			fmt.Fprintf(&b, "| the floor's round trip (its two hops) | %.0f µs | |\n", usFloat(r.floorLat.pct(50)))
+		}
 	}
 	b.WriteString("\n![throughput against executor processes](bench_scale.png)\n\n![latency CDF](bench_latency.png)\n\n")
 	if len(r.notes) > 0 {

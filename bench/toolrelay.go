@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
@@ -23,6 +24,9 @@ type sink struct {
 	mu      sync.Mutex
 	waiting map[protocol.TurnKey]chan struct{}
 	count   atomic.Int64
+	// reached, when not nil, takes the time each traced submission
+	// reached the platform, by its trace.
+	reached map[trace.TraceID]time.Time
 }
 
 func newSink() *sink { return &sink{waiting: map[protocol.TurnKey]chan struct{}{}} }
@@ -33,9 +37,13 @@ func (*sink) Poll(context.Context, dispatch.Ref) (*dispatch.Observation, error) 
 	return &dispatch.Observation{State: dispatch.ObjectDone}, nil
 }
 
-func (s *sink) Submit(_ context.Context, t *dispatch.Turn, _ []dispatch.Output) (*dispatch.Submission, error) {
+func (s *sink) Submit(ctx context.Context, t *dispatch.Turn, _ []dispatch.Output) (*dispatch.Submission, error) {
+	now := time.Now()
 	s.count.Add(1)
 	s.mu.Lock()
+	if s.reached != nil {
+		s.reached[trace.SpanContextFromContext(ctx).TraceID()] = now
+	}
 	ch := s.waiting[t.Key]
 	delete(s.waiting, t.Key)
 	s.mu.Unlock()
@@ -62,9 +70,20 @@ type stack struct {
 	stop func()
 }
 
+// stackOptions are what a phase may change in its stack: the tracer
+// provider of the dispatcher and executors (none: the global one, which
+// has no SDK in the bench, as in a deployment that exports no traces).
+type stackOptions struct {
+	tracer trace.TracerProvider
+}
+
 const benchTeam = "bench"
 
-func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.Function) (*stack, error) {
+func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.Function, opt ...stackOptions) (*stack, error) {
+	var o stackOptions
+	for _, x := range opt {
+		o = x
+	}
 	// The dispatcher starts first and stops last, as a deployment's
 	// would: executors then declare to a dispatcher that answers, and
 	// withdraw before it goes.
@@ -78,7 +97,7 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 		s.stop()
 		return nil, err
 	}
-	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{})
+	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{TracerProvider: o.tracer})
 	if err != nil {
 		s.stop()
 		return nil, err
@@ -98,7 +117,7 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			s.stop()
 			return nil, err
 		}
-		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i)})
+		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i), TracerProvider: o.tracer})
 		if err != nil {
 			s.stop()
 			return nil, err
