@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
@@ -10,8 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
@@ -344,5 +348,63 @@ func TestAnIntakeWhoseCallerGoesAwayStillFinishes(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		turn, err := d.Turn(context.Background(), req.Key())
 		return err == nil && !turn.Open()
+	})
+}
+
+// A dispatcher that dies with its embedded server (kill -9) between the
+// record's storage and the timer's (two streams, stored by two of the
+// server's goroutines) leaves a turn recorded with no deadline and out of
+// the index the sweep reads. The platform then repeats the required action
+// (a webhook retried, the next poll, a stream reconnecting): the repeat
+// writes the timer beside its attempt at the record, as every intake does,
+// so the timer is armed even though the record exists, and the deadline
+// fires.
+func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_forecast", weatherSchema)
+	e.serveWith("geo", []string{"get_forecast"}, func(*protocol.Call, int) (*protocol.Result, bool) { return nil, false })
+	nc, js := e.srv.Connect(t)
+	d1, err := dispatch.New(js, openaiplatform.New(e.client), dispatch.Options{Logger: testutil.Logger(t), ShutdownTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_no_timer"}, Scope: "resp_no_timer",
+		Deadline: time.Now().Add(4 * time.Second),
+		Calls:    []dispatch.CallRequest{{ID: "call_1", Name: "get_forecast", Arguments: json.RawMessage(`{"location":"Oslo"}`)}},
+	}
+	// The crash: the record is stored, its timer is not, the dispatcher
+	// is gone.
+	crashpoint.Set(func(point, key string) {
+		if point == crashpoint.Intake && key == string(req.Key()) {
+			timers, err := e.js.Stream(context.Background(), provision.TimerStream)
+			if err == nil {
+				err = timers.Purge(context.Background(), jetstream.WithPurgeSubject(provision.TimerSubjectPrefix+".sched."+key))
+			}
+			if err != nil {
+				t.Errorf("purge the timer: %v", err)
+			}
+			nc.Close()
+		}
+	})
+	t.Cleanup(func() { crashpoint.Set(nil) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d1.Run(ctx) }()
+	testutil.WaitFor(t, 10*time.Second, func() bool { return d1.Ready() && dispatch.LiveSchemas(d1, "get_forecast") == 1 })
+	_, _ = d1.Intake(context.Background(), req) // cut short by the crash
+	cancel()
+	<-done
+	crashpoint.Set(nil)
+	e.srv.Restart(t) // the server died too: what it remembers is what it stored
+
+	d2, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 10*time.Second, d2.Ready)
+	if turn, err := d2.Intake(context.Background(), req); err != nil || turn.State != dispatch.TurnCollecting {
+		t.Fatalf("the repeat = %+v, %v; want the turn still collecting", turn, err)
+	}
+	testutil.WaitFor(t, 20*time.Second, func() bool {
+		turn, err := d2.Turn(context.Background(), req.Key())
+		return err == nil && turn.CutOff
 	})
 }
