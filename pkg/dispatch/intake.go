@@ -234,15 +234,27 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 		b.release()
 	}
 	if firstwins.Lost(err) {
+		// Another intake recorded the turn. What went out beside this
+		// attempt still repairs what that intake may not have stored: a
+		// dispatcher that died with its embedded server between the
+		// record and the timer (two streams, stored apart) left the turn
+		// with no deadline, and this repeat arms it.
+		d.awaitBeside(ctx, t, beside)
 		return 0, errConflict
 	}
 	if err != nil {
 		return 0, err
 	}
+	d.awaitBeside(ctx, t, beside)
+	return seq, nil
+}
+
+// awaitBeside waits for the writes published beside t's record, each
+// written again while JetStream fails over if it failed: the record
+// exists, so they must too.
+func (d *Dispatcher) awaitBeside(ctx context.Context, t *Turn, beside []companion) {
 	for _, c := range beside {
 		if _, err := awaitAck(ctx, c.ack); err != nil {
-			// The record exists, so this write must too: keep at it while
-			// JetStream fails over.
 			if _, err := whileUnavailable(ctx, armRetryFor, func(ctx context.Context) (struct{}, error) {
 				return struct{}{}, c.again(ctx)
 			}); err != nil {
@@ -250,7 +262,6 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 			}
 		}
 	}
-	return seq, nil
 }
 
 // companion is a write published beside a turn's record: its pending

@@ -397,13 +397,23 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 	<-done
 	crashpoint.Set(nil)
 	e.srv.Restart(t) // the server died too: what it remembers is what it stored
+	testutil.WaitFor(t, 10*time.Second, func() bool { return e.js.Conn().IsConnected() })
+	timers, err := e.js.Stream(context.Background(), provision.TimerStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := timers.Info(context.Background(), jetstream.WithSubjectFilter(provision.TimerSubjectPrefix+".>")); err != nil || len(info.State.Subjects) != 0 {
+		t.Fatalf("timer subjects after the crash = %v, %v; want none (the test's crash did not take the timer)", info, err)
+	}
 
 	d2, _ := e.dispatcher(dispatch.Options{})
 	testutil.WaitFor(t, 10*time.Second, d2.Ready)
 	if turn, err := d2.Intake(context.Background(), req); err != nil || turn.State != dispatch.TurnCollecting {
 		t.Fatalf("the repeat = %+v, %v; want the turn still collecting", turn, err)
 	}
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	// Within stuckAfter (15 s) of intake, so that only the timer, and not
+	// a sweep's look at a turn missing from the index, can have cut it off.
+	testutil.WaitFor(t, 10*time.Second, func() bool {
 		turn, err := d2.Turn(context.Background(), req.Key())
 		return err == nil && turn.CutOff
 	})
