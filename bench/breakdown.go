@@ -9,12 +9,16 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // Where a single-call turn's time goes: the closed loop of the toolrelay
 // phase once more, on a stack that records its spans, each turn's steps
 // read from its trace. Recording spans costs a little, so these figures
 // sit a little above the untraced loop's; what they are for is the split.
+// The toolrelay spans of a step mark where toolrelay's own work on a hop
+// begins and ends, so the hops include toolrelay's encoding and decoding.
 
 // step is one stretch of a turn, between two moments its trace shows.
 type step struct {
@@ -22,23 +26,26 @@ type step struct {
 	from, to  func(*turnTrace) time.Time
 }
 
-// turnTrace holds the moments of one traced turn.
+// turnTrace holds the moments of one traced turn: the first two as the
+// bench saw them, the rest from the turn's spans.
 type turnTrace struct {
-	intake, sent, delivered, resultSent, gathered, gatheredEnd, submitting, reached time.Time
+	intake, recording, sent, delivered, resultSent, gathered, gatheredEnd, submitting, reached time.Time
 }
 
 var steps = []step{
-	{"intake → call goes out", "resolve and check the call, then the turn record (compare-and-set) and the deadline timer, written together and both awaited",
-		func(t *turnTrace) time.Time { return t.intake }, func(t *turnTrace) time.Time { return t.sent }},
-	{"→ executor has the call", "the call stored (message ID, TTL) and delivered: the floor's first hop",
+	{"intake → the turn's span begins", "each call's function resolved, its arguments checked against the schema",
+		func(t *turnTrace) time.Time { return t.intake }, func(t *turnTrace) time.Time { return t.recording }},
+	{"→ call goes out", "the turn record (compare-and-set) and the deadline timer, written together and both awaited; the call encoded",
+		func(t *turnTrace) time.Time { return t.recording }, func(t *turnTrace) time.Time { return t.sent }},
+	{"→ executor has the call", "the call stored (message ID, TTL), delivered and decoded: the floor's first hop, with toolrelay's decoding",
 		func(t *turnTrace) time.Time { return t.sent }, func(t *turnTrace) time.Time { return t.delivered }},
-	{"→ executor publishes the result", "decode, the handler, encode",
+	{"→ executor publishes the result", "the executor's bookkeeping and the handler",
 		func(t *turnTrace) time.Time { return t.delivered }, func(t *turnTrace) time.Time { return t.resultSent }},
-	{"→ gatherer has the result", "the result stored (first wins) and delivered: the floor's second hop",
+	{"→ gatherer has the result", "the result encoded, stored (first wins), delivered and decoded: the floor's second hop, with toolrelay's coding",
 		func(t *turnTrace) time.Time { return t.resultSent }, func(t *turnTrace) time.Time { return t.gathered }},
-	{"→ gatherer done with it", "decode, the turn found, acknowledged",
+	{"→ gatherer done with it", "the turn found, the result acknowledged and added",
 		func(t *turnTrace) time.Time { return t.gathered }, func(t *turnTrace) time.Time { return t.gatheredEnd }},
-	{"→ submission begins", "the `collecting → submitting` compare-and-set (only one replica submits)",
+	{"→ submission begins", "the `collecting → submitting` compare-and-set (only one replica submits), from a worker of the dispatcher's",
 		func(t *turnTrace) time.Time { return t.gatheredEnd }, func(t *turnTrace) time.Time { return t.submitting }},
 	{"→ the platform has it", "the outputs gathered and handed to the platform client",
 		func(t *turnTrace) time.Time { return t.submitting }, func(t *turnTrace) time.Time { return t.reached }},
@@ -66,23 +73,32 @@ func measureBreakdown(ctx context.Context, cfg config, r *report) error {
 	}
 	defer s.stop()
 	s.sink.mu.Lock()
-	s.sink.reached = map[trace.TraceID]time.Time{}
+	s.sink.reached = map[trace.TraceID]reach{}
 	s.sink.mu.Unlock()
+	began := make(map[protocol.TurnKey]time.Time, cfg.samples)
 	for range cfg.samples {
 		req := turn("noop", 1)
 		done := s.sink.expect(req.Key())
+		began[req.Key()] = time.Now()
 		if _, err := s.d.Intake(ctx, req); err != nil {
 			return err
 		}
-		<-done
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			return fmt.Errorf("turn %s not submitted within a minute", req.Key())
+		}
 	}
 	s.stop() // every span ended
 	s.sink.mu.Lock()
 	reached := s.sink.reached
 	s.sink.mu.Unlock()
-	res, err := splitTraces(rec.Ended(), reached)
+	res, err := splitTraces(rec.Ended(), began, reached)
 	if err != nil {
 		return err
+	}
+	if res.turns < cfg.samples {
+		r.note("breakdown: %d of %d turns had every span; the split is of those", res.turns, cfg.samples)
 	}
 	r.breakdown = res
 	for i, st := range steps {
@@ -93,9 +109,15 @@ func measureBreakdown(ctx context.Context, cfg config, r *report) error {
 }
 
 // splitTraces reads each turn's moments from its spans, by their names
-// (the span names are part of toolrelay's documented tracing).
-func splitTraces(spans []sdktrace.ReadOnlySpan, reached map[trace.TraceID]time.Time) (*breakdownResult, error) {
+// (the span names are part of toolrelay's documented tracing). A span seen
+// twice (a redelivery) counts from its first start.
+func splitTraces(spans []sdktrace.ReadOnlySpan, began map[protocol.TurnKey]time.Time, reached map[trace.TraceID]reach) (*breakdownResult, error) {
 	byTrace := map[trace.TraceID]*turnTrace{}
+	first := func(at *time.Time, t time.Time) {
+		if at.IsZero() || t.Before(*at) {
+			*at = t
+		}
+	}
 	for _, sp := range spans {
 		id := sp.SpanContext().TraceID()
 		t := byTrace[id]
@@ -105,24 +127,27 @@ func splitTraces(spans []sdktrace.ReadOnlySpan, reached map[trace.TraceID]time.T
 		}
 		switch name := sp.Name(); {
 		case strings.HasPrefix(name, "turn "):
-			t.intake = sp.StartTime()
+			first(&t.recording, sp.StartTime())
 		case strings.HasPrefix(name, "send fncall."):
-			t.sent = sp.StartTime()
+			first(&t.sent, sp.StartTime())
 		case strings.HasPrefix(name, "process fncall."):
-			t.delivered = sp.StartTime()
+			first(&t.delivered, sp.StartTime())
 		case strings.HasPrefix(name, "send fnresult."):
-			t.resultSent = sp.StartTime()
+			first(&t.resultSent, sp.StartTime())
 		case strings.HasPrefix(name, "process fnresult."):
-			t.gathered, t.gatheredEnd = sp.StartTime(), sp.EndTime()
+			if t.gathered.IsZero() || sp.StartTime().Before(t.gathered) {
+				t.gathered, t.gatheredEnd = sp.StartTime(), sp.EndTime()
+			}
 		case strings.HasPrefix(name, "submit "):
-			t.submitting = sp.StartTime()
+			first(&t.submitting, sp.StartTime())
 		}
 	}
 	per := make([]latencies, len(steps))
 	var total latencies
 	for id, t := range byTrace {
-		t.reached = reached[id]
-		if t.intake.IsZero() || t.sent.IsZero() || t.delivered.IsZero() || t.resultSent.IsZero() ||
+		r := reached[id]
+		t.intake, t.reached = began[r.key], r.at
+		if t.intake.IsZero() || t.recording.IsZero() || t.sent.IsZero() || t.delivered.IsZero() || t.resultSent.IsZero() ||
 			t.gathered.IsZero() || t.submitting.IsZero() || t.reached.IsZero() {
 			continue // not a whole turn (a span of the stack's start)
 		}

@@ -24,9 +24,14 @@ type sink struct {
 	mu      sync.Mutex
 	waiting map[protocol.TurnKey]chan struct{}
 	count   atomic.Int64
-	// reached, when not nil, takes the time each traced submission
-	// reached the platform, by its trace.
-	reached map[trace.TraceID]time.Time
+	// reached, when not nil, takes the turn and time of each traced
+	// submission that reached the platform, by its trace.
+	reached map[trace.TraceID]reach
+}
+
+type reach struct {
+	key protocol.TurnKey
+	at  time.Time
 }
 
 func newSink() *sink { return &sink{waiting: map[protocol.TurnKey]chan struct{}{}} }
@@ -42,7 +47,7 @@ func (s *sink) Submit(ctx context.Context, t *dispatch.Turn, _ []dispatch.Output
 	s.count.Add(1)
 	s.mu.Lock()
 	if s.reached != nil {
-		s.reached[trace.SpanContextFromContext(ctx).TraceID()] = now
+		s.reached[trace.SpanContextFromContext(ctx).TraceID()] = reach{t.Key, now}
 	}
 	ch := s.waiting[t.Key]
 	delete(s.waiting, t.Key)
