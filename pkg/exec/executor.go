@@ -165,15 +165,6 @@ func (e *Executor) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopCancels()
-	// Calls are acknowledged off the handlers, a moment after their results
-	// are stored (ack.go). Every worker has returned before Run does, so
-	// the last acknowledgements go out here, before the caller closes the
-	// connection.
-	acks := newAcker(e.log)
-	defer acks.stop()
-	for _, w := range workers {
-		w.acks = acks
-	}
 
 	// Workers pull under sctx, which ends with ctx or when a worker fails;
 	// handlers outlive it by up to ShutdownTimeout, then get ErrShutdown.

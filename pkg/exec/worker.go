@@ -37,7 +37,6 @@ type worker struct {
 	tel       *telemetry
 	spanNames spanNames
 	log       *slog.Logger
-	acks      *acker
 	// running holds the calls this process runs now, each closed when its
 	// run ends: a redelivery of one of them waits instead of running it a
 	// second time beside the first.
@@ -397,7 +396,10 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 		_ = d.msg.NakWithDelay(time.Second)
 		return
 	}
-	d.w.acks.ack(d.msg) // a moment later, off the turn's critical path (ack.go)
+	if err := d.msg.Ack(); err != nil {
+		// The result is recorded: a redelivery finds it and skips the call.
+		d.log().Warn("ack failed after recording the result", "err", err)
+	}
 	if res.Error != nil {
 		d.log().Info("call failed", "code", res.Error.Code, "dead_letter", reason)
 	}
