@@ -418,3 +418,53 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 		return err == nil && turn.CutOff
 	})
 }
+
+// A repeat of a turn's intake computes a deadline of its own when the
+// platform gave no expiry (ten minutes from the repeat, not from the first
+// intake). Past the timer stream's message-ID window its timer used to
+// replace the first, so the deadline moved later with every repeat; the
+// timer is now written only where none is, and the first deadline stands.
+func TestARepeatedIntakeKeepsTheFirstDeadline(t *testing.T) {
+	e := newEnv(t)
+	e.register("geo", "get_forecast", weatherSchema)
+	e.serveWith("geo", []string{"get_forecast"}, func(*protocol.Call, int) (*protocol.Result, bool) { return nil, false })
+	d, _ := e.dispatcher(dispatch.Options{})
+	testutil.WaitFor(t, 10*time.Second, func() bool { return d.Ready() && dispatch.LiveSchemas(d, "get_forecast") == 1 })
+	ctx := context.Background()
+	timers, err := e.js.Stream(ctx, provision.TimerStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := timers.CachedInfo().Config
+	cfg.Duplicates = 200 * time.Millisecond // the window, shortened from minutes
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	req := &dispatch.TurnRequest{
+		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_repeat"}, Scope: "resp_repeat",
+		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_forecast", Arguments: json.RawMessage(`{"location":"Oslo"}`)}},
+	}
+	first, err := d.Intake(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schedule := func() string {
+		m, err := timers.GetLastMsgForSubject(ctx, provision.TimerSubjectPrefix+".sched."+string(first.Key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Header.Get(jetstream.ScheduleHeader)
+	}
+	want := schedule()
+	// Not a wait for something to happen: the repeat must come after the
+	// window, which is a span of the server's clock.
+	time.Sleep(2 * cfg.Duplicates)
+	repeat := *req
+	repeat.ExpiresAt = time.Now().Add(30 * time.Minute) // as a repeat with no expiry computes one later
+	if _, err := d.Intake(ctx, &repeat); err != nil {
+		t.Fatal(err)
+	}
+	if got := schedule(); got != want {
+		t.Errorf("after a repeat the timer is %q, want the first intake's %q", got, want)
+	}
+}
