@@ -213,8 +213,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 	// timer (or the turn has no deadline and the sweep never sees it) and
 	// the step (or its remaining calls are taken in again). Each can be
 	// written again safely.
-	beside := []companion{{failed: "arming deadline failed; the turn has no deadline", again: func(ctx context.Context) error { return d.scheduleDeadline(ctx, t) },
-		answer: armed}}
+	beside := []companion{{failed: "arming deadline failed; the turn has no deadline", again: func(ctx context.Context) error { return d.scheduleDeadline(ctx, t) }}}
 	if beside[0].ack, err = d.scheduleDeadlineAsync(t); err != nil {
 		return 0, err
 	}
@@ -255,11 +254,7 @@ func (d *Dispatcher) record(ctx context.Context, t *Turn) (uint64, error) {
 // exists, so they must too.
 func (d *Dispatcher) awaitBeside(ctx context.Context, t *Turn, beside []companion) {
 	for _, c := range beside {
-		_, err := awaitAck(ctx, c.ack)
-		if c.answer != nil {
-			err = c.answer(err)
-		}
-		if err != nil {
+		if _, err := awaitAck(ctx, c.ack); err != nil {
 			if _, err := whileUnavailable(ctx, armRetryFor, func(ctx context.Context) (struct{}, error) {
 				return struct{}{}, c.again(ctx)
 			}); err != nil {
@@ -270,11 +265,9 @@ func (d *Dispatcher) awaitBeside(ctx context.Context, t *Turn, beside []companio
 }
 
 // companion is a write published beside a turn's record: its pending
-// acknowledgement, how to read its answer (if not as any write's), how to
-// write it again, and what to log if that fails.
+// acknowledgement, how to write it again, and what to log if that fails.
 type companion struct {
 	ack    *jspub.Future
-	answer func(error) error
 	again  func(context.Context) error
 	failed string
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolrelay/toolrelay/internal/firstwins"
 	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -23,19 +22,9 @@ const timersConsumer = "toolrelay_timers"
 
 // scheduleDeadline arms t's timer, waiting for it: a request of its own,
 // not through the asynchronous publisher, so that arming again after a
-// failure does not depend on what failed. A timer is only written where
-// none is (timerMsg), so arming an armed turn changes nothing.
+// failure does not depend on what failed. Arming twice is deduplicated.
 func (d *Dispatcher) scheduleDeadline(ctx context.Context, t *Turn) error {
 	_, err := jspub.Publish(ctx, d.js.Conn(), timerMsg(t))
-	return armed(err)
-}
-
-// armed reads the answer to a timer's publication: a timer found in its
-// place (the publication expected none) is as good as this one.
-func armed(err error) error {
-	if firstwins.Lost(err) {
-		return nil
-	}
 	return err
 }
 
@@ -44,12 +33,6 @@ func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (*jspub.Future, error) {
 	return d.async.Publish(timerMsg(t))
 }
 
-// timerMsg is t's timer. It expects no message on its subject: a repeat
-// of the turn's intake computes a deadline of its own when the platform
-// gave no expiry, and past the message-ID window it would otherwise
-// replace the first intake's timer with its later deadline. Where a timer
-// fired (its subject purged itself) or a closed turn's marker expired,
-// one may be written again.
 func timerMsg(t *Turn) *nats.Msg {
 	// @at has second resolution. Fire at the second before the deadline
 	// and wait out the rest in-process (closeTurn): rounding up would eat
@@ -57,7 +40,6 @@ func timerMsg(t *Turn) *nats.Msg {
 	at := t.Deadline.Truncate(time.Second)
 	return &nats.Msg{Subject: timerScheduleSubject(t.Key), Data: []byte(t.Key), Header: jspub.SetHeaders(nil,
 		jetstream.MsgIDHeader, "timer."+string(t.Key),
-		jetstream.ExpectedLastSubjSeqHeader, "0",
 		jetstream.ScheduleHeader, "@at "+at.UTC().Format(time.RFC3339),
 		jetstream.ScheduleTargetHeader, timerFireSubject(t.Key))}
 }
