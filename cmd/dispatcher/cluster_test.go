@@ -53,14 +53,36 @@ func (c *natsCluster) URL() string {
 
 // startNATSCluster starts three nats-server processes routed together on
 // loopback, configured like deploy/nats/n1.conf (fsync on every write), and
-// waits until JetStream answers.
+// waits until JetStream answers. The ports are found free by listening on
+// them and closing, so another process (a test of another package, run at
+// the same time) may take one before its node binds it: then the cluster
+// is started again on other ports.
 func startNATSCluster(t *testing.T) *natsCluster {
 	t.Helper()
 	bin, err := natsServerBin()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &natsCluster{t: t, bin: bin, dir: t.TempDir()}
+	for attempt := 1; ; attempt++ {
+		c := &natsCluster{t: t, bin: bin, dir: t.TempDir()}
+		c.configure()
+		for _, n := range c.nodes {
+			c.run(n)
+		}
+		if c.answers(60 * time.Second) {
+			return c
+		}
+		if attempt == 3 || !c.lostAPort() {
+			t.Fatalf("the NATS cluster did not start (attempt %d)", attempt)
+		}
+		t.Logf("a node of the NATS cluster found its port taken; starting the cluster again on other ports")
+		c.kill()
+	}
+}
+
+// configure writes each node's configuration, on ports free a moment ago.
+func (c *natsCluster) configure() {
+	t := c.t
 	var clients, routes []string
 	for range 3 {
 		clients = append(clients, freeAddr(t))
@@ -86,17 +108,48 @@ cluster {
 		}
 		c.nodes = append(c.nodes, &natsNode{name: name, conf: conf, url: "nats://" + clients[i]})
 	}
-	for _, n := range c.nodes {
-		c.run(n)
-	}
-	_, js := natstest.Connect(t, c.URL(), nats.RetryOnFailedConnect(true))
-	testutil.WaitFor(t, 60*time.Second, func() bool {
+}
+
+// answers reports whether JetStream answers within d, giving up at once
+// if a node has exited.
+func (c *natsCluster) answers(d time.Duration) bool {
+	_, js := natstest.Connect(c.t, c.URL(), nats.RetryOnFailedConnect(true))
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+		for _, n := range c.nodes {
+			select {
+			case <-n.proc.done:
+				return false
+			default:
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
 		_, err := js.AccountInfo(ctx)
-		return err == nil
-	})
-	return c
+		cancel()
+		if err == nil {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond) // between polls
+	}
+	return false
+}
+
+// lostAPort reports whether a node exited because its port was taken.
+func (c *natsCluster) lostAPort() bool {
+	for _, n := range c.nodes {
+		b, _ := os.ReadFile(filepath.Join(c.dir, n.proc.name+".log"))
+		if strings.Contains(string(b), "address already in use") {
+			return true
+		}
+	}
+	return false
+}
+
+// kill stops every node of a cluster that did not start.
+func (c *natsCluster) kill() {
+	for _, n := range c.nodes {
+		_ = n.proc.cmd.Process.Kill()
+		<-n.proc.done
+	}
 }
 
 // run starts (or restarts, with the same store) node n.
