@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,38 +18,37 @@ import (
 // phase once more, on a stack that records its spans, each turn's steps
 // read from its trace. Recording spans costs a little, so these figures
 // sit a little above the untraced loop's; what they are for is the split.
-// The toolrelay spans of a step mark where toolrelay's own work on a hop
-// begins and ends, so the hops include toolrelay's encoding and decoding.
+// The spans do not cover toolrelay's encoding and decoding of the call and
+// the result, so the two hops include them.
 
-// step is one stretch of a turn, between two moments its trace shows.
-type step struct {
-	name, why string
-	from, to  func(*turnTrace) time.Time
-}
+// The moments of a traced turn, in the order they happen: the first and
+// the last as the bench saw them, the rest from the turn's spans. Step i
+// runs from moment i to moment i+1.
+const (
+	intake = iota
+	recording
+	sent
+	delivered
+	resultSent
+	gathered
+	gatheredEnd
+	submitting
+	reached
+	moments
+)
 
-// turnTrace holds the moments of one traced turn: the first two as the
-// bench saw them, the rest from the turn's spans.
-type turnTrace struct {
-	intake, recording, sent, delivered, resultSent, gathered, gatheredEnd, submitting, reached time.Time
-}
+type turnTrace [moments]time.Time
 
-var steps = []step{
-	{"intake → the turn's span begins", "each call's function resolved, its arguments checked against the schema",
-		func(t *turnTrace) time.Time { return t.intake }, func(t *turnTrace) time.Time { return t.recording }},
-	{"→ call goes out", "the turn record (compare-and-set) and the deadline timer, written together and both awaited; the call encoded",
-		func(t *turnTrace) time.Time { return t.recording }, func(t *turnTrace) time.Time { return t.sent }},
-	{"→ executor has the call", "the call stored (message ID, TTL), delivered and decoded: the floor's first hop, with toolrelay's decoding",
-		func(t *turnTrace) time.Time { return t.sent }, func(t *turnTrace) time.Time { return t.delivered }},
-	{"→ executor publishes the result", "the executor's bookkeeping and the handler",
-		func(t *turnTrace) time.Time { return t.delivered }, func(t *turnTrace) time.Time { return t.resultSent }},
-	{"→ gatherer has the result", "the result encoded, stored (first wins), delivered and decoded: the floor's second hop, with toolrelay's coding",
-		func(t *turnTrace) time.Time { return t.resultSent }, func(t *turnTrace) time.Time { return t.gathered }},
-	{"→ gatherer done with it", "the turn found, the result acknowledged and added",
-		func(t *turnTrace) time.Time { return t.gathered }, func(t *turnTrace) time.Time { return t.gatheredEnd }},
-	{"→ submission begins", "the `collecting → submitting` compare-and-set (only one replica submits), from a worker of the dispatcher's",
-		func(t *turnTrace) time.Time { return t.gatheredEnd }, func(t *turnTrace) time.Time { return t.submitting }},
-	{"→ the platform has it", "the outputs gathered and handed to the platform client",
-		func(t *turnTrace) time.Time { return t.submitting }, func(t *turnTrace) time.Time { return t.reached }},
+// steps name the stretches between consecutive moments.
+var steps = [moments - 1]struct{ name, why string }{
+	{"intake → the turn's span begins", "each call's function resolved, its arguments checked against the schema"},
+	{"→ call goes out", "the turn record (compare-and-set) and the deadline timer, written together and both awaited; the call encoded"},
+	{"→ executor has the call", "the call stored (message ID, TTL), delivered and decoded: the floor's first hop, with toolrelay's decoding"},
+	{"→ executor publishes the result", "the executor's bookkeeping and the handler"},
+	{"→ gatherer has the result", "the result encoded, stored (first wins), delivered and decoded: the floor's second hop, with toolrelay's coding"},
+	{"→ gatherer done with it", "the turn found, the result acknowledged and added"},
+	{"→ submission begins", "the `collecting → submitting` compare-and-set (only one replica submits), from a worker of the dispatcher's"},
+	{"→ the platform has it", "the outputs gathered and handed to the platform client"},
 }
 
 // breakdownResult is each step's p50 over the traced turns.
@@ -91,9 +91,9 @@ func measureBreakdown(ctx context.Context, cfg config, r *report) error {
 	}
 	s.stop() // every span ended
 	s.sink.mu.Lock()
-	reached := s.sink.reached
+	arrived := s.sink.reached
 	s.sink.mu.Unlock()
-	res, err := splitTraces(rec.Ended(), began, reached)
+	res, err := splitTraces(rec.Ended(), began, arrived)
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,7 @@ func measureBreakdown(ctx context.Context, cfg config, r *report) error {
 // splitTraces reads each turn's moments from its spans, by their names
 // (the span names are part of toolrelay's documented tracing). A span seen
 // twice (a redelivery) counts from its first start.
-func splitTraces(spans []sdktrace.ReadOnlySpan, began map[protocol.TurnKey]time.Time, reached map[trace.TraceID]reach) (*breakdownResult, error) {
+func splitTraces(spans []sdktrace.ReadOnlySpan, began map[protocol.TurnKey]time.Time, arrived map[trace.TraceID]reach) (*breakdownResult, error) {
 	byTrace := map[trace.TraceID]*turnTrace{}
 	first := func(at *time.Time, t time.Time) {
 		if at.IsZero() || t.Before(*at) {
@@ -127,34 +127,33 @@ func splitTraces(spans []sdktrace.ReadOnlySpan, began map[protocol.TurnKey]time.
 		}
 		switch name := sp.Name(); {
 		case strings.HasPrefix(name, "turn "):
-			first(&t.recording, sp.StartTime())
+			first(&t[recording], sp.StartTime())
 		case strings.HasPrefix(name, "send fncall."):
-			first(&t.sent, sp.StartTime())
+			first(&t[sent], sp.StartTime())
 		case strings.HasPrefix(name, "process fncall."):
-			first(&t.delivered, sp.StartTime())
+			first(&t[delivered], sp.StartTime())
 		case strings.HasPrefix(name, "send fnresult."):
-			first(&t.resultSent, sp.StartTime())
+			first(&t[resultSent], sp.StartTime())
 		case strings.HasPrefix(name, "process fnresult."):
-			if t.gathered.IsZero() || sp.StartTime().Before(t.gathered) {
-				t.gathered, t.gatheredEnd = sp.StartTime(), sp.EndTime()
+			if t[gathered].IsZero() || sp.StartTime().Before(t[gathered]) {
+				t[gathered], t[gatheredEnd] = sp.StartTime(), sp.EndTime()
 			}
 		case strings.HasPrefix(name, "submit "):
-			first(&t.submitting, sp.StartTime())
+			first(&t[submitting], sp.StartTime())
 		}
 	}
 	per := make([]latencies, len(steps))
 	var total latencies
 	for id, t := range byTrace {
-		r := reached[id]
-		t.intake, t.reached = began[r.key], r.at
-		if t.intake.IsZero() || t.recording.IsZero() || t.sent.IsZero() || t.delivered.IsZero() || t.resultSent.IsZero() ||
-			t.gathered.IsZero() || t.submitting.IsZero() || t.reached.IsZero() {
+		r := arrived[id]
+		t[intake], t[reached] = began[r.key], r.at
+		if slices.ContainsFunc(t[:], time.Time.IsZero) {
 			continue // not a whole turn (a span of the stack's start)
 		}
-		for i, st := range steps {
-			per[i] = append(per[i], st.to(t).Sub(st.from(t)))
+		for i := range steps {
+			per[i] = append(per[i], t[i+1].Sub(t[i]))
 		}
-		total = append(total, t.reached.Sub(t.intake))
+		total = append(total, t[reached].Sub(t[intake]))
 	}
 	if len(total) == 0 {
 		return nil, fmt.Errorf("no whole turn among %d traces: have the span names changed?", len(byTrace))

@@ -86,8 +86,8 @@ const benchTeam = "bench"
 
 func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.Function, opt ...stackOptions) (*stack, error) {
 	var o stackOptions
-	for _, x := range opt {
-		o = x
+	if len(opt) > 0 {
+		o = opt[0]
 	}
 	// The dispatcher starts first and stops last, as a deployment's
 	// would: executors then declare to a dispatcher that answers, and
