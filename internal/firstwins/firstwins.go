@@ -38,16 +38,33 @@ func Record(ctx context.Context, nc *nats.Conn, res *protocol.Result, header nat
 		jetstream.MsgIDHeader, protocol.ResultMsgID(res.Key),
 		jetstream.ExpectedLastSubjSeqHeader, "0")}
 	_, err = jspub.Publish(ctx, nc, m)
-	if Lost(err) {
+	if stored(err) {
 		return nil
+	}
+	if Lost(err) {
+		// Another write of this subject is in flight on a replicated
+		// stream, from a writer with another message ID or none. It may
+		// never be stored (its leader can fail before quorum), so only a
+		// later try can tell: it is deduplicated, refused because a
+		// result is stored, or stores this one.
+		return fmt.Errorf("firstwins: another result of %s is still being stored: %w", res.Key, err)
 	}
 	return err
 }
 
+// stored reports whether err says the subject holds a message already: the
+// server compared the subject's last sequence and found one.
+func stored(err error) bool {
+	var apiErr *jetstream.APIError
+	return err != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
 // Lost reports whether err says a publication conditioned on a subject's
-// last sequence lost its race: another message got there first. A single
-// server answers with error code 10071; a replicated (R>1) stream answers
-// with 10164, which must be read the same way.
+// last sequence lost its race: another message got there first (error
+// code 10071), or, on a replicated (R>1) stream, another conditioned write
+// of the subject is still in flight (10164). A compare-and-set reads the
+// subject again either way. 10164 does not prove the other write will be
+// stored, so Record does not take it for a recorded result.
 func Lost(err error) bool {
 	if err == nil {
 		return false // before apiErr, which escapes: most publications succeed

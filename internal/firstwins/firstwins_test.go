@@ -93,3 +93,51 @@ func TestLostIsOnlyARace(t *testing.T) {
 		}
 	}
 }
+
+// A writer that sets no message ID (an executor in another language, say)
+// has a result of the call in flight on a replicated stream when Record
+// runs, and that proposal never commits: the stream's leader lost its
+// followers. The server refuses Record's publication because the subject
+// is being written (10164), which does not mean a result is stored, so
+// Record must not report one.
+func TestAResultStillInFlightIsNotTakenForStored(t *testing.T) {
+	cluster := natstest.StartCluster(t)
+	nc, js := cluster.Connect(t)
+	ctx := t.Context()
+	stream, err := provision.Stream(ctx, js, provision.ResultStreamConfig("orders", 0, provision.Options{Replicas: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil || info.Cluster == nil || info.Cluster.Leader == "" {
+		t.Fatalf("stream info %+v: %v", info, err)
+	}
+	var leader *server.Server
+	for _, s := range cluster.Servers {
+		if s.Name() == info.Cluster.Leader {
+			leader = s
+		}
+	}
+	nc.Close()
+	for _, s := range cluster.Servers {
+		if s != leader {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
+	}
+	_, js = natstest.Connect(t, leader.ClientURL())
+	foreign := result("foreign")
+	data, _ := protocol.EncodeResult(foreign)
+	// The foreign write goes out first and stays unanswered.
+	if _, err := js.PublishMsgAsync(&nats.Msg{Subject: foreign.Subject(), Data: data},
+		jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err = firstwins.Record(rctx, js.Conn(), result("ours"), nil)
+	t.Logf("Record: %v", err)
+	if err == nil {
+		t.Fatal("Record reported a result stored while none is: the only other write is still in flight")
+	}
+}
