@@ -31,6 +31,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolrelay/toolrelay/internal/idtrace"
 )
 
 // Options configures Setup. The zero value exports traces only if the
@@ -45,7 +47,9 @@ type Options struct {
 
 // Telemetry is what Setup installed.
 type Telemetry struct {
-	TracerProvider *sdktrace.TracerProvider
+	// TracerProvider is the SDK's when traces go somewhere (an exporter
+	// or a span processor), idtrace.Provider() otherwise.
+	TracerProvider trace.TracerProvider
 	MeterProvider  *sdkmetric.MeterProvider
 	// Metrics serves the metrics in the Prometheus text format.
 	Metrics  http.Handler
@@ -57,7 +61,8 @@ type Telemetry struct {
 // (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set, with
 // OTEL_EXPORTER_OTLP_PROTOCOL "grpc" or "http/protobuf" (the default);
 // sampling follows OTEL_TRACES_SAMPLER; OTEL_SDK_DISABLED=true turns export
-// off. Call Shutdown to flush.
+// off. With no exporter and no span processor, spans are idtrace's: they
+// record nothing and keep their IDs. Call Shutdown to flush.
 func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 	if os.Getenv("OTEL_SERVICE_NAME") == "" && opts.Service != "" {
 		// resource.WithFromEnv reads OTEL_SERVICE_NAME; default it.
@@ -68,19 +73,23 @@ func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("telemetry: resource: %w", err)
 	}
-	t := &Telemetry{}
+	t := &Telemetry{TracerProvider: idtrace.Provider()}
 
 	topts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	for _, p := range opts.SpanProcessors {
 		topts = append(topts, sdktrace.WithSpanProcessor(p))
 	}
-	if exp, err := traceExporter(ctx); err != nil {
+	exp, err := traceExporter(ctx)
+	if err != nil {
 		return nil, err
 	} else if exp != nil {
 		topts = append(topts, sdktrace.WithBatcher(exp))
 	}
-	t.TracerProvider = sdktrace.NewTracerProvider(topts...)
-	t.shutdown = append(t.shutdown, t.TracerProvider.Shutdown)
+	if exp != nil || len(opts.SpanProcessors) > 0 {
+		tp := sdktrace.NewTracerProvider(topts...)
+		t.TracerProvider = tp
+		t.shutdown = append(t.shutdown, tp.Shutdown)
+	}
 
 	if t.MeterProvider, t.Metrics, err = Prometheus(res); err != nil {
 		return nil, err
