@@ -21,6 +21,10 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"go.opentelemetry.io/otel"
+
+	"github.com/toolrelay/toolrelay/internal/idtrace"
 )
 
 type config struct {
@@ -57,6 +61,9 @@ func main() {
 	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
 	only := flag.String("only", "", "comma-separated phases to run (floor, writes, toolrelay, breakdown, parallel, scale, memory, micro, mcp, asynq); default all")
 	flag.Parse()
+	// Tracing as the commands set it up with no exporter: spans that
+	// record nothing and keep their IDs (the breakdown records its own).
+	otel.SetTracerProvider(idtrace.Provider())
 	cfg.skip = map[string]bool{}
 	for _, s := range splitComma(skip) {
 		cfg.skip[s] = true

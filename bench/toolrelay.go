@@ -77,7 +77,7 @@ type stack struct {
 
 // stackOptions are what a phase may change in its stack: the tracer
 // provider of the dispatcher and executors (none: the global one, which
-// has no SDK in the bench, as in a deployment that exports no traces).
+// the bench sets as the commands do when they export no traces).
 type stackOptions struct {
 	tracer trace.TracerProvider
 }
