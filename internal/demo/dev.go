@@ -242,7 +242,7 @@ func reportDevTurns(out *lockedWriter) func(dispatch.Event) {
 		if e.Turn != nil && e.Turn.Ref.Platform == protocol.PlatformMCP && len(e.Turn.Calls) == 1 {
 			if e.Kind == dispatch.EventTurnSubmitted {
 				trace := ""
-				if parts := strings.Split(e.Turn.Trace["traceparent"], "-"); len(parts) == 4 {
+				if parts := strings.Split(e.Turn.Trace.Traceparent, "-"); len(parts) == 4 {
 					trace = ", trace " + parts[1]
 				}
 				out.printf("[mcp] %s answered in %s%s\n", e.Turn.Calls[0].Name, e.Latency.Round(10*time.Microsecond), trace)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -116,7 +115,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 				return false
 			}
 			obs.Turn.Channel = "poll"
-			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace)), obs.Turn, w)
+			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, &w.Trace), obs.Turn, w)
 			if errors.Is(err, errHandedOver) {
 				return true
 			}
@@ -176,7 +175,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 // turn already recorded. Webhook, stream and poll agree on the turn key, so
 // the same required action is one turn whichever channel saw it first.
 func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan<- struct{}, log *slog.Logger) {
-	tctx := d.tel.prop.Extract(ctx, propagation.MapCarrier(w.Trace))
+	tctx := d.tel.prop.Extract(ctx, &w.Trace)
 	reconnect := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second}
 	for ctx.Err() == nil {
 		started := time.Now()

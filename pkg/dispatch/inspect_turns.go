@@ -124,7 +124,7 @@ func outcome(t *Turn) string {
 func view(caller Caller, t *Turn, now time.Time) TurnView {
 	v := TurnView{Key: t.Key, Platform: t.Ref.Platform, Object: t.Ref.String(), ObjectID: objectID(t.Ref), State: t.State,
 		Outcome: outcome(t), CreatedAt: t.CreatedAt, Deadline: t.Deadline, ExpiresAt: t.ExpiresAt,
-		BudgetMS: t.Deadline.Sub(t.CreatedAt).Milliseconds(), Error: t.Error, Owner: t.Owner, TraceID: traceID(t.Trace),
+		BudgetMS: t.Deadline.Sub(t.CreatedAt).Milliseconds(), Error: t.Error, Owner: t.Owner, TraceID: t.Trace.TraceID(),
 		Teams: []string{}, Functions: []string{}}
 	for i := range t.Calls {
 		c := &t.Calls[i]
@@ -162,14 +162,6 @@ func objectID(r Ref) string {
 }
 
 // traceID is the trace of a W3C traceparent ("00-<trace>-<span>-<flags>").
-func traceID(trace map[string]string) string {
-	parts := strings.Split(trace["traceparent"], "-")
-	if len(parts) == 4 && len(parts[1]) == 32 {
-		return parts[1]
-	}
-	return ""
-}
-
 // callReports reports each call of t and its result, as far as recorded.
 func (d *Dispatcher) callReports(ctx context.Context, t *Turn) []callReport {
 	out := make([]callReport, 0, len(t.Calls))

@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -79,19 +78,19 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 		b = append(b, `,"next":`...)
 		b = appendRef(b, t.Next)
 	}
-	if len(t.Trace) > 0 {
+	if !t.Trace.IsZero() {
 		b = append(b, `,"trace":{`...)
-		keys := make([]string, 0, len(t.Trace))
-		for k := range t.Trace {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for i, k := range keys {
-			if i > 0 {
+		sep := false
+		for _, f := range [...]struct{ name, value string }{{"baggage", t.Trace.Baggage}, {"traceparent", t.Trace.Traceparent}, {"tracestate", t.Trace.Tracestate}} {
+			if f.value == "" {
+				continue
+			}
+			if sep {
 				b = append(b, ',')
 			}
-			b = append(protocol.AppendJSONString(b, k), ':')
-			b = protocol.AppendJSONString(b, t.Trace[k])
+			sep = true
+			b = append(protocol.AppendJSONString(b, f.name), ':')
+			b = protocol.AppendJSONString(b, f.value)
 		}
 		b = append(b, '}')
 	}

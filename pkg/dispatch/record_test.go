@@ -31,7 +31,7 @@ func TestRecordEncodingMatchesJSON(t *testing.T) {
 
 	// And every optional field left out.
 	sameRecord(t, &Turn{Version: protocol.Version, Key: "k", State: TurnCollecting})
-	sameRecord(t, &Turn{Calls: []TurnCall{{ID: "c"}}, Next: &Ref{}, Ref: Ref{Agent: &AgentReference{}}, TimedOut: []protocol.CallKey{}, Trace: map[string]string{}})
+	sameRecord(t, &Turn{Calls: []TurnCall{{ID: "c"}}, Next: &Ref{}, Ref: Ref{Agent: &AgentReference{}}, TimedOut: []protocol.CallKey{}, Trace: TraceContext{}})
 
 	// Strings that need escaping: quotes, controls, HTML, line separators
 	// and bytes that are not UTF-8.

@@ -326,8 +326,7 @@ func (t *telemetry) startTurn(ctx context.Context, turn *Turn) (context.Context,
 			attrScope.String(turn.Scope), attrCalls.Int(len(turn.Calls)))...)
 	}
 	if span.SpanContext().IsValid() {
-		turn.Trace = map[string]string{}
-		t.prop.Inject(ctx, propagation.MapCarrier(turn.Trace))
+		t.prop.Inject(ctx, &turn.Trace)
 	}
 	return ctx, span
 }
@@ -357,10 +356,10 @@ func refAttrs(r Ref) []attribute.KeyValue {
 
 // turnContext is ctx carrying the turn's span context, on any replica.
 func (t *telemetry) turnContext(ctx context.Context, turn *Turn) context.Context {
-	if len(turn.Trace) == 0 {
+	if turn.Trace.IsZero() {
 		return ctx
 	}
-	return t.prop.Extract(ctx, propagation.MapCarrier(turn.Trace))
+	return t.prop.Extract(ctx, &turn.Trace)
 }
 
 // endTurn ends the turn's span if this replica opened it.

@@ -61,7 +61,7 @@ type Turn struct {
 	Next *Ref `json:"next,omitempty"`
 	// Trace carries the turn span's W3C context (traceparent, tracestate),
 	// so any replica parents its spans under it.
-	Trace map[string]string `json:"trace,omitempty"`
+	Trace TraceContext `json:"trace,omitzero"`
 }
 
 // TurnCall is one call of a turn.

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -47,7 +46,7 @@ type Watch struct {
 	UpdatedAt time.Time          `json:"updated_at"`
 	// Trace is the W3C context the watch request carried; its turns'
 	// spans are its children.
-	Trace map[string]string `json:"trace,omitempty"`
+	Trace TraceContext `json:"trace,omitzero"`
 	// Released says the replica driving the watch stopped and left it for
 	// any other to take at its next sweep.
 	Released bool `json:"released,omitempty"`
@@ -95,8 +94,7 @@ func (d *Dispatcher) Watch(ctx context.Context, ref Ref) (*Watch, error) {
 	now := time.Now().UTC()
 	w := &Watch{ID: id, Ref: ref, Current: ref, State: WatchActive, CreatedAt: now, UpdatedAt: now, Driver: d.opts.Name}
 	if trace.SpanContextFromContext(ctx).IsValid() {
-		w.Trace = map[string]string{}
-		d.tel.prop.Inject(ctx, propagation.MapCarrier(w.Trace))
+		d.tel.prop.Inject(ctx, &w.Trace)
 	}
 	have, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*Watch, error) { return d.recordWatch(ctx, w) })
 	if err != nil {
