@@ -464,13 +464,13 @@ func reportTurns(out *lockedWriter) func(dispatch.Event) {
 		switch e.Kind {
 		case dispatch.EventTurnSubmitted:
 			cut := ""
-			if e.Turn.CutOff {
+			if e.Turn.Outcome().CutOff {
 				cut = ", cut off at the deadline"
 			}
 			out.printf("  turn submitted: %d call(s) in %s%s (%s before the run expires)\n",
 				len(e.Turn.Calls), e.Latency.Round(10*time.Microsecond), cut, e.TimeLeft.Round(time.Second))
 		case dispatch.EventTurnFailed:
-			out.printf("  turn failed: %s\n", e.Turn.Error)
+			out.printf("  turn failed: %s\n", e.Turn.Outcome().Error)
 		}
 	}
 }

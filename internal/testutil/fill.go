@@ -54,7 +54,9 @@ func fill(v reflect.Value, s string, n *int) {
 			return
 		}
 		for i := range v.NumField() {
-			fill(v.Field(i), s, n)
+			if v.Type().Field(i).IsExported() {
+				fill(v.Field(i), s, n)
+			}
 		}
 	default:
 		panic("testutil.Fill: no case for " + v.Kind().String())

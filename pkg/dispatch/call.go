@@ -106,7 +106,7 @@ func (d *Dispatcher) callDirect(ctx context.Context, c directCall) (*protocol.Re
 				c.name, c.timeout.Round(time.Second))), nil
 	case final.State == TurnFailed:
 		return d.directFailure(c.name, t.Calls[0].Team, protocol.CodeUnavailable,
-			fmt.Sprintf("%s was not run to completion (%s). Try again later or continue without it.", c.name, final.Error)), nil
+			fmt.Sprintf("%s was not run to completion (%s). Try again later or continue without it.", c.name, final.Outcome().Error)), nil
 	}
 	outputs, err := d.outputs(ctx, final)
 	if err != nil {

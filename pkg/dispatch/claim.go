@@ -44,7 +44,7 @@ type submitClaim struct {
 	ended bool
 	// turn is the record as last written by this replica; rev its
 	// revision.
-	turn Turn
+	turn *Turn
 	rev  uint64
 	lost bool
 	// unsure holds the claims written without an answer (any may be
@@ -55,10 +55,10 @@ type submitClaim struct {
 // claim starts holding t, recorded at rev, and returns the context of the
 // submission: ended with errTakenOver if another replica takes it.
 func (d *Dispatcher) claim(ctx context.Context, t *Turn, rev uint64) (*submitClaim, context.Context) {
-	c := &submitClaim{d: d, turn: *t, rev: rev}
+	c := &submitClaim{d: d, turn: t.clone(), rev: rev}
 	ctx, c.cancel = context.WithCancelCause(ctx)
 	c.mu.Lock()
-	c.timer = time.AfterFunc(max(d.claimRenewEvery-time.Since(t.SubmittingSince), 0), func() { c.fire(ctx) })
+	c.timer = time.AfterFunc(max(d.claimRenewEvery-time.Since(t.Outcome().SubmittingSince), 0), func() { c.fire(ctx) })
 	c.mu.Unlock()
 	return c, ctx
 }
@@ -89,22 +89,23 @@ func (c *submitClaim) fire(ctx context.Context) {
 // turn over if that goes on for stuckAfter.
 func (c *submitClaim) renew(ctx context.Context) bool {
 	c.mu.Lock()
-	next, rev := c.turn, c.rev
+	next, rev := c.turn.clone(), c.rev
 	c.mu.Unlock()
-	next.SubmittingSince = time.Now().UTC()
+	claim := next.writeOutcome()
+	claim.SubmittingSince = time.Now().UTC()
 	rctx, cancel := context.WithTimeout(ctx, claimRenewTimeout)
-	newRev, err := c.d.turns.update(rctx, &next, rev)
+	newRev, err := c.d.turns.update(rctx, next, rev)
 	cancel()
 	if err != nil {
 		// A conflict is another writer's claim, or a write of this
 		// claim's whose answer was lost (this one's, or an earlier
 		// renewal's that failed so): the record tells which, by the
 		// exact claims written.
-		c.unsure = append(c.unsure, next.SubmittingSince)
-		have, haveRev, found, taken := c.d.findClaim(ctx, next.Key, rev, next.Owner, c.unsure)
+		c.unsure = append(c.unsure, claim.SubmittingSince)
+		have, haveRev, found, taken := c.d.findClaim(ctx, next.Key, rev, claim.Owner, c.unsure)
 		switch {
 		case found:
-			next, newRev, err = *have, haveRev, nil
+			next, newRev, err = have, haveRev, nil
 		case taken:
 			c.mu.Lock()
 			c.lost = true
@@ -137,7 +138,8 @@ func (d *Dispatcher) findClaim(ctx context.Context, key protocol.TurnKey, rev ui
 		have, haveRev, err := d.turns.get(rctx, key)
 		cancel()
 		if err == nil && haveRev > rev {
-			ours := have.State == TurnSubmitting && have.Owner == owner && slices.ContainsFunc(since, have.SubmittingSince.Equal)
+			claim := have.Outcome()
+			ours := have.State == TurnSubmitting && claim.Owner == owner && slices.ContainsFunc(since, claim.SubmittingSince.Equal)
 			return have, haveRev, ours, !ours
 		}
 		if !backoff.Sleep(ctx, wait.Next()) {
@@ -159,7 +161,7 @@ func (c *submitClaim) end() (rev uint64, since time.Time, lost bool) {
 	c.cancel(nil)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.rev, c.turn.SubmittingSince, c.lost
+	return c.rev, c.turn.Outcome().SubmittingSince, c.lost
 }
 
 // submittingHere marks key as submitted by this process until the

@@ -111,11 +111,11 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 		t.Fatalf("watch %s answer %q (%s), want a timeout result", w.State, w.Answer, w.Error)
 	}
 	turn, err := d.Turn(context.Background(), w.Turns[0])
-	if err != nil || !turn.CutOff || len(turn.TimedOut) != 1 {
+	if err != nil || !turn.Outcome().CutOff || len(turn.Outcome().TimedOut) != 1 {
 		t.Fatalf("turn = %+v, %v; want cut off with one timed-out call", turn, err)
 	}
-	if !turn.SubmittedAt.Before(turn.ExpiresAt) || turn.SubmittedAt.Before(turn.Deadline) {
-		t.Errorf("submitted at %s; want between the deadline %s and the expiry %s", turn.SubmittedAt, turn.Deadline, turn.ExpiresAt)
+	if !turn.Outcome().SubmittedAt.Before(turn.ExpiresAt) || turn.Outcome().SubmittedAt.Before(turn.Deadline) {
+		t.Errorf("submitted at %s; want between the deadline %s and the expiry %s", turn.Outcome().SubmittedAt, turn.Deadline, turn.ExpiresAt)
 	}
 
 	// The straggler's result arrives late: recorded, never submitted.
@@ -135,7 +135,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 	if after := e.sim.Stats().FunctionCallOutputs; after != before {
 		t.Errorf("late result was submitted: outputs %d -> %d", before, after)
 	}
-	if turn, err := d.Turn(context.Background(), w.Turns[0]); err != nil || turn.State != dispatch.TurnSubmitted || len(turn.TimedOut) != 1 {
+	if turn, err := d.Turn(context.Background(), w.Turns[0]); err != nil || turn.State != dispatch.TurnSubmitted || len(turn.Outcome().TimedOut) != 1 {
 		t.Errorf("after the late result: turn = %+v, %v; want it still submitted with the call timed out", turn, err)
 	}
 	s, err := e.js.Stream(context.Background(), protocol.ResultStream(res.Team))
@@ -335,7 +335,7 @@ func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
 		t.Fatalf("answer = %q, want an unavailable error", w.Answer)
 	}
 	turn, err := d.Turn(context.Background(), w.Turns[0])
-	if err != nil || !turn.Calls[0].Rejected || turn.CutOff {
+	if err != nil || !turn.Calls[0].Rejected || turn.Outcome().CutOff {
 		t.Errorf("turn = %+v, %v; want the call rejected at intake, not cut off", turn, err)
 	}
 }

@@ -149,11 +149,11 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 				return false
 			}
 			if t.State == TurnFailed {
-				finish(WatchFailed, "", "submission failed: "+t.Error)
+				finish(WatchFailed, "", "submission failed: "+t.Outcome().Error)
 				return false
 			}
-			if t.Next != nil {
-				w.Current = *t.Next
+			if next := t.Outcome().Next; next != nil {
+				w.Current = *next
 				d.indexResponse(ctx, w.Current.ResponseID, w.ID)
 			}
 			if !d.keepWatch(ctx, w) {
@@ -342,7 +342,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMsg, reason string) bool {
 	t, _, err := d.turns.transition(ctx, key, TurnCollecting, nil, 0, func(t *Turn) {
 		t.State = TurnFailed
-		t.Error = errMsg
+		t.writeOutcome().Error = errMsg
 	})
 	if err != nil || t == nil {
 		return false

@@ -362,13 +362,14 @@ func (d *Dispatcher) watchReport(ctx context.Context, id string) (int, any) {
 		if err != nil {
 			continue
 		}
+		o := t.Outcome()
 		tr := turnReport{Key: t.Key, State: t.State, Deadline: t.Deadline.Format(timeFormat), ExpiresAt: t.ExpiresAt.Format(timeFormat),
-			CutOff: t.CutOff, Error: t.Error}
+			CutOff: o.CutOff, Error: o.Error}
 		if t.Open() {
 			tr.TimeLeft = time.Until(t.ExpiresAt).Round(time.Millisecond).String()
 		}
-		if !t.SubmittedAt.IsZero() {
-			tr.SubmittedAt = t.SubmittedAt.Format(timeFormat)
+		if !o.SubmittedAt.IsZero() {
+			tr.SubmittedAt = o.SubmittedAt.Format(timeFormat)
 		}
 		tr.Calls = d.callReports(ctx, t)
 		rep.TurnDetails = append(rep.TurnDetails, tr)

@@ -114,7 +114,7 @@ func outcome(t *Turn) string {
 		return "open"
 	case t.State == TurnFailed:
 		return "failed"
-	case t.CutOff:
+	case t.Outcome().CutOff:
 		return "cut_off"
 	}
 	return string(t.State)
@@ -122,9 +122,10 @@ func outcome(t *Turn) string {
 
 // view is t as caller sees it, without its calls' results.
 func view(caller Caller, t *Turn, now time.Time) TurnView {
+	o := t.Outcome()
 	v := TurnView{Key: t.Key, Platform: t.Ref.Platform, Object: t.Ref.String(), ObjectID: objectID(t.Ref), State: t.State,
 		Outcome: outcome(t), CreatedAt: t.CreatedAt, Deadline: t.Deadline, ExpiresAt: t.ExpiresAt,
-		BudgetMS: t.Deadline.Sub(t.CreatedAt).Milliseconds(), Error: t.Error, Owner: t.Owner, TraceID: t.Trace.TraceID(),
+		BudgetMS: t.Deadline.Sub(t.CreatedAt).Milliseconds(), Error: o.Error, Owner: o.Owner, TraceID: t.Trace.TraceID(),
 		Teams: []string{}, Functions: []string{}}
 	for i := range t.Calls {
 		c := &t.Calls[i]
@@ -143,10 +144,10 @@ func view(caller Caller, t *Turn, now time.Time) TurnView {
 		left := t.Deadline.Sub(now)
 		v.TimeLeftMS, v.TimeLeft = left.Milliseconds(), left.Round(time.Second).String()
 	}
-	if !t.SubmittedAt.IsZero() {
-		v.SubmittedAt = t.SubmittedAt
-		v.Duration = t.SubmittedAt.Sub(t.CreatedAt).Round(time.Millisecond).String()
-		v.TimeLeftAtSubmit = t.ExpiresAt.Sub(t.SubmittedAt).Round(time.Second).String()
+	if !o.SubmittedAt.IsZero() {
+		v.SubmittedAt = o.SubmittedAt
+		v.Duration = o.SubmittedAt.Sub(t.CreatedAt).Round(time.Millisecond).String()
+		v.TimeLeftAtSubmit = t.ExpiresAt.Sub(o.SubmittedAt).Round(time.Second).String()
 	}
 	return v
 }

@@ -102,7 +102,7 @@ func newMCPFleet(t *testing.T, replicas int, opts dispatch.Options) *mcpFleet {
 			case dispatch.EventTurnStarted:
 				f.takenIn[e.Turn.Key] = o.Name
 			case dispatch.EventTurnSubmitted:
-				f.submitted[e.Turn.Key] = e.Turn.Owner
+				f.submitted[e.Turn.Key] = e.Turn.Outcome().Owner
 			}
 		}
 		d, _ := f.e.dispatcher(o)

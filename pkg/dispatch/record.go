@@ -48,35 +48,37 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 			return nil, err
 		}
 	}
-	b = protocol.AppendJSONOptional(b, "owner", t.Owner)
-	for _, f := range [...]struct {
-		name string
-		at   time.Time
-	}{{"submitting_since", t.SubmittingSince}, {"submitted_at", t.SubmittedAt}} {
-		if f.at.IsZero() {
-			continue // omitzero
-		}
-		if b, err = protocol.AppendJSONTime(b, f.name, f.at); err != nil {
-			return nil, err
-		}
-	}
-	if t.CutOff {
-		b = append(b, `,"cut_off":true`...)
-	}
-	if len(t.TimedOut) > 0 {
-		b = append(b, `,"timed_out":[`...)
-		for i, k := range t.TimedOut {
-			if i > 0 {
-				b = append(b, ',')
+	if o := t.out; o != nil {
+		b = protocol.AppendJSONOptional(b, "owner", o.Owner)
+		for _, f := range [...]struct {
+			name string
+			at   time.Time
+		}{{"submitting_since", o.SubmittingSince}, {"submitted_at", o.SubmittedAt}} {
+			if f.at.IsZero() {
+				continue // omitzero
 			}
-			b = protocol.AppendJSONString(b, string(k))
+			if b, err = protocol.AppendJSONTime(b, f.name, f.at); err != nil {
+				return nil, err
+			}
 		}
-		b = append(b, ']')
-	}
-	b = protocol.AppendJSONOptional(b, "error", t.Error)
-	if t.Next != nil {
-		b = append(b, `,"next":`...)
-		b = appendRef(b, t.Next)
+		if o.CutOff {
+			b = append(b, `,"cut_off":true`...)
+		}
+		if len(o.TimedOut) > 0 {
+			b = append(b, `,"timed_out":[`...)
+			for i, k := range o.TimedOut {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = protocol.AppendJSONString(b, string(k))
+			}
+			b = append(b, ']')
+		}
+		b = protocol.AppendJSONOptional(b, "error", o.Error)
+		if o.Next != nil {
+			b = append(b, `,"next":`...)
+			b = appendRef(b, o.Next)
+		}
 	}
 	if !t.Trace.IsZero() {
 		b = append(b, `,"trace":{`...)

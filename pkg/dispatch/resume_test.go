@@ -69,7 +69,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 		t.Fatalf("answer = %q, want the unknown_function failure decided at intake", w.Answer)
 	}
 	turn, err := d2.Turn(context.Background(), w.Turns[0])
-	if err != nil || turn.CutOff {
+	if err != nil || turn.Outcome().CutOff {
 		t.Errorf("turn = %+v, %v; want it closed by its results, not cut off at the deadline", turn, err)
 	}
 }
@@ -415,6 +415,6 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 	// a sweep's look at a turn missing from the index, can have cut it off.
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		turn, err := d2.Turn(context.Background(), req.Key())
-		return err == nil && turn.CutOff
+		return err == nil && turn.Outcome().CutOff
 	})
 }

@@ -45,10 +45,8 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	known, rev := d.gather.known(key)
 	t, rev, err := d.turns.transition(ctx, key, TurnCollecting, known, rev, func(t *Turn) {
 		t.State = TurnSubmitting
-		t.Owner = d.opts.Name
-		t.SubmittingSince = now
-		t.CutOff = cutOff
-		t.TimedOut = timedOut
+		o := t.writeOutcome()
+		o.Owner, o.SubmittingSince, o.CutOff, o.TimedOut = d.opts.Name, now, cutOff, timedOut
 	})
 	if err != nil {
 		d.log.Error("closing turn failed", "turn", key, "err", err)
@@ -75,7 +73,7 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 		if err != nil || t.State != TurnSubmitting {
 			return
 		}
-		wait := time.Until(t.SubmittingSince.Add(stuckAfter))
+		wait := time.Until(t.Outcome().SubmittingSince.Add(stuckAfter))
 		if wait > 0 {
 			wctx, stop := d.withRunContext(ctx)
 			backoff.Sleep(wctx, wait)
@@ -86,13 +84,13 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 			}
 			continue
 		}
-		t.Owner = d.opts.Name
-		t.SubmittingSince = time.Now().UTC()
+		claim := t.writeOutcome()
+		claim.Owner, claim.SubmittingSince = d.opts.Name, time.Now().UTC()
 		newRev, err := d.turns.update(ctx, t, rev)
 		if err != nil && !errors.Is(err, errConflict) {
 			// The claim may be stored with its answer lost: then it is
 			// ours, and nobody else submits the turn unless we do.
-			if _, haveRev, found, _ := d.findClaim(ctx, key, rev, t.Owner, []time.Time{t.SubmittingSince}); found {
+			if _, haveRev, found, _ := d.findClaim(ctx, key, rev, claim.Owner, []time.Time{claim.SubmittingSince}); found {
 				newRev, err = haveRev, nil
 			}
 		}
@@ -122,7 +120,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	defer span.End()
 	if span.IsRecording() {
 		span.SetAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
-			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(t.CutOff))...)
+			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(t.Outcome().CutOff))...)
 	}
 	claim, sctx := d.claim(ctx, t, rev)
 	outputs, err := d.outputs(sctx, t)
@@ -130,8 +128,9 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	if err == nil {
 		sub, err = d.submitWithRetry(sctx, t, outputs)
 	}
-	var lost bool
-	if rev, t.SubmittingSince, lost = claim.end(); lost && err != nil {
+	rev, since, lost := claim.end()
+	t.writeOutcome().SubmittingSince = since
+	if lost && err != nil {
 		// Renewing the claim found another one: that replica submits the
 		// turn (with the same ids) and records the outcome. A submission
 		// that went through is recorded here all the same; the other
@@ -162,15 +161,16 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		span.SetStatus(codes.Error, "submission failed")
 	}
 	final, cerr := d.markSubmitted(ctx, t, rev, func(r *Turn) {
-		r.SubmittedAt = now
+		o := r.writeOutcome()
+		o.SubmittedAt = now
 		if err != nil {
 			r.State = TurnFailed
-			r.Error = err.Error()
+			o.Error = err.Error()
 			return
 		}
 		r.State = TurnSubmitted
 		if sub != nil {
-			r.Next = sub.Next
+			o.Next = sub.Next
 		}
 	})
 	if cerr != nil {
@@ -187,14 +187,15 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		return
 	}
 	d.tel.submitted(ctx, final, outputs, final.State, now)
-	defer d.finished(final, t.CutOff)
+	cutOff := t.Outcome().CutOff
+	defer d.finished(final, cutOff)
 	ev := Event{Kind: EventTurnSubmitted, Turn: final, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
 	if err != nil {
 		ev.Kind = EventTurnFailed
 		d.log.ErrorContext(ctx, "submission failed", "turn", t.Key, "platform", t.Ref.Platform, "err", err)
 	} else {
 		d.log.InfoContext(ctx, "turn submitted", "turn", t.Key, "platform", t.Ref.Platform,
-			"latency_ms", ev.Latency.Milliseconds(), "time_left_s", int64(ev.TimeLeft.Seconds()), "cut_off", t.CutOff)
+			"latency_ms", ev.Latency.Milliseconds(), "time_left_s", int64(ev.TimeLeft.Seconds()), "cut_off", cutOff)
 	}
 	d.emit(ev)
 }
@@ -205,7 +206,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 // of open turns (the fired one too, when fired: the deadline closed it or
 // it is not known to be unfired).
 func (d *Dispatcher) finished(t *Turn, fired bool) {
-	d.tel.endTurn(t.Key, t.State, t.Error)
+	d.tel.endTurn(t.Key, t.State, t.Outcome().Error)
 	d.gather.forget(t.Key)
 	d.unindex(t.Key, fired)
 	d.recent.add(t.Key, time.Now())
@@ -234,10 +235,11 @@ func (d *Dispatcher) releaseTurn(key protocol.TurnKey) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	t, rev, err := d.turns.get(ctx, key)
-	if err != nil || t.State != TurnSubmitting || t.Owner != d.opts.Name {
+	if err != nil || t.State != TurnSubmitting || t.Outcome().Owner != d.opts.Name {
 		return
 	}
-	t.Owner, t.SubmittingSince = "", time.Time{}
+	claim := t.writeOutcome()
+	claim.Owner, claim.SubmittingSince = "", time.Time{}
 	if _, err := d.turns.update(ctx, t, rev); err == nil {
 		d.log.Info("submission cut off by the shutdown; the turn is left to the other replicas or the restart", "turn", key)
 	}
@@ -285,7 +287,7 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 				Error: &protocol.CallError{Code: protocol.CodeTimeout,
 					Message: fmt.Sprintf("%s timed out after %s. Continue without its result, or try again with a simpler request.",
 						c.Name, t.Deadline.Sub(t.CreatedAt).Round(time.Second))},
-				FinishedAt: t.SubmittingSince,
+				FinishedAt: t.Outcome().SubmittingSince,
 			}
 		} else {
 			var err error
@@ -311,7 +313,7 @@ func (d *Dispatcher) outputs(ctx context.Context, t *Turn) ([]Output, error) {
 				res, err = &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 					Error: &protocol.CallError{Code: protocol.CodeUnavailable,
 						Message: fmt.Sprintf("The result of %s could not be read. Continue without it.", c.Name)},
-					FinishedAt: t.SubmittingSince}, nil
+					FinishedAt: t.Outcome().SubmittingSince}, nil
 			}
 			if err != nil {
 				return nil, fmt.Errorf("dispatch: result of call %s (%s): %w", c.ID, c.Name, err)
@@ -371,7 +373,7 @@ func (d *Dispatcher) withoutResult(ctx context.Context, t *Turn) []protocol.Call
 }
 
 func timedOut(t *Turn, key protocol.CallKey) bool {
-	for _, k := range t.TimedOut {
+	for _, k := range t.Outcome().TimedOut {
 		if k == key {
 			return true
 		}

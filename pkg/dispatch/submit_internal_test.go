@@ -113,7 +113,7 @@ func (p *refusingPlatform) accept() {
 func submittingTurn(t *testing.T, d *Dispatcher, key protocol.TurnKey, expires time.Time) (*Turn, uint64) {
 	t.Helper()
 	turn := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_" + string(key)},
-		State: TurnSubmitting, Owner: d.opts.Name, SubmittingSince: time.Now().UTC(),
+		State: TurnSubmitting, out: &TurnOutcome{Owner: d.opts.Name, SubmittingSince: time.Now().UTC()},
 		CreatedAt: time.Now().UTC(), ExpiresAt: expires, Deadline: expires.Add(-time.Second)}
 	rev, err := d.turns.create(t.Context(), turn)
 	if err != nil {
@@ -143,13 +143,13 @@ func TestARetriedSubmissionKeepsItsClaim(t *testing.T) {
 	p := &refusingPlatform{}
 	one := replicaOn(t, js, "one", p, fastRenewals)
 	turn, rev := submittingTurn(t, one, "0123456789abcdef0123456789abcdef", time.Now().Add(time.Minute))
-	since := turn.SubmittingSince
+	since := turn.Outcome().SubmittingSince
 	done := make(chan struct{})
 	go func() { defer close(done); one.submit(context.Background(), turn, rev) }()
 
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		have, _, err := one.turns.get(t.Context(), turn.Key)
-		return err == nil && have.SubmittingSince.After(since.Add(50*time.Millisecond))
+		return err == nil && have.Outcome().SubmittingSince.After(since.Add(50*time.Millisecond))
 	})
 	p.accept()
 	awaitDone(t, done, "the submission did not end once the platform accepted it")
@@ -157,8 +157,8 @@ func TestARetriedSubmissionKeepsItsClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if have.State != TurnSubmitted || have.Owner != "one" {
-		t.Fatalf("after the retries the record is %s, owner %q; want submitted by one", have.State, have.Owner)
+	if have.State != TurnSubmitted || have.Outcome().Owner != "one" {
+		t.Fatalf("after the retries the record is %s, owner %q; want submitted by one", have.State, have.Outcome().Owner)
 	}
 }
 
@@ -183,9 +183,10 @@ func TestASubmissionTakenOverStopsRetrying(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				have.Owner, have.SubmittingSince = taker, time.Now().UTC().Add(time.Hour)
+				claim := have.writeOutcome()
+				claim.Owner, claim.SubmittingSince = taker, time.Now().UTC().Add(time.Hour)
 				if _, err = one.turns.update(t.Context(), have, haveRev); err == nil {
-					claimed = have.SubmittingSince
+					claimed = claim.SubmittingSince
 					break
 				}
 			}
@@ -194,8 +195,8 @@ func TestASubmissionTakenOverStopsRetrying(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if after.State != TurnSubmitting || after.Owner != taker || !after.SubmittingSince.Equal(claimed) {
-				t.Fatalf("the record is %s, owner %q since %s; want still submitting, the taker's claim", after.State, after.Owner, after.SubmittingSince)
+			if after.State != TurnSubmitting || after.Outcome().Owner != taker || !after.Outcome().SubmittingSince.Equal(claimed) {
+				t.Fatalf("the record is %s, owner %q since %s; want still submitting, the taker's claim", after.State, after.Outcome().Owner, after.Outcome().SubmittingSince)
 			}
 		})
 	}
@@ -208,7 +209,7 @@ func TestTheSweepLeavesATurnSubmittedHere(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	one := replicaOn(t, js, "one", idlePlatform{})
 	turn, rev := submittingTurn(t, one, "00112233445566778899aabbccddeeff", time.Now().Add(time.Minute))
-	turn.SubmittingSince = time.Now().UTC().Add(-2 * stuckAfter)
+	turn.writeOutcome().SubmittingSince = time.Now().UTC().Add(-2 * stuckAfter)
 	rev, err := one.turns.update(t.Context(), turn, rev)
 	if err != nil {
 		t.Fatal(err)

@@ -397,7 +397,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		return
 	}
 	if !t.Open() {
-		if !t.SubmittedAt.IsZero() && time.Since(t.SubmittedAt) < markersLast {
+		if at := t.Outcome().SubmittedAt; !at.IsZero() && time.Since(at) < markersLast {
 			// Closed a moment ago: what the sweep saw is the roll-up
 			// markers its close left, not a timer. Marking it again
 			// would keep the markers and fire the timers' consumer.
@@ -426,7 +426,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 			}
 		}
 	case TurnSubmitting:
-		if startup || now.Sub(t.SubmittingSince) > stuckAfter {
+		if startup || now.Sub(t.Outcome().SubmittingSince) > stuckAfter {
 			d.background(func(ctx context.Context) { d.takeOver(ctx, key) })
 		}
 	}

@@ -450,7 +450,7 @@ func (t *telemetry) submitted(ctx context.Context, turn *Turn, outputs []Output,
 	if state == TurnSubmitted {
 		t.timeLeft.Record(ctx, max(turn.ExpiresAt.Sub(at), 0).Seconds(), t.sets.Record(p)...)
 	}
-	if turn.CutOff {
+	if turn.Outcome().CutOff {
 		t.cutoffs.Add(ctx, 1, metric.WithAttributes(p))
 	}
 	for _, o := range outputs {

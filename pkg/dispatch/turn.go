@@ -47,6 +47,18 @@ type Turn struct {
 	// dispatcher submits whatever it has (ExpiresAt minus the margin).
 	ExpiresAt time.Time `json:"expires_at"`
 	Deadline  time.Time `json:"deadline"`
+	// Trace carries the turn span's W3C context (traceparent, tracestate),
+	// so any replica parents its spans under it.
+	Trace TraceContext `json:"trace,omitzero"`
+	// out is how the turn is being closed: nil while it collects, which
+	// keeps the many turns in flight a size class smaller. Its fields are
+	// written into the record beside the turn's own.
+	out *TurnOutcome
+}
+
+// TurnOutcome is how a turn is closed: who claimed its submission, when,
+// and what came of it.
+type TurnOutcome struct {
 	// Owner is the replica that won the right to submit, since
 	// SubmittingSince.
 	Owner           string    `json:"owner,omitempty"`
@@ -59,9 +71,66 @@ type Turn struct {
 	Error    string             `json:"error,omitempty"`
 	// Next is what the submission created to drive next (Responses).
 	Next *Ref `json:"next,omitempty"`
-	// Trace carries the turn span's W3C context (traceparent, tracestate),
-	// so any replica parents its spans under it.
-	Trace TraceContext `json:"trace,omitzero"`
+}
+
+func (o *TurnOutcome) isZero() bool {
+	return o.Owner == "" && o.SubmittingSince.IsZero() && o.SubmittedAt.IsZero() && !o.CutOff &&
+		o.TimedOut == nil && o.Error == "" && o.Next == nil
+}
+
+// Outcome returns how the turn is being closed, or was; the zero
+// TurnOutcome while it collects.
+func (t *Turn) Outcome() TurnOutcome {
+	if t.out == nil {
+		return TurnOutcome{}
+	}
+	return *t.out
+}
+
+// writeOutcome returns the turn's outcome for changing, made if it has
+// none. A turn copied with clone has its own.
+func (t *Turn) writeOutcome() *TurnOutcome {
+	if t.out == nil {
+		t.out = new(TurnOutcome)
+	}
+	return t.out
+}
+
+// clone returns a copy of t whose outcome can be changed without changing
+// t's. The calls, shared, are never changed in place.
+func (t *Turn) clone() *Turn {
+	c := *t
+	if t.out != nil {
+		o := *t.out
+		c.out = &o
+	}
+	return &c
+}
+
+// turnFields is a Turn without its methods, so that encoding/json reads
+// and writes its fields.
+type turnFields Turn
+
+// recordLayout is a turn's record as encoding/json sees it: the turn's
+// fields and its outcome's side by side.
+type recordLayout struct {
+	*turnFields
+	*TurnOutcome
+}
+
+// MarshalJSON writes the turn's record.
+func (t Turn) MarshalJSON() ([]byte, error) { return appendTurn(nil, &t) }
+
+// UnmarshalJSON reads a turn's record.
+func (t *Turn) UnmarshalJSON(b []byte) error {
+	o := new(TurnOutcome)
+	if err := json.Unmarshal(b, &recordLayout{(*turnFields)(t), o}); err != nil {
+		return err
+	}
+	if t.out = o; o.isZero() {
+		t.out = nil
+	}
+	return nil
 }
 
 // TurnCall is one call of a turn.
