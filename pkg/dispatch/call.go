@@ -89,7 +89,7 @@ func (d *Dispatcher) callDirect(ctx context.Context, c directCall) (*protocol.Re
 	}
 	wctx, cancel := context.WithDeadline(ctx, t.ExpiresAt)
 	defer cancel()
-	final, _, err := d.awaitClosed(wctx, t.Key, nil, Ref{}, nil)
+	final, outputs, _, err := d.awaitClosed(wctx, t.Key, nil, Ref{}, nil)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelTimeout)
@@ -108,9 +108,10 @@ func (d *Dispatcher) callDirect(ctx context.Context, c directCall) (*protocol.Re
 		return d.directFailure(c.name, t.Calls[0].Team, protocol.CodeUnavailable,
 			fmt.Sprintf("%s was not run to completion (%s). Try again later or continue without it.", c.name, final.Outcome().Error)), nil
 	}
-	outputs, err := d.outputs(ctx, final)
-	if err != nil {
-		return nil, err
+	if outputs == nil {
+		if outputs, err = d.outputs(ctx, final); err != nil {
+			return nil, err
+		}
 	}
 	return outputs[0].Result, nil
 }

@@ -192,6 +192,8 @@ type Dispatcher struct {
 	// recent holds the turns closed here a moment ago, which the sweep
 	// need not read.
 	recent *recentlyClosed
+	// closing tells the waits in this process of the turns it closes.
+	closing closeNotices
 
 	// unavailableFor is how long requests wait for JetStream to come back
 	// before answering that it is unavailable.

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -128,7 +129,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 				continue
 			}
 			handedOver := false
-			t, ended, err := d.awaitClosed(ctx, t.Key, p, w.Current, func() bool {
+			t, _, ended, err := d.awaitClosed(ctx, t.Key, p, w.Current, func() bool {
 				// A long turn: the watch stays alive meanwhile.
 				if time.Since(lastSave) > d.watchSaveEvery {
 					handedOver, lastSave = !d.keepWatch(ctx, w), time.Now()
@@ -258,17 +259,33 @@ const (
 // the turn (the run was cancelled, expired or finished), it returns that
 // observation.
 //
-// A KV watch on the record brings the news at once, whichever replica
-// closed the turn; the record is also read every recordReadEvery, so a
-// watch lost with a server (it is an ordered consumer) costs a second, not
-// the turn.
-func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref, keep func() bool) (*Turn, *Observation, error) {
-	var updates <-chan jetstream.KeyValueEntry
-	if kw, err := d.turns.kv.Watch(ctx, string(key)); err == nil {
-		defer func() { _ = kw.Stop() }()
-		updates = kw.Updates()
+// A turn this process closes is handed over at once, with its outputs
+// (nil when not known). Every write of the record is heard as it is published, by a plain
+// subscription to its subject, whichever replica writes it; one that
+// closes the turn is confirmed by reading the record (a write heard may
+// have lost its compare-and-set). The record is also read once the
+// subscription is in place, and every recordReadEvery, so a write missed
+// (published before the subscription, or while the connection was away)
+// costs a second, not the turn. A KV watch would bring the same news,
+// through an ordered consumer created and deleted for each wait: on the
+// MCP path that was most of a no-op call's time (docs/benchmarks.md).
+func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Platform, ref Ref, keep func() bool) (*Turn, []Output, *Observation, error) {
+	here, stop := d.closing.wait(key)
+	defer stop()
+	heard := make(chan struct{}, 1)
+	if sub, err := d.turns.nc.Subscribe(kvSubject(provision.TurnBucket, string(key)), func(m *nats.Msg) {
+		if t, err := decodeTurn(m.Data); err == nil && closedTurn(t) {
+			select {
+			case heard <- struct{}{}:
+			default:
+			}
+		}
+	}); err == nil {
+		defer func() { _ = sub.Unsubscribe() }()
 	}
-	closed := func(t *Turn) bool { return t.State == TurnSubmitted || t.State == TurnFailed }
+	if t, _, err := d.turns.get(ctx, key); err == nil && closedTurn(t) {
+		return t, nil, nil, nil
+	}
 	polls := backoff.Backoff{Initial: closedPollFirst, Max: closedPollMax}
 	poll := time.NewTimer(polls.Next())
 	defer poll.Stop()
@@ -280,28 +297,23 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 	defer read.Stop()
 	for {
 		select {
-		case e, ok := <-updates:
-			if !ok {
-				updates = nil // lost; the ticker below carries on
-				continue
-			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			if t, err := decodeTurn(e.Value()); err == nil && closed(t) {
-				return t, nil, nil
+		case n := <-here:
+			return n.turn, n.outputs, nil, nil
+		case <-heard:
+			if t, _, err := d.turns.get(ctx, key); err == nil && closedTurn(t) {
+				return t, nil, nil, nil
 			}
 		case <-read.C:
-			if t, _, err := d.turns.get(ctx, key); err == nil && closed(t) {
-				return t, nil, nil
+			if t, _, err := d.turns.get(ctx, key); err == nil && closedTurn(t) {
+				return t, nil, nil, nil
 			}
 			if keep != nil && !keep() {
-				return nil, nil, errHandedOver
+				return nil, nil, nil, errHandedOver
 			}
 		case <-pollC:
 			obs, err := p.Poll(ctx, ref)
 			if err == nil && obs.State == ObjectFailed {
-				return nil, obs, nil
+				return nil, nil, obs, nil
 			}
 			if err == nil && obs.State == ObjectDone {
 				// Make sure it is not our own submission that finished it:
@@ -311,15 +323,15 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 				// finished without its results.
 				t, _, err := d.turns.get(ctx, key)
 				switch {
-				case err == nil && closed(t):
-					return t, nil, nil
+				case err == nil && closedTurn(t):
+					return t, nil, nil, nil
 				case err == nil && t.State == TurnCollecting:
-					return nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
+					return nil, nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
 				}
 			}
 			poll.Reset(polls.Next())
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return nil, nil, nil, ctx.Err()
 		}
 	}
 }
@@ -347,6 +359,7 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 	if err != nil || t == nil {
 		return false
 	}
+	d.closing.closed(t, nil)
 	d.finished(t, true)
 	teams := map[string]bool{}
 	for _, c := range t.Calls {
@@ -503,3 +516,6 @@ func (d *Dispatcher) driving(id string) bool {
 	defer d.driversMu.Unlock()
 	return d.drivers[id]
 }
+
+// closedTurn reports whether t is submitted or failed.
+func closedTurn(t *Turn) bool { return t.State == TurnSubmitted || t.State == TurnFailed }

@@ -186,6 +186,7 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 		d.closedElsewhere(t.Key)
 		return
 	}
+	d.closing.closed(final, outputs)
 	d.tel.submitted(ctx, final, outputs, final.State, now)
 	cutOff := t.Outcome().CutOff
 	defer d.finished(final, cutOff)
