@@ -92,6 +92,12 @@ type Options struct {
 	// unset. MCP clients wait on an open HTTP request, so this is shorter
 	// than RunTTL. Default: 60s.
 	MCPCallTimeout time.Duration
+	// NoHolds makes intake record each turn collecting, for whichever
+	// replica sees its last result to claim, instead of held by the
+	// replica that takes it in (see the package documentation). A
+	// rolling upgrade from a version without holds may set it while that
+	// version runs. Default: false (turns are held).
+	NoHolds bool
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
@@ -186,6 +192,15 @@ type Dispatcher struct {
 	// submitting holds the turns this process submits now.
 	submittingMu sync.Mutex
 	submitting   map[protocol.TurnKey]bool
+	// holdOutcome is the outcome the turns this replica holds share;
+	// holdGate and holdsOff let a stopping replica release every hold
+	// (hold.go).
+	holdOutcome *TurnOutcome
+	holdGate    sync.RWMutex
+	holdsOff    atomic.Bool
+	// holdScanEvery is how often holds kept for holdFor are released
+	// (tests shorten it).
+	holdScanEvery time.Duration
 
 	// lastSweep is when the last sweep began; only the sweep loop uses it.
 	lastSweep time.Time
@@ -281,6 +296,8 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.drivers = map[string]bool{}
 	d.watchSaveEvery = watchSaveEvery
 	d.claimRenewEvery = claimRenewEvery
+	d.holdOutcome = &TurnOutcome{Owner: opts.Name, Held: true}
+	d.holdScanEvery = holdScanEvery
 	d.inspect = newInspector(d)
 	return d, nil
 }
@@ -351,6 +368,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		})
 		return stop, err
 	}
+	// Once nothing more is gathered, the holds this replica has are
+	// released, so the others or the restart need not wait them out.
+	defer d.releaseAllHeld()
 	stopResults, err := whenReady("starting to gather results", d.gather.start)
 	if err != nil {
 		return fmt.Errorf("dispatch: gather results: %w", err)
@@ -378,6 +398,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: answer on the presence subject: %w", err)
 	}
 	defer stopPresence()
+	stopNudges, err := d.serveNudges()
+	if err != nil {
+		return fmt.Errorf("dispatch: hear of the results of held turns: %w", err)
+	}
+	defer stopNudges()
+	wg.Go(func() { d.releaseHeldEvery(rctx) })
 	stopDeclarations, err := d.serveDeclarations(rctx)
 	if err != nil {
 		return fmt.Errorf("dispatch: serve executors' declarations: %w", err)

@@ -15,9 +15,19 @@
 // failed result at once and run nowhere.
 //
 // A turn moves collecting → submitting → submitted | failed, only by
-// compare-and-set; only the replica that wins collecting → submitting calls
-// the platform. When its deadline comes first, the turn is submitted with
-// the results it has and a "timed out" failure for each straggler; late
+// compare-and-set; only the replica that claims it (collecting →
+// submitting) calls the platform. The replica that takes a turn in holds
+// it from the start: its record is created claimed by that replica
+// (stored as submitting, marked held, read back as collecting), which
+// submits the turn as soon as its results are in, with no claim between,
+// if that is within a few seconds ([Options.NoHolds] turns this off). A
+// hold still there after that is released (the record goes back to
+// collecting, to be claimed as any turn); another replica treats a hold
+// as a claim until it is as old as a stuck submission, and passes on to
+// its holder the results of the turn it receives.
+//
+// When its deadline comes first, the turn is submitted with the results
+// it has and a "timed out" failure for each straggler; late
 // results are recorded, never submitted. A submission repeated after a
 // crash carries the same ids and idempotency keys, and the platform's
 // "already submitted" answer counts as success.
@@ -53,10 +63,10 @@
 // Everything that must survive lives in JetStream, so any number of
 // dispatchers can share one NATS: results are consumed through one durable
 // consumer, and a sweep on every replica repairs what a dead one left (turns
-// past their deadline, complete but not closed, stuck in submitting;
-// watches whose driver went silent). A replica that stops cleanly releases
-// the watches it drove, so the others take them at their next sweep rather
-// than a minute later.
+// past their deadline, complete but not closed, stuck in submitting or
+// held by it; watches whose driver went silent). A replica that stops
+// cleanly releases the turns it holds and the watches it drove, so the
+// others take them at once rather than 15 s or a minute later.
 //
 // # Errors
 //

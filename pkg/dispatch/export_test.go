@@ -1,6 +1,10 @@
 package dispatch
 
-import "github.com/toolrelay/toolrelay/pkg/protocol"
+import (
+	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
 
 // Tracking reports, for tests, whether d gathers results for the turn.
 func Tracking(d *Dispatcher, key protocol.TurnKey) bool { return d.gather.tracking(key) }
@@ -15,3 +19,14 @@ func LiveSchemas(d *Dispatcher, function string) int {
 	}
 	return 0
 }
+
+// HoldFor sets, for tests, how long d holds a turn before releasing it
+// (which is how often its submissions renew their claims) and how often it
+// looks for holds to release. Call it before Run.
+func HoldFor(d *Dispatcher, hold, scan time.Duration) {
+	d.claimRenewEvery, d.holdScanEvery = hold, scan
+}
+
+// NudgeSubject is, for tests, where the replica named name hears of the
+// results of the turns it holds that another replica received.
+func NudgeSubject(name string) string { return nudgeSubject(name) }

@@ -130,6 +130,14 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	turnKey := key.Turn()
 	st, err := g.load(ctx, turnKey)
+	var held heldElsewhereError
+	if errors.As(err, &held) {
+		// Its holder submits it: it hears of the result, which is
+		// recorded.
+		_ = msg.Ack()
+		g.d.nudge(held.owner, key)
+		return
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A call goes out only once its turn is recorded, so this is a
 		// stray result, or one read while the bucket's leader changed
@@ -183,11 +191,20 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 		g.d.lateResult(ctx, t)
 		return nil, errTurnClosed
 	}
+	if owner, ok := g.d.heldElsewhere(t, time.Now()); ok {
+		return nil, heldElsewhereError{owner}
+	}
 	return g.track(t, rev), nil
 }
 
 // errTurnClosed: the result came after its turn was closed.
 var errTurnClosed = errors.New("dispatch: turn already closed")
+
+// heldElsewhereError: the turn is held by another replica (hold.go),
+// which gathers its results.
+type heldElsewhereError struct{ owner string }
+
+func (e heldElsewhereError) Error() string { return "dispatch: turn held by replica " + e.owner }
 
 // track starts gathering for t, recorded at revision rev (no-op if
 // already tracked).
@@ -220,25 +237,88 @@ func (g *gatherer) add(st *gathering, i int, res *protocol.Result) bool {
 
 // recheckSoon schedules a re-check of a turn's results (resume).
 func (g *gatherer) recheckSoon(key protocol.TurnKey) {
+	g.recheckIn(key, recheckDelay)
+}
+
+// recheckIn schedules a re-check of a turn's results after delay.
+func (g *gatherer) recheckIn(key protocol.TurnKey, delay time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if st := g.turns[key]; st != nil {
-		g.scheduleRecheck(st)
+		g.scheduleRecheckIn(st, delay)
 	}
 }
 
 // scheduleRecheck (re)arms st's re-check; g.mu must be held. The timer is
 // the turn's own: forget and stop stop it, and the re-check runs as Run's
 // background work, so none runs after Run returns.
-func (g *gatherer) scheduleRecheck(st *gathering) {
+func (g *gatherer) scheduleRecheck(st *gathering) { g.scheduleRecheckIn(st, recheckDelay) }
+
+func (g *gatherer) scheduleRecheckIn(st *gathering, delay time.Duration) {
 	if st.recheck != nil {
-		st.recheck.Reset(recheckDelay)
+		st.recheck.Reset(delay)
 		return
 	}
 	key := st.turn.Key
-	st.recheck = time.AfterFunc(recheckDelay, func() {
+	st.recheck = time.AfterFunc(delay, func() {
 		g.d.background(func(ctx context.Context) { g.recheck(ctx, key) })
 	})
+}
+
+// recordedElsewhere notes that the result of call key, of a turn this
+// replica gathers for, is recorded though another replica received it
+// (hold.go). It reports whether the turn is now complete here.
+func (g *gatherer) recordedElsewhere(key protocol.CallKey) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.turns[key.Turn()]
+	if st == nil {
+		return false
+	}
+	i := st.turn.callIndex(key)
+	if i < 0 {
+		return false
+	}
+	if st.results == nil {
+		st.results = make([]*protocol.Result, len(st.turn.Calls))
+	}
+	if st.results[i] == nil {
+		st.results[i] = elsewhere
+	}
+	if !slices.Contains(st.results, nil) {
+		return true
+	}
+	g.scheduleRecheck(st)
+	return false
+}
+
+// elsewhere stands, in a gathering's results, for a result that is
+// recorded but was received by another replica: read from the stream
+// when the turn is submitted.
+var elsewhere = new(protocol.Result)
+
+// replace takes t, recorded at revision rev, as the record of a turn this
+// replica gathers for.
+func (g *gatherer) replace(t *Turn, rev uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[t.Key]; st != nil {
+		st.turn, st.rev = t, rev
+	}
+}
+
+// heldSince lists the turns this replica gathers for and holds since
+// before.
+func (g *gatherer) heldSince(d *Dispatcher, before time.Time) []protocol.TurnKey {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var keys []protocol.TurnKey
+	for key, st := range g.turns {
+		if d.heldHere(st.turn) && st.turn.submittingSince().Before(before) {
+			keys = append(keys, key)
+		}
+	}
+	return keys
 }
 
 // recheck asks the stream which results of a turn exist, and closes the
@@ -346,7 +426,7 @@ func (g *gatherer) local(turn protocol.TurnKey, key protocol.CallKey) *protocol.
 	if st == nil || st.results == nil {
 		return nil
 	}
-	if i := st.turn.callIndex(key); i >= 0 {
+	if i := st.turn.callIndex(key); i >= 0 && st.results[i] != elsewhere {
 		return st.results[i]
 	}
 	return nil

@@ -24,7 +24,7 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 	b = appendRef(b, &t.Ref)
 	b = protocol.AppendJSONField(b, "scope", t.Scope)
 	b = protocol.AppendJSONOptional(b, "turn_id", t.TurnID)
-	b = protocol.AppendJSONField(b, "state", string(t.State))
+	b = protocol.AppendJSONField(b, "state", string(t.recordState()))
 	b = append(b, `,"calls":`...)
 	if t.Calls == nil {
 		b = append(b, "null"...)
@@ -53,7 +53,7 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 		for _, f := range [...]struct {
 			name string
 			at   time.Time
-		}{{"submitting_since", o.SubmittingSince}, {"submitted_at", o.SubmittedAt}} {
+		}{{"submitting_since", t.submittingSince()}, {"submitted_at", o.SubmittedAt}} {
 			if f.at.IsZero() {
 				continue // omitzero
 			}
@@ -78,6 +78,9 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 		if o.Next != nil {
 			b = append(b, `,"next":`...)
 			b = appendRef(b, o.Next)
+		}
+		if o.Held {
+			b = append(b, `,"held":true`...)
 		}
 	}
 	if !t.Trace.IsZero() {

@@ -14,7 +14,15 @@ import (
 // that reading the record gives t back.
 func sameRecord(t *testing.T, turn *Turn) {
 	t.Helper()
-	want, err := json.Marshal(recordLayout{(*turnFields)(turn), turn.out})
+	// As the record has them: a held turn's state and time (hold.go).
+	fields, out := *turn, turn.out
+	fields.State = turn.recordState()
+	if out != nil {
+		o := *out
+		o.SubmittingSince = turn.submittingSince()
+		out = &o
+	}
+	want, err := json.Marshal(recordLayout{(*turnFields)(&fields), out})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,8 +63,10 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	<-done // its error (the connection is closed) does not matter here
 	crashpoint.Set(nil)
 
+	// The turn is held by the first replica, which could not release
+	// it: the second takes it once the hold is stuckAfter (15 s) old.
 	d2, _ := e.dispatcher(dispatch.Options{RunTTL: 10 * time.Minute})
-	w = awaitWatch(t, d2, w.ID, 15*time.Second)
+	w = awaitWatch(t, d2, w.ID, 30*time.Second)
 	if !strings.Contains(w.Answer, `"type":"unknown_function"`) || !strings.Contains(w.Answer, "no_such_function") {
 		t.Fatalf("answer = %q, want the unknown_function failure decided at intake", w.Answer)
 	}

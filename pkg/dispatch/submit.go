@@ -22,8 +22,9 @@ import (
 // exactly the same outputs.
 func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff bool) {
 	var timedOut []protocol.CallKey
+	known, rev := d.gather.known(key)
 	if cutOff {
-		t, _, err := d.turns.get(ctx, key)
+		t, trev, err := d.turns.get(ctx, key)
 		if err != nil {
 			return
 		}
@@ -35,18 +36,55 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 		}
 		if early := time.Until(t.Deadline); early > 0 {
 			backoff.Sleep(ctx, early) // the timer fires on the whole second before
-			if t, _, err = d.turns.get(ctx, key); err != nil || t.State != TurnCollecting {
+			if t, trev, err = d.turns.get(ctx, key); err != nil || t.State != TurnCollecting {
 				return
 			}
 		}
 		timedOut = d.withoutResult(ctx, t)
+		if known == nil {
+			known, rev = t, trev
+		}
+	}
+	if known == nil {
+		var err error
+		if known, rev, err = d.turns.get(ctx, key); err != nil {
+			d.log.Error("closing turn failed", "turn", key, "err", err)
+			return
+		}
+	}
+	// A held turn (hold.go) is submitted by its holder: at once by this
+	// replica if it holds it, after its holder if another does.
+	if d.heldHere(known) && !cutOff && d.submitHeld(ctx, known, rev) {
+		return
+	}
+	if _, held := d.heldElsewhere(known, time.Now()); held {
+		// As this replica last saw it: read it again, the hold may be
+		// released.
+		var err error
+		if known, rev, err = d.turns.get(ctx, key); err != nil {
+			d.log.Error("closing turn failed", "turn", key, "err", err)
+			return
+		}
+		d.gather.replace(known, rev)
+	}
+	if owner, held := d.heldElsewhere(known, time.Now()); held {
+		if !cutOff {
+			for i := range known.Calls {
+				if c := &known.Calls[i]; d.gather.local(key, c.Key) != nil {
+					d.nudge(owner, c.Key)
+				}
+			}
+		}
+		// Looked at again in a moment: released by its holder, or old
+		// enough to be claimed.
+		d.gather.recheckIn(key, min(holdPoll, time.Until(known.submittingSince().Add(stuckAfter))))
+		return
 	}
 	now := time.Now().UTC()
-	known, rev := d.gather.known(key)
 	t, rev, err := d.turns.transition(ctx, key, TurnCollecting, known, rev, func(t *Turn) {
 		t.State = TurnSubmitting
 		o := t.writeOutcome()
-		o.Owner, o.SubmittingSince, o.CutOff, o.TimedOut = d.opts.Name, now, cutOff, timedOut
+		*o = TurnOutcome{Owner: d.opts.Name, SubmittingSince: now, CutOff: cutOff, TimedOut: timedOut}
 	})
 	if err != nil {
 		d.log.Error("closing turn failed", "turn", key, "err", err)
@@ -114,6 +152,12 @@ func (d *Dispatcher) submit(ctx context.Context, t *Turn, rev uint64) {
 	if !ok {
 		return // submitted here already, by the goroutine that claimed it first
 	}
+	d.submitClaimed(ctx, t, rev, done)
+}
+
+// submitClaimed is submit for a caller that marked the turn submitted
+// here (submittingHere); done ends the mark.
+func (d *Dispatcher) submitClaimed(ctx context.Context, t *Turn, rev uint64, done func()) {
 	defer done()
 	defer d.gather.forget(t.Key)
 	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), otelconv.ClientSpan...)

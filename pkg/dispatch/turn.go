@@ -71,11 +71,14 @@ type TurnOutcome struct {
 	Error    string             `json:"error,omitempty"`
 	// Next is what the submission created to drive next (Responses).
 	Next *Ref `json:"next,omitempty"`
+	// Held is set on a turn still collecting that Owner took in holding
+	// its submission, since SubmittingSince: see hold.go.
+	Held bool `json:"held,omitempty"`
 }
 
 func (o *TurnOutcome) isZero() bool {
 	return o.Owner == "" && o.SubmittingSince.IsZero() && o.SubmittedAt.IsZero() && !o.CutOff &&
-		o.TimedOut == nil && o.Error == "" && o.Next == nil
+		o.TimedOut == nil && o.Error == "" && o.Next == nil && !o.Held
 }
 
 // Outcome returns how the turn is being closed, or was; the zero
@@ -84,14 +87,22 @@ func (t *Turn) Outcome() TurnOutcome {
 	if t.out == nil {
 		return TurnOutcome{}
 	}
-	return *t.out
+	o := *t.out
+	o.SubmittingSince = t.submittingSince()
+	return o
 }
 
 // writeOutcome returns the turn's outcome for changing, made if it has
-// none. A turn copied with clone has its own.
+// none. A turn copied with clone has its own. A hold's outcome may be one
+// that the turns this replica holds share (hold.go), so it is copied
+// first.
 func (t *Turn) writeOutcome() *TurnOutcome {
-	if t.out == nil {
+	switch {
+	case t.out == nil:
 		t.out = new(TurnOutcome)
+	case t.out.Held:
+		o := *t.out
+		t.out = &o
 	}
 	return t.out
 }
@@ -121,11 +132,15 @@ type recordLayout struct {
 // MarshalJSON writes the turn's record.
 func (t Turn) MarshalJSON() ([]byte, error) { return appendTurn(nil, &t) }
 
-// UnmarshalJSON reads a turn's record.
+// UnmarshalJSON reads a turn's record. A held turn's record says
+// submitting (see hold.go); the turn read is collecting.
 func (t *Turn) UnmarshalJSON(b []byte) error {
 	o := new(TurnOutcome)
 	if err := json.Unmarshal(b, &recordLayout{(*turnFields)(t), o}); err != nil {
 		return err
+	}
+	if o.Held && t.State == TurnSubmitting {
+		t.State = TurnCollecting
 	}
 	if t.out = o; o.isZero() {
 		t.out = nil
