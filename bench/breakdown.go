@@ -42,12 +42,12 @@ type turnTrace [moments]time.Time
 // steps name the stretches between consecutive moments.
 var steps = [moments - 1]struct{ name, why string }{
 	{"intake → the turn's span begins", "each call's function resolved, its arguments checked against the schema"},
-	{"→ call goes out", "the turn record (compare-and-set) and the deadline timer, written together and both awaited; the call encoded"},
+	{"→ call goes out", "the turn record (created by compare-and-set, held by this replica) and the deadline timer, written together and both awaited; the call encoded"},
 	{"→ executor has the call", "the call stored (message ID, TTL), delivered and decoded: the floor's first hop, with toolrelay's decoding"},
 	{"→ executor publishes the result", "the executor's bookkeeping and the handler"},
 	{"→ gatherer has the result", "the result encoded, stored (first wins), delivered and decoded: the floor's second hop, with toolrelay's coding"},
 	{"→ gatherer done with it", "the turn found, the result acknowledged and added"},
-	{"→ submission begins", "the `collecting → submitting` compare-and-set (only one replica submits), from a worker of the dispatcher's"},
+	{"→ submission begins", "a worker of the dispatcher's takes the turn up; held by this replica, it is submitted with no compare-and-set first"},
 	{"→ the platform has it", "the outputs gathered and handed to the platform client"},
 }
 

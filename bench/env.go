@@ -147,5 +147,34 @@ func (a allocs) String() string {
 	return fmt.Sprintf("%.0f objects, %.1f KiB", a.objects, a.bytes/1024)
 }
 
+// traffic is what a phase's server has received and sent: messages from
+// its clients (publications, acknowledgements, API requests) and to them
+// (deliveries, answers). Unlike time, it is the same in every run, and
+// tells how many operations a call costs the server.
+type traffic struct{ in, out float64 }
+
+// traffic returns what the embedded server has seen so far; nothing for a
+// server at -nats, which others may be using.
+func (e *natsEnv) traffic() traffic {
+	if e.srv == nil {
+		return traffic{}
+	}
+	v, err := e.srv.Varz(nil)
+	if err != nil {
+		return traffic{}
+	}
+	return traffic{in: float64(v.InMsgs), out: float64(v.OutMsgs)}
+}
+
+// per returns what the server saw since t, per one of n.
+func (t traffic) per(e *natsEnv, n int) traffic {
+	now := e.traffic()
+	return traffic{in: (now.in - t.in) / float64(n), out: (now.out - t.out) / float64(n)}
+}
+
+func (t traffic) String() string {
+	return fmt.Sprintf("%.2f in, %.2f out", t.in, t.out)
+}
+
 // payload mimics a call envelope's size: a few hundred bytes.
 var payload = []byte(`{"v":1,"key":"891ba37957aad57674e84d4889f5b53a.e1e1856e112d8be5","platform":"responses","scope":"resp_AiFWKCbrNoE2KGEoYn7ep1Dy","call_id":"call_hTthyt3Sx8AzZZi3qmgYfH1O","team":"bench","function":"noop","arguments":{"order_id":"A-1001","carrier":"ups"},"deadline":"2026-01-01T00:09:30Z","created_at":"2026-01-01T00:00:01Z"}`)

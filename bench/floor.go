@@ -94,7 +94,7 @@ func measureFloor(ctx context.Context, cfg config, r *report) error {
 	defer js.Conn().Close()
 
 	// Throughput at saturation: every call published asynchronously.
-	start, cpu0, alloc0 := time.Now(), cpuTime(), allocated()
+	start, cpu0, alloc0, msgs0 := time.Now(), cpuTime(), allocated(), env.traffic()
 	for range cfg.calls {
 		if _, err := js.PublishAsync("fncall.bench.noop", payload); err != nil {
 			return err
@@ -111,7 +111,8 @@ func measureFloor(ctx context.Context, cfg config, r *report) error {
 	r.floorRate = float64(cfg.calls) / elapsed.Seconds()
 	r.floorCPU = (cpuTime() - cpu0) / time.Duration(cfg.calls)
 	r.floorAlloc = alloc0.per(cfg.calls)
-	fmt.Printf("   throughput %.0f calls/s, %s CPU per call, %s allocated per call\n", r.floorRate, usf(r.floorCPU), r.floorAlloc)
+	r.floorMsgs = msgs0.per(env, cfg.calls)
+	fmt.Printf("   throughput %.0f calls/s, %s CPU per call, %s allocated per call, server messages per call %s\n", r.floorRate, usf(r.floorCPU), r.floorAlloc, r.floorMsgs)
 
 	// Round trip, closed loop: one call at a time.
 	lat, err := closedLoop(cfg.samples, func() error {

@@ -26,6 +26,8 @@ type e2eResult struct {
 	// time it hardly varies between runs, so it shows a change of a few
 	// per cent that the CPU figures' spread hides.
 	alloc allocs
+	// msgs is what the server received and sent per call.
+	msgs traffic
 }
 
 type scaleResult struct {
@@ -43,6 +45,7 @@ type report struct {
 	floorRate  float64
 	floorCPU   time.Duration // per call, as e2eResult.cpu
 	floorAlloc allocs        // per call, as e2eResult.alloc
+	floorMsgs  traffic       // per call, as e2eResult.msgs
 	// The floor with toolrelay's writes (writes.go), by turn size.
 	writes     []e2eResult
 	floorLat   latencies
@@ -86,6 +89,22 @@ func verdict(ok bool) string {
 // a share of the floor measured in the same run.
 var throughputTargets = map[int]float64{1: 0.35, 16: 0.6}
 
+// perCall adds the rows of one figure per call: the floor's, then the
+// floor with toolrelay's writes and toolrelay by turn size, each valued
+// and compared with the floor's by value.
+func (r *report) perCall(rows []row, figure, floorNote, floorValue string, value func(e2eResult) (v, ratio string)) []row {
+	rows = append(rows, row{"floor: " + figure + " " + floorNote, floorValue, "1.00×", "", ""})
+	for _, w := range r.writes {
+		v, rt := value(w)
+		rows = append(rows, row{fmt.Sprintf("floor with toolrelay's writes: %s, turns of %d", figure, w.size), v, rt, "", ""})
+	}
+	for _, e := range r.e2e {
+		v, rt := value(e)
+		rows = append(rows, row{fmt.Sprintf("toolrelay: %s, turns of %d calls", figure, e.size), v, rt, "", ""})
+	}
+	return rows
+}
+
 func (r *report) rows() []row {
 	var rows []row
 	if r.floorRate > 0 {
@@ -107,24 +126,17 @@ func (r *report) rows() []row {
 			fmt.Sprintf("%.0f calls/s (%.0f turns/s)", e.calls, e.turns), ratio(e.calls, r.floorRate), target, v})
 	}
 	if r.floorCPU > 0 {
-		rows = append(rows, row{"floor: CPU time per call (whole process)", usf(r.floorCPU), "1.00×", "", ""})
-		for _, e := range r.e2e {
-			rows = append(rows, row{fmt.Sprintf("toolrelay: CPU time per call, turns of %d calls", e.size), usf(e.cpu),
-				ratio(float64(e.cpu), float64(r.floorCPU)) + " the floor's", "", ""})
-		}
-		for _, w := range r.writes {
-			rows = append(rows, row{fmt.Sprintf("floor with toolrelay's writes: CPU time per call, turns of %d", w.size), usf(w.cpu),
-				ratio(float64(w.cpu), float64(r.floorCPU)) + " the floor's", "", ""})
-		}
-		rows = append(rows, row{"floor: heap allocated per call (whole process)", r.floorAlloc.String(), "1.00×", "", ""})
-		for _, w := range r.writes {
-			rows = append(rows, row{fmt.Sprintf("floor with toolrelay's writes: heap allocated per call, turns of %d", w.size), w.alloc.String(),
-				ratio(w.alloc.bytes, r.floorAlloc.bytes) + " the floor's bytes", "", ""})
-		}
-		for _, e := range r.e2e {
-			rows = append(rows, row{fmt.Sprintf("toolrelay: heap allocated per call, turns of %d calls", e.size), e.alloc.String(),
-				ratio(e.alloc.bytes, r.floorAlloc.bytes) + " the floor's bytes", "", ""})
-		}
+		rows = r.perCall(rows, "CPU time per call", "(whole process)", usf(r.floorCPU), func(e e2eResult) (string, string) {
+			return usf(e.cpu), ratio(float64(e.cpu), float64(r.floorCPU)) + " the floor's"
+		})
+		rows = r.perCall(rows, "heap allocated per call", "(whole process)", r.floorAlloc.String(), func(e e2eResult) (string, string) {
+			return e.alloc.String(), ratio(e.alloc.bytes, r.floorAlloc.bytes) + " the floor's bytes"
+		})
+	}
+	if r.floorMsgs.in > 0 {
+		rows = r.perCall(rows, "server messages per call", "(received and sent)", r.floorMsgs.String(), func(e e2eResult) (string, string) {
+			return e.msgs.String(), ratio(e.msgs.in, r.floorMsgs.in) + " the floor's received"
+		})
 	}
 	if len(r.floorLat) > 0 {
 		rows = append(rows, row{"floor: round trip, closed loop", pcts(r.floorLat), "1.00× (p50)", "", ""})

@@ -250,18 +250,18 @@ func measureToolrelay(ctx context.Context, cfg config, r *report) error {
 		}
 		turns := cfg.calls / size
 		inflight := max(inflightCalls/size, 16)
-		cpu0, alloc0 := cpuTime(), allocated()
+		cpu0, alloc0, msgs0 := cpuTime(), allocated(), env.traffic()
 		elapsed, err := s.drive(ctx, "noop", turns, size, inflight)
 		cpu := (cpuTime() - cpu0) / time.Duration(turns*size)
-		alloc := alloc0.per(turns * size)
+		alloc, msgs := alloc0.per(turns*size), msgs0.per(env, turns*size)
 		if err != nil {
 			s.stop()
 			env.close()
 			return err
 		}
 		rate := float64(turns*size) / elapsed.Seconds()
-		r.e2e = append(r.e2e, e2eResult{size: size, calls: rate, turns: float64(turns) / elapsed.Seconds(), cpu: cpu, alloc: alloc})
-		fmt.Printf("   turns of %2d: %.0f calls/s, %.0f turns/s, %s CPU per call, %s allocated per call\n", size, rate, float64(turns)/elapsed.Seconds(), usf(cpu), alloc)
+		r.e2e = append(r.e2e, e2eResult{size: size, calls: rate, turns: float64(turns) / elapsed.Seconds(), cpu: cpu, alloc: alloc, msgs: msgs})
+		fmt.Printf("   turns of %2d: %.0f calls/s, %.0f turns/s, %s CPU per call, %s allocated per call, server messages per call %s\n", size, rate, float64(turns)/elapsed.Seconds(), usf(cpu), alloc, msgs)
 
 		if size == 1 {
 			// Closed loop: one single-call turn at a time, intake to

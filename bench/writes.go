@@ -16,11 +16,12 @@ import (
 // The floor with toolrelay's writes: the pipeline of floor.go plus what
 // toolrelay stores for a single-call turn to keep its guarantees, in the
 // same order and with the same waits, by no toolrelay code. The turn
-// record created by compare-and-set beside its deadline timer (both
-// awaited before the call goes out), a message ID and a TTL on the call, a
-// message ID and a first-wins expectation on the result (stored before the
-// call is acknowledged), the two compare-and-sets of the close and the
-// roll-up marker that removes the timer. What toolrelay costs beyond this
+// record created by compare-and-set (held by the replica taking it in)
+// beside its deadline timer (both awaited before the call goes out), a
+// message ID and a TTL on the call, a message ID and a first-wins
+// expectation on the result (stored before the call is acknowledged), the
+// compare-and-set that records the submission and the roll-up marker that
+// removes the timer. What toolrelay costs beyond this
 // is its own code; what this costs beyond the floor, the guarantees'
 // writes.
 
@@ -40,6 +41,7 @@ type writesPipeline struct {
 	mu      sync.Mutex
 	waiting map[string]chan struct{} // by call key: its turn's results
 	stop    func()
+	env     *natsEnv
 }
 
 func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, error) {
@@ -63,7 +65,7 @@ func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, erro
 	if err != nil {
 		return nil, err
 	}
-	p := &writesPipeline{js: js, kv: kv, waiting: map[string]chan struct{}{}}
+	p := &writesPipeline{js: js, kv: kv, waiting: map[string]chan struct{}{}, env: env}
 	stopped := make(chan struct{}) // ends the executor's waits for acknowledgements
 
 	// The executor, on its own connection: the result is stored, first
@@ -165,10 +167,10 @@ func (p *writesPipeline) turn(ctx context.Context, key string, n int, record []b
 			return ctx.Err()
 		}
 	}
-	for range 2 { // collecting → submitting, then submitting → submitted
-		if rev, err = p.kv.Update(ctx, key, record, rev); err != nil {
-			return err
-		}
+	// The record was created held (claimed by the replica that took the
+	// turn in), so the close is one compare-and-set: submitted.
+	if _, err = p.kv.Update(ctx, key, record, rev); err != nil {
+		return err
 	}
 	marker := nats.NewMsg(timerSubject)
 	marker.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
@@ -214,7 +216,7 @@ func (p *writesPipeline) measure(ctx context.Context, cfg config, r *report, siz
 	slots := make(chan struct{}, max(inflightCalls/size, 16))
 	errs := make(chan error, 1)
 	var wg sync.WaitGroup
-	start, cpu0, alloc0 := time.Now(), cpuTime(), allocated()
+	start, cpu0, alloc0, msgs0 := time.Now(), cpuTime(), allocated(), p.env.traffic()
 	for i := 0; i < turns && ctx.Err() == nil; i++ {
 		slots <- struct{}{}
 		wg.Go(func() {
@@ -235,9 +237,10 @@ func (p *writesPipeline) measure(ctx context.Context, cfg config, r *report, siz
 	default:
 	}
 	calls := turns * size
-	w := e2eResult{size: size, calls: float64(calls) / time.Since(start).Seconds(), cpu: (cpuTime() - cpu0) / time.Duration(calls), alloc: alloc0.per(calls)}
+	w := e2eResult{size: size, calls: float64(calls) / time.Since(start).Seconds(), cpu: (cpuTime() - cpu0) / time.Duration(calls),
+		alloc: alloc0.per(calls), msgs: msgs0.per(p.env, calls)}
 	w.turns = w.calls / float64(size)
 	r.writes = append(r.writes, w)
-	fmt.Printf("   writes, turns of %2d: %.0f calls/s, %s CPU per call, %s allocated per call\n", size, w.calls, usf(w.cpu), w.alloc)
+	fmt.Printf("   writes, turns of %2d: %.0f calls/s, %s CPU per call, %s allocated per call, server messages per call %s\n", size, w.calls, usf(w.cpu), w.alloc, w.msgs)
 	return nil
 }
