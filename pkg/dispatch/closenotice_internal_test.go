@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -21,7 +22,8 @@ import (
 // submission, say) is heard by the subscription too, and must not be
 // taken for the turn's outcome.
 func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
-	_, js := natstest.Start(t).Connect(t)
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
 	d := replicaOn(t, js, "one", idlePlatform{})
 	key := protocol.TurnKey("abcdefabcdefabcdefabcdefabcdef01")
 	turn := &Turn{Version: protocol.Version, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_1"},
@@ -31,7 +33,17 @@ func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	subs := d.turns.nc.NumSubscriptions()
+	// The wait's subscription, counted by the server among those that
+	// hear the record's subject (a count of the connection's would take
+	// in those the startup's sweep makes and drops meanwhile).
+	recordSubs := func() int {
+		sz, err := srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: kvSubject(provision.TurnBucket, string(key))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sz.Total
+	}
+	subs := recordSubs()
 	type outcome struct {
 		turn *Turn
 		err  error
@@ -41,7 +53,7 @@ func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
 		t, _, _, err := d.awaitClosed(t.Context(), key, nil, Ref{}, nil)
 		got <- outcome{t, err}
 	}()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return d.turns.nc.NumSubscriptions() > subs })
+	testutil.WaitFor(t, 10*time.Second, func() bool { return recordSubs() > subs })
 
 	forged := turn.clone()
 	forged.State = TurnSubmitted
@@ -71,7 +83,7 @@ func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the wait did not end on the stored close")
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return d.turns.nc.NumSubscriptions() == subs })
+	testutil.WaitFor(t, 10*time.Second, func() bool { return recordSubs() == subs })
 }
 
 // A turn closed here reaches each of its waiters once, with its outputs;

@@ -296,7 +296,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.drivers = map[string]bool{}
 	d.watchSaveEvery = watchSaveEvery
 	d.claimRenewEvery = claimRenewEvery
-	d.holdOutcome = &TurnOutcome{Owner: opts.Name, Held: true}
+	d.holdOutcome = &TurnOutcome{Owner: opts.Name, Held: true, Holder: uuid.NewString()[:12]}
 	d.holdScanEvery = holdScanEvery
 	d.inspect = newInspector(d)
 	return d, nil
@@ -368,9 +368,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		})
 		return stop, err
 	}
-	// Once nothing more is gathered, the holds this replica has are
-	// released, so the others or the restart need not wait them out.
-	defer d.releaseAllHeld()
 	stopResults, err := whenReady("starting to gather results", d.gather.start)
 	if err != nil {
 		return fmt.Errorf("dispatch: gather results: %w", err)
@@ -378,6 +375,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if stopResults == nil {
 		return nil // stopped while starting
 	}
+	stopResults = sync.OnceFunc(stopResults) // stopped before holds are released, or on a startup error
 	defer stopResults()
 	stopTimers, err := whenReady("starting to consume deadline timers", d.startTimers)
 	if err != nil {
@@ -402,7 +400,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("dispatch: hear of the results of held turns: %w", err)
 	}
-	defer stopNudges()
+	// Once no result comes any more, the holds this replica has are
+	// released, so the others or the restart need not wait them out; it
+	// still hears, meanwhile, of the results the others receive.
+	defer func() {
+		stopResults()
+		d.releaseAllHeld()
+		stopNudges()
+	}()
 	wg.Go(func() { d.releaseHeldEvery(rctx) })
 	stopDeclarations, err := d.serveDeclarations(rctx)
 	if err != nil {

@@ -325,7 +325,9 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 				switch {
 				case err == nil && closedTurn(t):
 					return t, nil, nil, nil
-				case err == nil && t.State == TurnCollecting:
+				case err == nil && t.State == TurnCollecting && !d.heldFresh(t, time.Now()):
+					// (A turn held is as good as claimed: its holder may
+					// be submitting it.)
 					return nil, nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
 				}
 			}
@@ -352,10 +354,15 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 // cancelled the turn (false: it was closed already, or the record could
 // not be changed).
 func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMsg, reason string) bool {
-	t, _, err := d.turns.transition(ctx, key, TurnCollecting, nil, 0, func(t *Turn) {
-		t.State = TurnFailed
-		t.writeOutcome().Error = errMsg
-	})
+	// Under the mark that the turn is submitted here, so that a hold of
+	// this process's is not submitted meanwhile; a turn being submitted
+	// here is left to that submission.
+	done, ok := d.submittingHere(key)
+	if !ok {
+		return false
+	}
+	t, err := d.failCollecting(ctx, key, errMsg)
+	done()
 	if err != nil || t == nil {
 		return false
 	}
@@ -373,6 +380,36 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 	}
 	d.emit(Event{Kind: EventTurnFailed, Turn: t})
 	return true
+}
+
+// failCollecting moves a collecting turn to failed with errMsg, and
+// returns it; nil if it is closed or being submitted. A turn another
+// process holds may be being submitted by it: it is waited for until its
+// holder releases it (within holdFor) or the hold is stale.
+func (d *Dispatcher) failCollecting(ctx context.Context, key protocol.TurnKey, errMsg string) (*Turn, error) {
+	for {
+		t, rev, err := d.turns.get(ctx, key)
+		if err != nil || t.State != TurnCollecting {
+			return nil, err
+		}
+		if _, held := d.heldElsewhere(t, time.Now()); held {
+			if !backoff.Sleep(ctx, holdPoll) {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		t.State = TurnFailed
+		o := t.writeOutcome()
+		*o = TurnOutcome{Error: errMsg}
+		_, err = d.turns.update(ctx, t, rev)
+		if errors.Is(err, errConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return t, nil
+	}
 }
 
 // startDriver drives w in the background unless this replica already does.

@@ -133,9 +133,15 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	var held heldElsewhereError
 	if errors.As(err, &held) {
 		// Its holder submits it: it hears of the result, which is
-		// recorded.
+		// recorded (if its team owns the call).
 		_ = msg.Ack()
+		if i := held.turn.callIndex(key); i < 0 || held.turn.Calls[i].Team != team {
+			span.SetStatus(codes.Error, "result from a team that does not own the call")
+			log().WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
+			return
+		}
 		g.d.nudge(held.owner, key)
+		g.d.tel.passedOn.Add(ctx, 1)
 		return
 	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -192,7 +198,7 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 		return nil, errTurnClosed
 	}
 	if owner, ok := g.d.heldElsewhere(t, time.Now()); ok {
-		return nil, heldElsewhereError{owner}
+		return nil, heldElsewhereError{owner, t}
 	}
 	return g.track(t, rev), nil
 }
@@ -202,7 +208,10 @@ var errTurnClosed = errors.New("dispatch: turn already closed")
 
 // heldElsewhereError: the turn is held by another replica (hold.go),
 // which gathers its results.
-type heldElsewhereError struct{ owner string }
+type heldElsewhereError struct {
+	owner string
+	turn  *Turn
+}
 
 func (e heldElsewhereError) Error() string { return "dispatch: turn held by replica " + e.owner }
 

@@ -36,14 +36,18 @@ import (
 //     the hold (claimRenewEvery: a submission under way renews its claim
 //     as often), and only a turn whose results are all in;
 //   - a hold still there after holdFor is released: the record goes back
-//     to collecting, and the turn is closed as any other, by a claim. Its
-//     holder may also claim it at once (its compare-and-set on the
-//     revision it knows wins against its own release, or loses to it);
-//   - another replica takes a hold younger than stuckAfter for a claim:
-//     it does not close the turn, and tells the holder of each result of
-//     the turn it receives (a message on the holder's nudge subject); a
-//     hold older than that is a turn collecting whose holder died, which
-//     it may claim;
+//     to collecting, and the turn is closed as any other, by a claim (the
+//     release looks at the stream once, for results the holder did not
+//     hear of). Its holder may also claim it at once. The holder's close,
+//     its claim and its release of a turn are each made under the mark
+//     that the turn is submitted in this process (submittingHere), so
+//     none of them comes between another's check and its write;
+//   - another process takes a hold younger than stuckAfter for a claim:
+//     it does not close the turn nor cancel it, and tells the holder of
+//     each result of the turn it receives (a message on the holder's
+//     nudge subject); a hold older than that is a turn collecting whose
+//     holder died, which it may claim. A process is told by its name and
+//     its instance (TurnOutcome.Holder): two may share a name;
 //   - only a turn whose deadline is at least holdMinLead away is held, so
 //     a deadline never finds a hold younger than stuckAfter.
 //
@@ -96,19 +100,30 @@ func (d *Dispatcher) unhold() { d.holdGate.RUnlock() }
 // claiming it.
 func (d *Dispatcher) holdFor() time.Duration { return d.claimRenewEvery }
 
-// heldHere reports whether t is held by this replica.
-func (d *Dispatcher) heldHere(t *Turn) bool {
-	return t.out != nil && t.out.Held && t.out.Owner == d.opts.Name
+// held reports whether t is a turn collecting under a hold.
+func (t *Turn) held() bool {
+	return t.State == TurnCollecting && t.out != nil && t.out.Held
 }
 
-// heldElsewhere returns the replica holding t, if it is another one and
-// its hold is younger than stuckAfter.
+// heldHere reports whether t is held by this process: by its name and
+// its instance, since two processes may share a name.
+func (d *Dispatcher) heldHere(t *Turn) bool {
+	return t.held() && t.out.Owner == d.opts.Name && t.out.Holder == d.holdOutcome.Holder
+}
+
+// heldElsewhere returns the replica holding t, if it is another process
+// and its hold is younger than stuckAfter.
 func (d *Dispatcher) heldElsewhere(t *Turn, now time.Time) (owner string, ok bool) {
-	o := t.out
-	if o == nil || !o.Held || o.Owner == d.opts.Name || now.Sub(t.submittingSince()) >= stuckAfter {
+	if !t.held() || d.heldHere(t) || now.Sub(t.submittingSince()) >= stuckAfter {
 		return "", false
 	}
-	return o.Owner, true
+	return t.out.Owner, true
+}
+
+// heldFresh reports whether t is held by any process, this one included,
+// and its hold is younger than stuckAfter: as good as a claim.
+func (d *Dispatcher) heldFresh(t *Turn, now time.Time) bool {
+	return t.held() && now.Sub(t.submittingSince()) < stuckAfter
 }
 
 // submittingSince is when t's submission was claimed or held. The turns
@@ -128,40 +143,47 @@ func (t *Turn) submittingSince() time.Time {
 // recordState is the state a turn's record carries: a held turn's says
 // submitting.
 func (t *Turn) recordState() TurnState {
-	if t.State == TurnCollecting && t.out != nil && t.out.Held {
+	if t.held() {
 		return TurnSubmitting
 	}
 	return t.State
 }
 
-// submitHeld submits t, held here and known at revision rev, without
-// claiming it, if its hold is young enough. It reports false when the
-// turn must be claimed instead (the hold is older than holdFor); true when
-// it is submitted here, or already being submitted or released here (a
-// release re-checks the turn).
-func (d *Dispatcher) submitHeld(ctx context.Context, known *Turn, rev uint64) bool {
-	done, ok := d.submittingHere(known.Key)
+// closeHeld closes a turn this process holds, known at revision rev: at
+// once, with no claim, if the hold is younger than holdFor and the turn is
+// not cut off; otherwise by claiming it, as any turn. Both under the mark
+// that the turn is submitted here, so that neither a release nor another
+// close of this process comes between the claim, or the check of the
+// hold, and the submission. If the mark is taken (a release or a
+// submission of the turn is under way here), the turn is looked at again
+// in a moment.
+func (d *Dispatcher) closeHeld(ctx context.Context, known *Turn, rev uint64, cutOff bool, timedOut []protocol.CallKey) {
+	key := known.Key
+	done, ok := d.submittingHere(key)
 	if !ok {
-		return true
+		d.gather.recheckIn(key, holdPoll)
+		return
 	}
 	since := known.submittingSince()
-	if time.Since(since) >= d.holdFor() {
-		done()
-		return false
+	if !cutOff && time.Since(since) < d.holdFor() {
+		t := known.clone()
+		t.State = TurnSubmitting
+		o := t.writeOutcome()
+		o.Held, o.SubmittingSince = false, since
+		d.submitClaimed(ctx, t, rev, done)
+		return
 	}
-	t := known.clone()
-	t.State = TurnSubmitting
-	o := t.writeOutcome()
-	o.Held, o.SubmittingSince = false, since
+	t, rev, err := d.claimTurn(ctx, key, known, rev, cutOff, timedOut)
+	if err != nil || t == nil {
+		done()
+		return
+	}
 	d.submitClaimed(ctx, t, rev, done)
-	return true
 }
 
 // releaseHeld gives up the holds this replica kept for holdFor without
 // submitting their turns: each record goes back to collecting, to be
-// closed by a claim as any other turn. (Its results reached this replica,
-// or their nudges did; one whose nudge was lost is found by the sweep's
-// re-check.)
+// closed by a claim as any other turn.
 func (d *Dispatcher) releaseHeld(ctx context.Context, now time.Time) {
 	for _, key := range d.gather.heldSince(d, now.Add(-d.holdFor())) {
 		if ctx.Err() != nil {
@@ -171,25 +193,35 @@ func (d *Dispatcher) releaseHeld(ctx context.Context, now time.Time) {
 	}
 }
 
-// release gives up this replica's hold on the turn key, unless it is
-// being submitted here.
+// release gives up this process's hold on the turn key, unless the turn
+// is being submitted here. A result whose holder did not hear of it (its
+// nudge lost, or taken by a replica of a version without holds, which
+// drops it as late) is found by looking at the stream once the turn is
+// released, which closes it.
 func (d *Dispatcher) release(ctx context.Context, key protocol.TurnKey) {
 	done, ok := d.submittingHere(key) // no submission of it begins meanwhile
 	if !ok {
 		return
 	}
-	defer done()
 	known, rev := d.gather.known(key)
 	if known == nil || !d.heldHere(known) {
+		done()
 		return
 	}
 	t := known.clone()
 	t.out = nil
 	newRev, err := d.turns.update(ctx, t, rev)
+	if err == nil {
+		d.tel.released.Add(ctx, 1)
+	}
 	if errors.Is(err, errConflict) {
 		// Changed by another: taken over, cancelled, closed. As it is now.
 		t, newRev, err = d.turns.get(ctx, key)
 	}
+	// Unmarked before the gatherer's copy changes: a close of this
+	// process that sees the copy still held takes the mark and finds the
+	// record moved; one that sees the new copy claims it as any turn.
+	done()
 	if err != nil {
 		// Left held: past stuckAfter any replica takes it as collecting.
 		d.log.Warn("releasing a held turn failed", "turn", key, "err", err)
@@ -200,26 +232,31 @@ func (d *Dispatcher) release(ctx context.Context, key protocol.TurnKey) {
 		return
 	}
 	d.gather.replace(t, newRev)
+	if present, err := d.gather.present(ctx, t); err == nil && present == len(t.Calls) {
+		d.background(func(ctx context.Context) { d.closeTurn(ctx, key, false) })
+	}
 }
 
 // releaseAllHeld releases, at shutdown, every hold this replica has, so
 // that the other replicas or the restart take the turns as collecting at
 // once rather than once the holds are stuckAfter old.
 func (d *Dispatcher) releaseAllHeld() {
-	ctx, cancel := context.WithTimeout(context.Background(), holdReleaseTimeout)
-	defer cancel()
 	// No intake holds a turn from now on; those holding one are waited
-	// for, until they track it.
+	// for, for a while, until they track it.
 	d.holdsOff.Store(true)
+	wait, cancelWait := context.WithTimeout(context.Background(), holdReleaseTimeout)
+	defer cancelWait()
 	for !d.holdGate.TryLock() {
-		if !backoff.Sleep(ctx, 5*time.Millisecond) {
-			d.log.Warn("intakes still under way at shutdown; their turns stay held until another replica may take them")
+		if !backoff.Sleep(wait, 5*time.Millisecond) {
+			d.log.Warn("intakes still under way at shutdown; the turns they hold stay held until another replica may take them")
 			break
 		}
 	}
-	if ctx.Err() == nil {
+	if wait.Err() == nil {
 		d.holdGate.Unlock()
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), holdReleaseTimeout)
+	defer cancel()
 	d.releaseHeld(ctx, time.Now().Add(time.Hour))
 }
 
@@ -246,7 +283,7 @@ func nudgeSubject(name string) string {
 
 // nudge tells the replica holding a turn that the result of its call key
 // is recorded. A nudge lost costs the holder no more than the time until
-// its hold is released and the turn re-checked.
+// its hold is released, when it looks at the stream.
 func (d *Dispatcher) nudge(owner string, key protocol.CallKey) {
 	if err := d.js.Conn().Publish(nudgeSubject(owner), []byte(key)); err != nil {
 		d.log.Debug("telling the replica holding a turn of its result failed", "call_key", key, "holder", owner, "err", err)

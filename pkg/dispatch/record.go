@@ -82,6 +82,7 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 		if o.Held {
 			b = append(b, `,"held":true`...)
 		}
+		b = protocol.AppendJSONOptional(b, "holder", o.Holder)
 	}
 	if !t.Trace.IsZero() {
 		b = append(b, `,"trace":{`...)

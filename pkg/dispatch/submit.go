@@ -52,9 +52,10 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 			return
 		}
 	}
-	// A held turn (hold.go) is submitted by its holder: at once by this
-	// replica if it holds it, after its holder if another does.
-	if d.heldHere(known) && !cutOff && d.submitHeld(ctx, known, rev) {
+	// A held turn (hold.go) is closed by its holder: this process, or
+	// another after it.
+	if d.heldHere(known) {
+		d.closeHeld(ctx, known, rev, cutOff, timedOut)
 		return
 	}
 	if _, held := d.heldElsewhere(known, time.Now()); held {
@@ -80,24 +81,34 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 		d.gather.recheckIn(key, min(holdPoll, time.Until(known.submittingSince().Add(stuckAfter))))
 		return
 	}
+	t, rev, err := d.claimTurn(ctx, key, known, rev, cutOff, timedOut)
+	if err != nil || t == nil {
+		return
+	}
+	d.submit(ctx, t, rev)
+}
+
+// claimTurn moves a collecting turn, known at revision rev, to submitting
+// by this replica, and returns it with its revision; nil if another closed
+// it first (or claims it: a hold of this replica's is claimed as any
+// collecting turn). With cutOff, the calls in timedOut are written into
+// the claim as timed out.
+func (d *Dispatcher) claimTurn(ctx context.Context, key protocol.TurnKey, known *Turn, rev uint64, cutOff bool, timedOut []protocol.CallKey) (*Turn, uint64, error) {
 	now := time.Now().UTC()
 	t, rev, err := d.turns.transition(ctx, key, TurnCollecting, known, rev, func(t *Turn) {
 		t.State = TurnSubmitting
 		o := t.writeOutcome()
 		*o = TurnOutcome{Owner: d.opts.Name, SubmittingSince: now, CutOff: cutOff, TimedOut: timedOut}
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		d.log.Error("closing turn failed", "turn", key, "err", err)
-		return
-	}
-	if t == nil {
+	case t == nil:
 		d.closedElsewhere(key)
-		return
-	}
-	if cutOff {
+	case cutOff:
 		d.log.Warn("deadline reached; submitting without every result", "turn", key, "timed_out", len(timedOut))
 	}
-	d.submit(ctx, t, rev)
+	return t, rev, err
 }
 
 // takeOver claims a turn stuck in submitting (its owner died: it has been
@@ -274,17 +285,24 @@ func (d *Dispatcher) cutOffLate(key protocol.TurnKey, why string) {
 // releaseTimeout bounds the write that releases a turn at shutdown.
 const releaseTimeout = time.Second
 
-// releaseTurn gives up this replica's claim on a turn it was submitting
-// when it stopped, so that takeOver need not wait stuckAfter for it.
+// releaseTurn gives up this replica's claim (or hold) on a turn it was
+// submitting when it stopped, so that takeOver (or another replica's
+// claim) need not wait stuckAfter for it.
 func (d *Dispatcher) releaseTurn(key protocol.TurnKey) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	t, rev, err := d.turns.get(ctx, key)
-	if err != nil || t.State != TurnSubmitting || t.Outcome().Owner != d.opts.Name {
+	switch {
+	case err != nil:
 		return
+	case d.heldHere(t):
+		t.out = nil // a held turn goes back to collecting
+	case t.State != TurnSubmitting || t.Outcome().Owner != d.opts.Name:
+		return
+	default:
+		claim := t.writeOutcome()
+		claim.Owner, claim.SubmittingSince = "", time.Time{}
 	}
-	claim := t.writeOutcome()
-	claim.Owner, claim.SubmittingSince = "", time.Time{}
 	if _, err := d.turns.update(ctx, t, rev); err == nil {
 		d.log.Info("submission cut off by the shutdown; the turn is left to the other replicas or the restart", "turn", key)
 	}
@@ -293,11 +311,21 @@ func (d *Dispatcher) releaseTurn(key protocol.TurnKey) {
 // markSubmitted records how a submission of t (read at rev) ended. While
 // JetStream fails over it keeps trying: a turn left in submitting is
 // submitted again later. A try that timed out may have been stored, so
-// later tries read the record, and one found closed is the outcome.
+// later tries read the record, and one found closed is the outcome. A
+// turn this process held is submitting by it (its record says so).
 func (d *Dispatcher) markSubmitted(ctx context.Context, t *Turn, rev uint64, change func(*Turn)) (*Turn, error) {
 	known := t
+	submitting := func(r *Turn) bool { return r.State == TurnSubmitting || d.heldHere(r) }
+	cleared := func(r *Turn) {
+		if r.held() {
+			r.State = TurnSubmitting
+			o := r.writeOutcome()
+			o.SubmittingSince, o.Held, o.Holder = r.submittingSince(), false, ""
+		}
+		change(r)
+	}
 	return whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (*Turn, error) {
-		final, _, err := d.turns.transition(ctx, t.Key, TurnSubmitting, known, rev, change)
+		final, _, err := d.turns.transitionIf(ctx, t.Key, submitting, known, rev, cleared)
 		if known == nil && err == nil && final == nil {
 			if r, _, gerr := d.turns.get(ctx, t.Key); gerr == nil && !r.Open() {
 				return r, nil // stored by a try that timed out

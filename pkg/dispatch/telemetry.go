@@ -77,6 +77,8 @@ type telemetry struct {
 	timeLeft     metric.Float64Histogram
 	cutoffs      metric.Int64Counter
 	late         metric.Int64Counter
+	passedOn     metric.Int64Counter
+	released     metric.Int64Counter
 	redeliveries metric.Int64Counter
 	webhooks     metric.Int64Counter
 	takenIn      metric.Int64Counter
@@ -128,6 +130,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	t.cutoffs, e = m.Int64Counter("toolrelay.turn.cutoffs", metric.WithDescription("Turns submitted at their deadline without every result."))
 	must(e)
 	t.late, e = m.Int64Counter("toolrelay.results.late", metric.WithDescription("Results recorded after their turn was submitted."))
+	must(e)
+	t.passedOn, e = m.Int64Counter("toolrelay.results.passed_on", metric.WithDescription("Results received for a turn another replica holds, passed on to it."))
+	must(e)
+	t.released, e = m.Int64Counter("toolrelay.turns.released", metric.WithDescription("Held turns whose results took longer than the hold: released to be claimed, one more write of the record each."))
 	must(e)
 	t.redeliveries, e = m.Int64Counter("toolrelay.call.redeliveries", metric.WithDescription("Attempts beyond the first, by function."))
 	must(e)

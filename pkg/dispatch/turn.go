@@ -72,13 +72,15 @@ type TurnOutcome struct {
 	// Next is what the submission created to drive next (Responses).
 	Next *Ref `json:"next,omitempty"`
 	// Held is set on a turn still collecting that Owner took in holding
-	// its submission, since SubmittingSince: see hold.go.
-	Held bool `json:"held,omitempty"`
+	// its submission, since SubmittingSince; Holder names the process
+	// (two may share a name): see hold.go.
+	Held   bool   `json:"held,omitempty"`
+	Holder string `json:"holder,omitempty"`
 }
 
 func (o *TurnOutcome) isZero() bool {
 	return o.Owner == "" && o.SubmittingSince.IsZero() && o.SubmittedAt.IsZero() && !o.CutOff &&
-		o.TimedOut == nil && o.Error == "" && o.Next == nil && !o.Held
+		o.TimedOut == nil && o.Error == "" && o.Next == nil && !o.Held && o.Holder == ""
 }
 
 // Outcome returns how the turn is being closed, or was; the zero
@@ -299,6 +301,12 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 // compare-and-set is tried on it first, saving a read; if the record moved
 // since, it is read again.
 func (s turnStore) transition(ctx context.Context, key protocol.TurnKey, from TurnState, known *Turn, rev uint64, change func(*Turn)) (*Turn, uint64, error) {
+	return s.transitionIf(ctx, key, func(t *Turn) bool { return t.State == from }, known, rev, change)
+}
+
+// transitionIf is transition with the records that may move told by in,
+// rather than by their state.
+func (s turnStore) transitionIf(ctx context.Context, key protocol.TurnKey, in func(*Turn) bool, known *Turn, rev uint64, change func(*Turn)) (*Turn, uint64, error) {
 	for {
 		var t *Turn
 		if known != nil {
@@ -310,7 +318,7 @@ func (s turnStore) transition(ctx context.Context, key protocol.TurnKey, from Tu
 				return nil, 0, err
 			}
 		}
-		if t.State != from {
+		if !in(t) {
 			return nil, 0, nil
 		}
 		change(t)
