@@ -354,15 +354,7 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 // cancelled the turn (false: it was closed already, or the record could
 // not be changed).
 func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMsg, reason string) bool {
-	// Under the mark that the turn is submitted here, so that a hold of
-	// this process's is not submitted meanwhile; a turn being submitted
-	// here is left to that submission.
-	done, ok := d.submittingHere(key)
-	if !ok {
-		return false
-	}
 	t, err := d.failCollecting(ctx, key, errMsg)
-	done()
 	if err != nil || t == nil {
 		return false
 	}
@@ -385,7 +377,11 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 // failCollecting moves a collecting turn to failed with errMsg, and
 // returns it; nil if it is closed or being submitted. A turn another
 // process holds may be being submitted by it: it is waited for until its
-// holder releases it (within holdFor) or the hold is stale.
+// holder releases it (within holdFor) or the hold is stale. The write is
+// made under the mark that the turn is submitted in this process, so that
+// no close of this process (of a hold of its own, say) claims or submits
+// it meanwhile; a turn being submitted (or released) here now is left as
+// it is.
 func (d *Dispatcher) failCollecting(ctx context.Context, key protocol.TurnKey, errMsg string) (*Turn, error) {
 	for {
 		t, rev, err := d.turns.get(ctx, key)
@@ -398,10 +394,15 @@ func (d *Dispatcher) failCollecting(ctx context.Context, key protocol.TurnKey, e
 			}
 			continue
 		}
+		done, ok := d.submittingHere(key)
+		if !ok {
+			return nil, nil
+		}
 		t.State = TurnFailed
 		o := t.writeOutcome()
 		*o = TurnOutcome{Error: errMsg}
 		_, err = d.turns.update(ctx, t, rev)
+		done()
 		if errors.Is(err, errConflict) {
 			continue
 		}

@@ -27,6 +27,6 @@ func HoldFor(d *Dispatcher, hold, scan time.Duration) {
 	d.claimRenewEvery, d.holdScanEvery = hold, scan
 }
 
-// NudgeSubject is, for tests, where the replica named name hears of the
-// results of the turns it holds that another replica received.
-func NudgeSubject(name string) string { return nudgeSubject(name) }
+// NudgeSubject is, for tests, where d hears of the results of the turns
+// it holds that another replica received.
+func NudgeSubject(d *Dispatcher) string { return nudgeSubject(d.holdOutcome.Holder) }

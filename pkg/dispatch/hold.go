@@ -54,12 +54,18 @@ import (
 // What a hold leans on is what a renewed claim leans on: a holder paused
 // for longer than stuckAfter - holdFor between its check and its
 // submission could submit a turn another replica took over meanwhile, as
-// a claimant so paused between two renewals could. Options.NoHolds turns
-// holds off (intake records turns collecting, as before): a rolling
-// upgrade from a version without holds may want it while that version
-// runs, since its replicas, finding the hold of a replica that died, take
-// the turn over as a stuck submission and submit its missing results as
-// unreadable.
+// a claimant so paused between two renewals could. A killed replica's
+// holds keep its turns from the others until they are stuckAfter old
+// (and a sweep finds them).
+//
+// Beside replicas of a version without holds (a rolling upgrade), which
+// read a hold as a claim: they leave a held turn alone, dropping a result
+// of it they receive as late (its holder finds it when it releases the
+// hold); and since the record dates the claim stuckAfter before the
+// turn's deadline, they take it over as stuck, and submit what is missing
+// as unreadable, only when it is due anyway. Options.NoHolds turns holds
+// off (intake records turns collecting, as before), for an upgrade that
+// should not see those delays.
 
 // holdMinLead is how far away a turn's deadline must be for it to be
 // held: past stuckAfter, with room for the timer to fire a second early.
@@ -111,13 +117,13 @@ func (d *Dispatcher) heldHere(t *Turn) bool {
 	return t.held() && t.out.Owner == d.opts.Name && t.out.Holder == d.holdOutcome.Holder
 }
 
-// heldElsewhere returns the replica holding t, if it is another process
-// and its hold is younger than stuckAfter.
-func (d *Dispatcher) heldElsewhere(t *Turn, now time.Time) (owner string, ok bool) {
+// heldElsewhere returns the process holding t (TurnOutcome.Holder), if it
+// is another process and its hold is younger than stuckAfter.
+func (d *Dispatcher) heldElsewhere(t *Turn, now time.Time) (holder string, ok bool) {
 	if !t.held() || d.heldHere(t) || now.Sub(t.submittingSince()) >= stuckAfter {
 		return "", false
 	}
-	return t.out.Owner, true
+	return t.out.Holder, true
 }
 
 // heldFresh reports whether t is held by any process, this one included,
@@ -126,18 +132,29 @@ func (d *Dispatcher) heldFresh(t *Turn, now time.Time) bool {
 	return t.held() && now.Sub(t.submittingSince()) < stuckAfter
 }
 
-// submittingSince is when t's submission was claimed or held. The turns
-// this replica holds share one outcome (d.holdOutcome), dated by each
-// turn's intake.
+// submittingSince is when t's submission was claimed, or held: a hold is
+// taken at intake, so it is dated by the turn's CreatedAt (the turns this
+// replica holds share one outcome, d.holdOutcome).
 func (t *Turn) submittingSince() time.Time {
-	o := t.out
 	switch {
-	case o == nil:
+	case t.out == nil:
 		return time.Time{}
-	case o.Held && o.SubmittingSince.IsZero():
+	case t.out.Held:
 		return t.CreatedAt
 	}
-	return o.SubmittingSince
+	return t.out.SubmittingSince
+}
+
+// recordSubmittingSince is the claim's time a turn's record carries. A
+// held turn's says stuckAfter before its deadline: a replica of a version
+// without holds, which reads the hold as a claim, takes it over as stuck
+// only once it is due, and so never submits the calls of a holder that
+// died while they still run. (This version dates a hold by CreatedAt.)
+func (t *Turn) recordSubmittingSince() time.Time {
+	if t.held() {
+		return t.Deadline.Add(-stuckAfter)
+	}
+	return t.submittingSince()
 }
 
 // recordState is the state a turn's record carries: a held turn's says
@@ -147,38 +164,6 @@ func (t *Turn) recordState() TurnState {
 		return TurnSubmitting
 	}
 	return t.State
-}
-
-// closeHeld closes a turn this process holds, known at revision rev: at
-// once, with no claim, if the hold is younger than holdFor and the turn is
-// not cut off; otherwise by claiming it, as any turn. Both under the mark
-// that the turn is submitted here, so that neither a release nor another
-// close of this process comes between the claim, or the check of the
-// hold, and the submission. If the mark is taken (a release or a
-// submission of the turn is under way here), the turn is looked at again
-// in a moment.
-func (d *Dispatcher) closeHeld(ctx context.Context, known *Turn, rev uint64, cutOff bool, timedOut []protocol.CallKey) {
-	key := known.Key
-	done, ok := d.submittingHere(key)
-	if !ok {
-		d.gather.recheckIn(key, holdPoll)
-		return
-	}
-	since := known.submittingSince()
-	if !cutOff && time.Since(since) < d.holdFor() {
-		t := known.clone()
-		t.State = TurnSubmitting
-		o := t.writeOutcome()
-		o.Held, o.SubmittingSince = false, since
-		d.submitClaimed(ctx, t, rev, done)
-		return
-	}
-	t, rev, err := d.claimTurn(ctx, key, known, rev, cutOff, timedOut)
-	if err != nil || t == nil {
-		done()
-		return
-	}
-	d.submitClaimed(ctx, t, rev, done)
 }
 
 // releaseHeld gives up the holds this replica kept for holdFor without
@@ -218,20 +203,21 @@ func (d *Dispatcher) release(ctx context.Context, key protocol.TurnKey) {
 		// Changed by another: taken over, cancelled, closed. As it is now.
 		t, newRev, err = d.turns.get(ctx, key)
 	}
-	// Unmarked before the gatherer's copy changes: a close of this
-	// process that sees the copy still held takes the mark and finds the
-	// record moved; one that sees the new copy claims it as any turn.
-	done()
 	if err != nil {
 		// Left held: past stuckAfter any replica takes it as collecting.
+		done()
 		d.log.Warn("releasing a held turn failed", "turn", key, "err", err)
 		return
 	}
 	if !t.Open() {
+		done()
 		d.closedElsewhere(key)
 		return
 	}
+	// Replaced before the mark goes: a close of this process, which reads
+	// the copy once it has the mark, claims the turn as it now is.
 	d.gather.replace(t, newRev)
+	done()
 	if present, err := d.gather.present(ctx, t); err == nil && present == len(t.Calls) {
 		d.background(func(ctx context.Context) { d.closeTurn(ctx, key, false) })
 	}
@@ -246,14 +232,14 @@ func (d *Dispatcher) releaseAllHeld() {
 	d.holdsOff.Store(true)
 	wait, cancelWait := context.WithTimeout(context.Background(), holdReleaseTimeout)
 	defer cancelWait()
-	for !d.holdGate.TryLock() {
-		if !backoff.Sleep(wait, 5*time.Millisecond) {
-			d.log.Warn("intakes still under way at shutdown; the turns they hold stay held until another replica may take them")
-			break
-		}
+	locked := d.holdGate.TryLock()
+	for !locked && backoff.Sleep(wait, 5*time.Millisecond) {
+		locked = d.holdGate.TryLock()
 	}
-	if wait.Err() == nil {
+	if locked {
 		d.holdGate.Unlock()
+	} else {
+		d.log.Warn("intakes still under way at shutdown; the turns they hold stay held until another replica may take them")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), holdReleaseTimeout)
 	defer cancel()
@@ -274,19 +260,20 @@ func (d *Dispatcher) releaseHeldEvery(ctx context.Context) {
 	}
 }
 
-// nudgeSubject is where the replica named name hears of the results of
-// the turns it holds that another replica received.
-func nudgeSubject(name string) string {
-	sum := sha256.Sum256([]byte(name))
+// nudgeSubject is where the process holder (TurnOutcome.Holder) hears of
+// the results of the turns it holds that another process received. It is
+// the process's, not its name's: a process never nudges itself.
+func nudgeSubject(holder string) string {
+	sum := sha256.Sum256([]byte(holder))
 	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + ".results"
 }
 
-// nudge tells the replica holding a turn that the result of its call key
+// nudge tells the process holding a turn that the result of its call key
 // is recorded. A nudge lost costs the holder no more than the time until
 // its hold is released, when it looks at the stream.
-func (d *Dispatcher) nudge(owner string, key protocol.CallKey) {
-	if err := d.js.Conn().Publish(nudgeSubject(owner), []byte(key)); err != nil {
-		d.log.Debug("telling the replica holding a turn of its result failed", "call_key", key, "holder", owner, "err", err)
+func (d *Dispatcher) nudge(holder string, key protocol.CallKey) {
+	if err := d.js.Conn().Publish(nudgeSubject(holder), []byte(key)); err != nil {
+		d.log.Debug("telling the replica holding a turn of its result failed", "call_key", key, "holder", holder, "err", err)
 	}
 }
 
@@ -294,7 +281,7 @@ func (d *Dispatcher) nudge(owner string, key protocol.CallKey) {
 // replica received.
 func (d *Dispatcher) serveNudges() (stop func(), err error) {
 	nc := d.js.Conn()
-	sub, err := nc.Subscribe(nudgeSubject(d.opts.Name), func(m *nats.Msg) {
+	sub, err := nc.Subscribe(nudgeSubject(d.holdOutcome.Holder), func(m *nats.Msg) {
 		key := protocol.CallKey(m.Data)
 		if key.Validate() != nil {
 			return

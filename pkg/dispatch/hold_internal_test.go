@@ -96,15 +96,18 @@ func TestADeadReplicasHoldIsTakenOnlyOnceStale(t *testing.T) {
 	}
 }
 
-// A held turn's record says submitting, owned by its holder since its
-// intake, as every version of the dispatcher reads records; read back, it
-// is the turn collecting that it is, with its holder.
+// A held turn's record says submitting, owned by its holder, as every
+// version of the dispatcher reads records; to a version without holds,
+// claimed stuckAfter before its deadline, so that such a version takes it
+// over as stuck no sooner than it is due. Read back, it is the turn
+// collecting that it is, held since its intake.
 func TestAHeldRecordReadsAsSubmittingToEveryVersion(t *testing.T) {
 	created := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	deadline := created.Add(9*time.Minute + 30*time.Second)
 	d := &Dispatcher{opts: Options{Name: "one"}}
-	d.holdOutcome = &TurnOutcome{Owner: "one", Held: true}
+	d.holdOutcome = &TurnOutcome{Owner: "one", Held: true, Holder: "process-1"}
 	turn := &Turn{Version: protocol.Version, Key: "0123456789abcdef0123456789abcdef", State: TurnCollecting, CreatedAt: created,
-		Calls: []TurnCall{{ID: "c", Arguments: json.RawMessage(`{}`)}}, out: d.holdOutcome}
+		Deadline: deadline, Calls: []TurnCall{{ID: "c", Arguments: json.RawMessage(`{}`)}}, out: d.holdOutcome}
 	b, err := appendTurn(nil, turn)
 	if err != nil {
 		t.Fatal(err)
@@ -117,8 +120,8 @@ func TestAHeldRecordReadsAsSubmittingToEveryVersion(t *testing.T) {
 	if err := json.Unmarshal(b, &old); err != nil {
 		t.Fatal(err)
 	}
-	if old.State != TurnSubmitting || old.Owner != "one" || !old.SubmittingSince.Equal(created) {
-		t.Errorf("the record reads %+v; want submitting by one since %s", old, created)
+	if old.State != TurnSubmitting || old.Owner != "one" || !old.SubmittingSince.Equal(deadline.Add(-stuckAfter)) {
+		t.Errorf("the record reads %+v; want submitting by one since %s", old, deadline.Add(-stuckAfter))
 	}
 	back, err := decodeTurn(b)
 	if err != nil {

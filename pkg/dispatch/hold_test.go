@@ -255,7 +255,7 @@ func TestResultsReceivedElsewhereReachTheHolder(t *testing.T) {
 	holdReplica(t, e, "two", p, dispatch.Options{}, long)
 	var nudges atomic.Int32
 	nc, _ := e.srv.Connect(t)
-	counter, err := nc.Subscribe(dispatch.NudgeSubject("one"), func(*nats.Msg) { nudges.Add(1) })
+	counter, err := nc.Subscribe(dispatch.NudgeSubject(one), func(*nats.Msg) { nudges.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func appendTurn(b []byte, t *Turn) ([]byte, error) {
 		for _, f := range [...]struct {
 			name string
 			at   time.Time
-		}{{"submitting_since", t.submittingSince()}, {"submitted_at", o.SubmittedAt}} {
+		}{{"submitting_since", t.recordSubmittingSince()}, {"submitted_at", o.SubmittedAt}} {
 			if f.at.IsZero() {
 				continue // omitzero
 			}

@@ -19,7 +19,7 @@ func sameRecord(t *testing.T, turn *Turn) {
 	fields.State = turn.recordState()
 	if out != nil {
 		o := *out
-		o.SubmittingSince = turn.submittingSince()
+		o.SubmittingSince = turn.recordSubmittingSince()
 		out = &o
 	}
 	want, err := json.Marshal(recordLayout{(*turnFields)(&fields), out})

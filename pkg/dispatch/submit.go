@@ -52,15 +52,11 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 			return
 		}
 	}
-	// A held turn (hold.go) is closed by its holder: this process, or
-	// another after it.
-	if d.heldHere(known) {
-		d.closeHeld(ctx, known, rev, cutOff, timedOut)
-		return
-	}
+	// A turn another process holds (hold.go) is left to it; this one
+	// looks again in a moment: released by its holder, or old enough to
+	// be claimed.
 	if _, held := d.heldElsewhere(known, time.Now()); held {
-		// As this replica last saw it: read it again, the hold may be
-		// released.
+		// As this replica last saw it: read it again.
 		var err error
 		if known, rev, err = d.turns.get(ctx, key); err != nil {
 			d.log.Error("closing turn failed", "turn", key, "err", err)
@@ -68,24 +64,63 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 		}
 		d.gather.replace(known, rev)
 	}
-	if owner, held := d.heldElsewhere(known, time.Now()); held {
+	if holder, held := d.heldElsewhere(known, time.Now()); held {
 		if !cutOff {
 			for i := range known.Calls {
 				if c := &known.Calls[i]; d.gather.local(key, c.Key) != nil {
-					d.nudge(owner, c.Key)
+					d.nudge(holder, c.Key)
 				}
 			}
 		}
-		// Looked at again in a moment: released by its holder, or old
-		// enough to be claimed.
-		d.gather.recheckIn(key, min(holdPoll, time.Until(known.submittingSince().Add(stuckAfter))))
+		d.closeLater(key, cutOff)
+		return
+	}
+	// Closed under the mark that the turn is submitted in this process:
+	// neither a release nor another close of this process comes between
+	// the claim (or the look at this process's hold) and the submission.
+	// If the mark is taken, a release or a submission of the turn is under
+	// way here: it is looked at again in a moment.
+	done, ok := d.submittingHere(key)
+	if !ok {
+		d.closeLater(key, cutOff)
+		return
+	}
+	if k, r := d.gather.known(key); k != nil {
+		known, rev = k, r // as it is now (a release replaces it)
+	}
+	if d.heldHere(known) && !cutOff && time.Since(known.submittingSince()) < d.holdFor() {
+		// Held here and young: submitted with no claim.
+		t := known.clone()
+		t.State = TurnSubmitting
+		o := t.writeOutcome()
+		o.Held, o.Holder, o.SubmittingSince = false, "", known.submittingSince()
+		d.submitClaimed(ctx, t, rev, done)
 		return
 	}
 	t, rev, err := d.claimTurn(ctx, key, known, rev, cutOff, timedOut)
 	if err != nil || t == nil {
+		done()
 		return
 	}
-	d.submit(ctx, t, rev)
+	d.submitClaimed(ctx, t, rev, done)
+}
+
+// closeLater closes the turn key in a moment, when this replica could not
+// now: through a re-check of its results, or, for a cut-off (whose timer
+// is spent), by cutting it off again.
+func (d *Dispatcher) closeLater(key protocol.TurnKey, cutOff bool) {
+	if !cutOff {
+		d.gather.recheckIn(key, holdPoll)
+		return
+	}
+	d.background(func(ctx context.Context) {
+		wctx, stop := d.withRunContext(ctx)
+		waited := backoff.Sleep(wctx, holdPoll)
+		stop()
+		if waited {
+			d.closeTurn(ctx, key, true)
+		}
+	})
 }
 
 // claimTurn moves a collecting turn, known at revision rev, to submitting
