@@ -472,9 +472,14 @@ func (d *Dispatcher) releaseWatch(ctx context.Context, w *Watch) {
 // presenceSubject is where the replica named name answers while it runs.
 // Names are free text (a host name has dots), so the subject carries a
 // digest of it.
-func presenceSubject(name string) string {
-	sum := sha256.Sum256([]byte(name))
-	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + ".alive"
+func presenceSubject(name string) string { return replicaSubject(name, "alive") }
+
+// replicaSubject is the subject of one replica's (or process's) id and
+// what it hears there; the id is free text, so the subject carries a
+// digest of it.
+func replicaSubject(id, what string) string {
+	sum := sha256.Sum256([]byte(id))
+	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + "." + what
 }
 
 // errHandedOver ends a wait whose watch another replica took.
@@ -485,8 +490,14 @@ var errHandedOver = errors.New("dispatch: the watch is driven by another replica
 const presenceTimeout = 2 * time.Second
 
 func (d *Dispatcher) servePresence() (stop func(), err error) {
+	return d.hear(presenceSubject(d.opts.Name), func(m *nats.Msg) { _ = m.Respond(nil) })
+}
+
+// hear subscribes handle to subject on the dispatcher's connection, and
+// returns once the server has the subscription.
+func (d *Dispatcher) hear(subject string, handle nats.MsgHandler) (stop func(), err error) {
 	nc := d.js.Conn()
-	sub, err := nc.Subscribe(presenceSubject(d.opts.Name), func(m *nats.Msg) { _ = m.Respond(nil) })
+	sub, err := nc.Subscribe(subject, handle)
 	if err != nil {
 		return nil, err
 	}

@@ -2,8 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"time"
 
@@ -263,10 +261,7 @@ func (d *Dispatcher) releaseHeldEvery(ctx context.Context) {
 // nudgeSubject is where the process holder (TurnOutcome.Holder) hears of
 // the results of the turns it holds that another process received. It is
 // the process's, not its name's: a process never nudges itself.
-func nudgeSubject(holder string) string {
-	sum := sha256.Sum256([]byte(holder))
-	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + ".results"
-}
+func nudgeSubject(holder string) string { return replicaSubject(holder, "results") }
 
 // nudge tells the process holding a turn that the result of its call key
 // is recorded. A nudge lost costs the holder no more than the time until
@@ -280,8 +275,7 @@ func (d *Dispatcher) nudge(holder string, key protocol.CallKey) {
 // serveNudges hears of the results of the turns held here that another
 // replica received.
 func (d *Dispatcher) serveNudges() (stop func(), err error) {
-	nc := d.js.Conn()
-	sub, err := nc.Subscribe(nudgeSubject(d.holdOutcome.Holder), func(m *nats.Msg) {
+	return d.hear(nudgeSubject(d.holdOutcome.Holder), func(m *nats.Msg) {
 		key := protocol.CallKey(m.Data)
 		if key.Validate() != nil {
 			return
@@ -290,12 +284,4 @@ func (d *Dispatcher) serveNudges() (stop func(), err error) {
 			d.background(func(ctx context.Context) { d.closeTurn(ctx, key.Turn(), false) })
 		}
 	})
-	if err != nil {
-		return nil, err
-	}
-	if err := nc.FlushTimeout(declareTimeout); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, err
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
 }
