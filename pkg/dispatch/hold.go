@@ -23,11 +23,11 @@ import (
 // life (taken in, submitted), and nothing is waited for between the last
 // result and the submission.
 //
-// On the wire a held turn is submitting, owned by its replica since its
-// intake, marked Held: every replica, a version that knows nothing of
-// holds included, leaves it alone as a turn being submitted until it is
-// stuckAfter old. Read back (decodeTurn) it is a turn collecting whose
-// outcome says who holds it.
+// On the wire a held turn is submitting, owned by its replica, marked
+// Held: every replica, a version that knows nothing of holds included,
+// leaves it alone as a turn being submitted (see below for how long).
+// Read back (decodeTurn) it is a turn collecting whose outcome says who
+// holds it, held since its intake.
 //
 // The rules:
 //   - the holder submits without another claim only within holdFor of
@@ -36,10 +36,11 @@ import (
 //   - a hold still there after holdFor is released: the record goes back
 //     to collecting, and the turn is closed as any other, by a claim (the
 //     release looks at the stream once, for results the holder did not
-//     hear of). Its holder may also claim it at once. The holder's close,
-//     its claim and its release of a turn are each made under the mark
-//     that the turn is submitted in this process (submittingHere), so
-//     none of them comes between another's check and its write;
+//     hear of). Its holder may also claim it at once. Every close of a
+//     turn in a process (a submission at once, or a claim and a
+//     submission), its release and its cancellation are made under the
+//     mark that the turn is submitted in this process (submittingHere),
+//     so none of them comes between another's check and its write;
 //   - another process takes a hold younger than stuckAfter for a claim:
 //     it does not close the turn nor cancel it, and tells the holder of
 //     each result of the turn it receives (a message on the holder's
