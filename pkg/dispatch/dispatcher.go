@@ -342,6 +342,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		d.spawnMu.Unlock()
 		pool.stop()
 		d.drain(&wg, cancelBackground)
+		// The turns still open now, none closed during the drain, are
+		// left to another replica or the restart.
+		d.tel.endAll()
 	}()
 
 	regReady := make(chan struct{})
@@ -414,7 +417,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: serve executors' declarations: %w", err)
 	}
 	defer stopDeclarations()
-	defer d.tel.endAll()
 	wg.Go(func() { d.refreshGaugesEvery(rctx, gaugeInterval) })
 	d.resume(bctx)
 	d.ready.Store(true)

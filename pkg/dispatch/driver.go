@@ -354,12 +354,16 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 // cancelled the turn (false: it was closed already, or the record could
 // not be changed).
 func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMsg, reason string) bool {
-	t, err := d.failCollecting(ctx, key, errMsg)
+	t, done, err := d.failCollecting(ctx, key, errMsg)
 	if err != nil || t == nil {
 		return false
 	}
+	// Closed here under the mark: no close, release or re-check of this
+	// process reads the gatherer's copy of the turn, still collecting,
+	// between the write and this.
 	d.closing.closed(t, nil)
 	d.finished(t, true)
+	done()
 	teams := map[string]bool{}
 	for _, c := range t.Calls {
 		if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
@@ -375,41 +379,45 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 }
 
 // failCollecting moves a collecting turn to failed with errMsg, and
-// returns it; nil if it is closed or being submitted. A turn another
-// process holds may be being submitted by it: it is waited for until its
-// holder releases it (within holdFor) or the hold is stale. The write is
-// made under the mark that the turn is submitted in this process, so that
-// no close of this process (of a hold of its own, say) claims or submits
-// it meanwhile; a turn being submitted (or released) here now is left as
-// it is.
-func (d *Dispatcher) failCollecting(ctx context.Context, key protocol.TurnKey, errMsg string) (*Turn, error) {
+// returns it with the mark that the turn is closed in this process
+// (submittingHere), which the caller ends with done once it has finished
+// the turn; nil if it is closed or being submitted. The write is made
+// under the mark, so that no close of this process (of a hold of its own,
+// say) claims or submits it meanwhile. A turn another process holds may
+// be being submitted by it, and one whose mark is taken here is being
+// submitted or released: either is waited for, and looked at again.
+func (d *Dispatcher) failCollecting(ctx context.Context, key protocol.TurnKey, errMsg string) (*Turn, func(), error) {
+	busy := backoff.Backoff{Initial: 5 * time.Millisecond, Max: holdPoll}
 	for {
 		t, rev, err := d.turns.get(ctx, key)
 		if err != nil || t.State != TurnCollecting {
-			return nil, err
+			return nil, nil, err
 		}
 		if _, held := d.heldElsewhere(t, time.Now()); held {
 			if !backoff.Sleep(ctx, holdPoll) {
-				return nil, ctx.Err()
+				return nil, nil, ctx.Err()
 			}
 			continue
 		}
 		done, ok := d.submittingHere(key)
 		if !ok {
-			return nil, nil
+			if !backoff.Sleep(ctx, busy.Next()) {
+				return nil, nil, ctx.Err()
+			}
+			continue
 		}
 		t.State = TurnFailed
 		o := t.writeOutcome()
 		*o = TurnOutcome{Error: errMsg}
 		_, err = d.turns.update(ctx, t, rev)
-		done()
-		if errors.Is(err, errConflict) {
-			continue
-		}
 		if err != nil {
-			return nil, err
+			done()
+			if errors.Is(err, errConflict) {
+				continue
+			}
+			return nil, nil, err
 		}
-		return t, nil
+		return t, done, nil
 	}
 }
 

@@ -339,6 +339,13 @@ func (g *gatherer) recheck(ctx context.Context, key protocol.TurnKey) {
 	if st == nil {
 		return
 	}
+	if g.d.isSubmittingHere(key) {
+		// Being closed here (a close meeting it re-checks later): the
+		// stream is read once the close let the turn go, if it is still
+		// tracked then, not every time meanwhile.
+		g.recheckIn(key, holdPoll)
+		return
+	}
 	// The read ends with Run: a stopping dispatcher does not wait out a
 	// read the server will not answer (one sent while it restarted) for
 	// work the sweep or another replica repeats.

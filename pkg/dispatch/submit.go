@@ -29,8 +29,8 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 			return
 		}
 		if t.State != TurnCollecting {
-			if !t.Open() {
-				d.closedElsewhere(key)
+			if !t.Open() && !d.isSubmittingHere(key) {
+				d.closedElsewhere(key) // closed here, its span is ended by its close
 			}
 			return // closed, or being submitted (here, or by a replica the sweep watches)
 		}
@@ -85,10 +85,14 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 		d.closeLater(key, cutOff)
 		return
 	}
-	if k, r := d.gather.known(key); k != nil {
-		known, rev = k, r // as it is now (a release replaces it)
-	}
-	if d.heldHere(known) && !cutOff && time.Since(known.submittingSince()) < d.holdFor() {
+	// The gatherer's copy, as it is now (a release replaces it). With
+	// none, the turn was closed or cancelled here, or found closed
+	// elsewhere, since the copy above was read, which is then stale (a
+	// hold of this process's it shows may be submitted already): the
+	// claim reads the record.
+	k, r := d.gather.known(key)
+	known, rev = k, r
+	if k != nil && d.heldHere(k) && !cutOff && time.Since(k.submittingSince()) < d.holdFor() {
 		// Held here and young: submitted with no claim.
 		t := known.clone()
 		t.State = TurnSubmitting
@@ -168,6 +172,13 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 			}
 			continue
 		}
+		// Claimed under the mark, as every close of this process, so
+		// that what is claimed here is submitted here: a close holding
+		// the mark would leave a claim of this process unsubmitted.
+		done, ok := d.submittingHere(key)
+		if !ok {
+			return // a close of this process has it now; the next sweep looks again
+		}
 		claim := t.writeOutcome()
 		claim.Owner, claim.SubmittingSince = d.opts.Name, time.Now().UTC()
 		newRev, err := d.turns.update(ctx, t, rev)
@@ -179,13 +190,15 @@ func (d *Dispatcher) takeOver(ctx context.Context, key protocol.TurnKey) {
 			}
 		}
 		if errors.Is(err, errConflict) {
+			done()
 			continue
 		} else if err != nil {
+			done()
 			d.log.Error("taking over turn failed", "turn", key, "err", err)
 			return
 		}
 		d.log.Warn("took over a turn stuck in submitting", "turn", key)
-		d.submit(ctx, t, newRev)
+		d.submitClaimed(ctx, t, newRev, done)
 		return
 	}
 }
