@@ -37,10 +37,13 @@ import (
 //     to collecting, and the turn is closed as any other, by a claim (the
 //     release looks at the stream once, for results the holder did not
 //     hear of). Its holder may also claim it at once. Every close of a
-//     turn in a process (a submission at once, or a claim and a
-//     submission), its release and its cancellation are made under the
-//     mark that the turn is submitted in this process (submittingHere),
-//     so none of them comes between another's check and its write;
+//     turn in a process (a submission at once, a claim or a take-over
+//     and a submission), its release and its cancellation are made under
+//     the mark that the turn is submitted in this process
+//     (submittingHere), so none of them comes between another's check
+//     and its write; and under the mark only the gatherer's copy of the
+//     turn is trusted (a close forgets it before the mark goes), never
+//     one read before;
 //   - another process takes a hold younger than stuckAfter for a claim:
 //     it does not close the turn nor cancel it, and tells the holder of
 //     each result of the turn it receives (a message on the holder's
