@@ -206,7 +206,12 @@ func (d *Dispatcher) release(ctx context.Context, key protocol.TurnKey) {
 		t, newRev, err = d.turns.get(ctx, key)
 	}
 	if err != nil {
-		// Left held: past stuckAfter any replica takes it as collecting.
+		// Left held, or released with the answer lost: past stuckAfter
+		// any replica takes it as collecting. This one no longer submits
+		// it at once: a close of it claims the record as it is.
+		unheld := known.clone()
+		unheld.out = nil
+		d.gather.replace(unheld, rev)
 		done()
 		d.log.Warn("releasing a held turn failed", "turn", key, "err", err)
 		return

@@ -287,3 +287,79 @@ func (p *slowPlatform) Submit(ctx context.Context, _ *Turn, _ []Output) (*Submis
 	}
 	return &Submission{}, nil
 }
+
+// lateAnswerPlatform takes each submission, and answers it a while later
+// whatever its context says: an answer already on its way.
+type lateAnswerPlatform struct {
+	idlePlatform
+	late time.Duration
+	n    atomic.Int32
+}
+
+func (p *lateAnswerPlatform) Submit(context.Context, *Turn, []Output) (*Submission, error) {
+	p.n.Add(1)
+	time.Sleep(p.late)
+	return &Submission{}, nil
+}
+
+// A submission the platform took, whose answer comes in just as the
+// shutdown's timeout ends the work, is recorded as submitted: before, its
+// record stayed held by the stopped replica, and another replica
+// submitted the turn again once the hold was stale.
+func TestASubmissionAnsweredAtTheShutdownTimeoutIsRecorded(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &lateAnswerPlatform{late: 600 * time.Millisecond}
+	d, err := New(js, []Platform{p}, Options{Name: "one", Logger: testutil.Logger(t), ShutdownTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(rctx); close(done) }()
+	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	turn := heldTurn(t, d, "0123456789abcdef0123456789abcd77", "call_1")
+	recordResult(t, d, turn, 0)
+	testutil.WaitFor(t, 5*time.Second, func() bool { return p.n.Load() == 1 })
+	cancel()
+	<-done
+	r, _, err := d.turns.get(t.Context(), turn.Key)
+	if err != nil || r.State != TurnSubmitted {
+		t.Fatalf("after the shutdown the record is %v (%v); want submitted", r, err)
+	}
+}
+
+// A release whose write fails (it may yet be stored: the answer lost)
+// leaves this process's copy of the turn no longer held: a close of it
+// then claims the record rather than submitting at once, so it never
+// submits a turn another replica claimed as released.
+func TestAFailedReleaseLeavesTheTurnToAClaim(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &stampingPlatform{}
+	d := replicaOn(t, js, "one", p, func(d *Dispatcher) { d.holdScanEvery = time.Hour })
+	d.gather.streams.stop()
+	ctx := t.Context()
+	turn := heldTurn(t, d, "0123456789abcdef0123456789abcd78", "call_1")
+	recordResult(t, d, turn, 0)
+	failed, cancel := context.WithCancel(ctx)
+	cancel()
+	d.release(failed, turn.Key)
+	if known, _ := d.gather.known(turn.Key); known == nil || d.heldHere(known) {
+		t.Fatalf("after a failed release this process's copy is %v; want tracked, not held", known)
+	}
+	// Another replica claims the turn first, as it may once the release
+	// is stored (or the hold stale).
+	r, rev, err := d.turns.get(ctx, turn.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.out = nil
+	r.State = TurnSubmitting
+	*r.writeOutcome() = TurnOutcome{Owner: "two", SubmittingSince: time.Now().UTC()}
+	if _, err := d.turns.update(ctx, r, rev); err != nil {
+		t.Fatal(err)
+	}
+	d.closeTurn(ctx, turn.Key, false)
+	if n := len(p.submissions()); n != 0 {
+		t.Errorf("this process submitted a turn another replica claimed, %d times", n)
+	}
+}

@@ -263,7 +263,16 @@ func (d *Dispatcher) submitClaimed(ctx context.Context, t *Turn, rev uint64, don
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "submission failed")
 	}
-	final, cerr := d.markSubmitted(ctx, t, rev, func(r *Turn) {
+	// The platform answered: what it answered is recorded even when the
+	// shutdown's timeout ended the work meanwhile (left unrecorded, the
+	// turn would be submitted again by another replica), for a moment.
+	mctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		mctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+	}
+	final, cerr := d.markSubmitted(mctx, t, rev, func(r *Turn) {
 		o := r.writeOutcome()
 		o.SubmittedAt = now
 		if err != nil {
