@@ -385,7 +385,9 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 // under the mark, so that no close of this process (of a hold of its own,
 // say) claims or submits it meanwhile. A turn another process holds may
 // be being submitted by it, and one whose mark is taken here is being
-// submitted or released: either is waited for, and looked at again.
+// submitted or released: either is waited for, and looked at again (a
+// submission under way renews its claim within holdFor, and the record
+// then reads submitting).
 func (d *Dispatcher) failCollecting(ctx context.Context, key protocol.TurnKey, errMsg string) (*Turn, func(), error) {
 	busy := backoff.Backoff{Initial: 5 * time.Millisecond, Max: holdPoll}
 	for {
