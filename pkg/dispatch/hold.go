@@ -147,6 +147,15 @@ func (t *Turn) submittingSince() time.Time {
 	return t.out.SubmittingSince
 }
 
+// claimHeld makes t, held, the claim its hold stands for: submitting by
+// its holder since the hold began.
+func (t *Turn) claimHeld() {
+	since := t.submittingSince()
+	t.State = TurnSubmitting
+	o := t.writeOutcome()
+	o.SubmittingSince, o.Held, o.Holder = since, false, ""
+}
+
 // recordSubmittingSince is the claim's time a turn's record carries. A
 // held turn's says stuckAfter before its deadline: a replica of a version
 // without holds, which reads the hold as a claim, takes it over as stuck

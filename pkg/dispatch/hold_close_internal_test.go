@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -202,20 +201,12 @@ func TestATakeOverRacingACloseSubmits(t *testing.T) {
 	d := replicaOn(t, js, "one", p)
 	d.gather.streams.stop()
 	ctx := t.Context()
-	if _, err := d.gather.streams.stream(ctx, "geo"); err != nil {
-		t.Fatal(err)
-	}
 	const trials = 100
 	for i := range trials {
 		key := protocol.TurnKey(fmt.Sprintf("b0000000000000000000000000%06x", i))
 		now := time.Now().UTC()
-		turn := &Turn{Version: protocol.Version, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_" + string(key)},
-			Scope: "s", State: TurnCollecting, CreatedAt: now.Add(-time.Minute), ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
-			Calls: []TurnCall{{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: "geo", Arguments: json.RawMessage(`{}`)}}}
-		rev, err := d.turns.create(ctx, turn)
-		if err != nil {
-			t.Fatal(err)
-		}
+		turn := geoTurn(key, now.Add(-time.Minute), nil, "call_1")
+		rev := storeTurn(t, d, turn)
 		d.gather.track(turn, rev)
 		recordResult(t, d, turn, 0)
 		// Another replica claimed it and died 20 s ago.
@@ -252,16 +243,12 @@ func TestASubmissionFinishedInTheDrainEndsItsSpan(t *testing.T) {
 		t.Fatal(err)
 	}
 	traced(rec)(d)
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(rctx); close(done) }()
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	stop := runUntilStopped(t, d)
 	turn := heldTurn(t, d, "0123456789abcdef0123456789abcd0f", "call_1")
 	keepSpan(d, turn)
 	recordResult(t, d, turn, 0)
 	testutil.WaitFor(t, 5*time.Second, func() bool { return p.n.Load() == 1 })
-	cancel()
-	<-done
+	stop()
 	r, _, err := d.turns.get(t.Context(), turn.Key)
 	if err != nil || r.State != TurnSubmitted {
 		t.Fatalf("the record is %v (%v); want submitted in the drain", r, err)
@@ -271,15 +258,21 @@ func TestASubmissionFinishedInTheDrainEndsItsSpan(t *testing.T) {
 	}
 }
 
-// slowPlatform takes each submission slowly.
+// slowPlatform takes each submission slowly; deaf, it answers whatever
+// its context says (an answer already on its way).
 type slowPlatform struct {
 	idlePlatform
 	slow time.Duration
+	deaf bool
 	n    atomic.Int32
 }
 
 func (p *slowPlatform) Submit(ctx context.Context, _ *Turn, _ []Output) (*Submission, error) {
 	p.n.Add(1)
+	if p.deaf {
+		time.Sleep(p.slow)
+		return &Submission{}, nil
+	}
 	select {
 	case <-time.After(p.slow):
 	case <-ctx.Done():
@@ -288,18 +281,16 @@ func (p *slowPlatform) Submit(ctx context.Context, _ *Turn, _ []Output) (*Submis
 	return &Submission{}, nil
 }
 
-// lateAnswerPlatform takes each submission, and answers it a while later
-// whatever its context says: an answer already on its way.
-type lateAnswerPlatform struct {
-	idlePlatform
-	late time.Duration
-	n    atomic.Int32
-}
-
-func (p *lateAnswerPlatform) Submit(context.Context, *Turn, []Output) (*Submission, error) {
-	p.n.Add(1)
-	time.Sleep(p.late)
-	return &Submission{}, nil
+// runUntilStopped runs d until stop, which ends it as SIGTERM would and
+// waits for Run to return.
+func runUntilStopped(t *testing.T, d *Dispatcher) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	return stop
 }
 
 // A submission the platform took, whose answer comes in just as the
@@ -308,20 +299,16 @@ func (p *lateAnswerPlatform) Submit(context.Context, *Turn, []Output) (*Submissi
 // submitted the turn again once the hold was stale.
 func TestASubmissionAnsweredAtTheShutdownTimeoutIsRecorded(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
-	p := &lateAnswerPlatform{late: 600 * time.Millisecond}
+	p := &slowPlatform{slow: 600 * time.Millisecond, deaf: true}
 	d, err := New(js, []Platform{p}, Options{Name: "one", Logger: testutil.Logger(t), ShutdownTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(rctx); close(done) }()
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	stop := runUntilStopped(t, d)
 	turn := heldTurn(t, d, "0123456789abcdef0123456789abcd77", "call_1")
 	recordResult(t, d, turn, 0)
 	testutil.WaitFor(t, 5*time.Second, func() bool { return p.n.Load() == 1 })
-	cancel()
-	<-done
+	stop()
 	r, _, err := d.turns.get(t.Context(), turn.Key)
 	if err != nil || r.State != TurnSubmitted {
 		t.Fatalf("after the shutdown the record is %v (%v); want submitted", r, err)

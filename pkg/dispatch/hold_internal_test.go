@@ -48,20 +48,8 @@ func TestADeadReplicasHoldIsTakenOnlyOnceStale(t *testing.T) {
 	now := time.Now().UTC()
 	key := protocol.TurnKey("0123456789abcdef0123456789abcdef")
 	since := now.Add(-stuckAfter + 2*time.Second) // stale two seconds from now
-	turn := &Turn{Version: protocol.Version, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_gone"},
-		Scope: "resp_gone", State: TurnCollecting, CreatedAt: since, ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
-		Calls: []TurnCall{{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: "geo", Arguments: json.RawMessage(`{}`)}},
-		out:   &TurnOutcome{Owner: "gone", SubmittingSince: since, Held: true}}
-	rev, err := two.turns.create(ctx, turn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := two.scheduleDeadline(ctx, turn); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := two.gather.streams.stream(ctx, "geo"); err != nil {
-		t.Fatal(err)
-	}
+	turn := geoTurn(key, since, &TurnOutcome{Owner: "gone", SubmittingSince: since, Held: true}, "call_1")
+	rev := storeTurn(t, two, turn)
 	res := &protocol.Result{Version: protocol.Version, Key: turn.Calls[0].Key, CallID: "call_1", Team: "geo", Function: "get_weather",
 		Output: `"sunny"`, Executor: "test", FinishedAt: now}
 	if err := firstwins.Record(ctx, js.Conn(), res, nil); err != nil {
@@ -173,14 +161,30 @@ func heldTurn(t *testing.T, d *Dispatcher, key protocol.TurnKey, calls ...string
 // heldTurnAged is heldTurn for a turn taken in age ago.
 func heldTurnAged(t *testing.T, d *Dispatcher, key protocol.TurnKey, age time.Duration, calls ...string) *Turn {
 	t.Helper()
-	ctx := t.Context()
+	turn := geoTurn(key, time.Now().UTC().Add(-age), d.holdOutcome, calls...)
+	d.gather.track(turn, storeTurn(t, d, turn))
+	return turn
+}
+
+// geoTurn is a turn of calls to get_weather, of team geo, taken in at
+// createdAt, expiring five minutes from now (its deadline a minute
+// before), with outcome out.
+func geoTurn(key protocol.TurnKey, createdAt time.Time, out *TurnOutcome, calls ...string) *Turn {
 	now := time.Now().UTC()
 	turn := &Turn{Version: protocol.Version, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_" + string(key)},
-		Scope: "resp_" + string(key), State: TurnCollecting, CreatedAt: now.Add(-age), ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
-		out: d.holdOutcome}
+		Scope: "resp_" + string(key), State: TurnCollecting, CreatedAt: createdAt, ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
+		out: out}
 	for _, c := range calls {
 		turn.Calls = append(turn.Calls, TurnCall{ID: c, Name: "get_weather", Key: key.Call(c), Team: "geo", Arguments: json.RawMessage(`{}`)})
 	}
+	return turn
+}
+
+// storeTurn records turn as d's intake would (its record, its deadline,
+// its team's results stream) and returns the record's revision.
+func storeTurn(t *testing.T, d *Dispatcher, turn *Turn) uint64 {
+	t.Helper()
+	ctx := t.Context()
 	rev, err := d.turns.create(ctx, turn)
 	if err != nil {
 		t.Fatal(err)
@@ -191,8 +195,7 @@ func heldTurnAged(t *testing.T, d *Dispatcher, key protocol.TurnKey, age time.Du
 	if _, err := d.gather.streams.stream(ctx, "geo"); err != nil {
 		t.Fatal(err)
 	}
-	d.gather.track(turn, rev)
-	return turn
+	return rev
 }
 
 // recordResult records the result of turn's call i, as an executor would.

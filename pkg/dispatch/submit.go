@@ -95,9 +95,7 @@ func (d *Dispatcher) closeTurn(ctx context.Context, key protocol.TurnKey, cutOff
 	if k != nil && d.heldHere(k) && !cutOff && time.Since(k.submittingSince()) < d.holdFor() {
 		// Held here and young: submitted with no claim.
 		t := known.clone()
-		t.State = TurnSubmitting
-		o := t.writeOutcome()
-		o.Held, o.Holder, o.SubmittingSince = false, "", known.submittingSince()
+		t.claimHeld()
 		d.submitClaimed(ctx, t, rev, done)
 		return
 	}
@@ -375,9 +373,7 @@ func (d *Dispatcher) markSubmitted(ctx context.Context, t *Turn, rev uint64, cha
 	submitting := func(r *Turn) bool { return r.State == TurnSubmitting || d.heldHere(r) }
 	cleared := func(r *Turn) {
 		if r.held() {
-			r.State = TurnSubmitting
-			o := r.writeOutcome()
-			o.SubmittingSince, o.Held, o.Holder = r.submittingSince(), false, ""
+			r.claimHeld()
 		}
 		change(r)
 	}
