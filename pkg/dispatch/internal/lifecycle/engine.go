@@ -1,0 +1,524 @@
+package lifecycle
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Env is what the engine needs of the world: a clock, goroutines, the
+// turn records, the results and the platform. The dispatcher's is
+// JetStream and the platform adapters; the simulation's is its own.
+// Every method may be called from any goroutine the engine runs.
+type Env interface {
+	Now() time.Time
+	// Go runs f in a new goroutine that ends when the process stops.
+	Go(f func(context.Context))
+	// After calls f once d has passed; stop cancels it.
+	After(d time.Duration, f func()) (stop func() bool)
+	// Sleep waits for d; false if ctx ended first.
+	Sleep(ctx context.Context, d time.Duration) bool
+
+	// Load reads a turn's record (ErrNotFound if there is none).
+	Load(ctx context.Context, key string) (*Rec, error)
+	// Write stores r at revision r.Rev by compare-and-set and returns the
+	// new revision: ErrConflict if the record moved, and any other error
+	// when the write may or may not be stored.
+	Write(ctx context.Context, r *Rec) (uint64, error)
+	// Complete reports whether every call of r has a recorded result.
+	Complete(ctx context.Context, r *Rec) (bool, error)
+	// Missing lists the calls of r without a recorded result.
+	Missing(ctx context.Context, r *Rec) ([]string, error)
+	// Submit makes one attempt at submitting r's outputs: nil error and
+	// what the platform answered, a *RetryError to try again, or an
+	// error that fails the turn.
+	Submit(ctx context.Context, r *Rec) (any, error)
+	// Tell asks the process owner to look at the turn key.
+	Tell(owner, key string)
+	// Closed reports r closed: by this process (here), or found so.
+	Closed(r *Rec, here bool)
+}
+
+// Engine runs the lifecycle of the turns one process works on. Each
+// turn's events are handled by one goroutine at a time, in the order
+// they came.
+type Engine struct {
+	self string
+	env  Env
+	log  *slog.Logger
+	// Set by tests only, to show the simulation finds the bugs they make:
+	// fenceOnce looks at the lease before the first submission attempt and
+	// not before the others; twoWriters lets two goroutines handle one
+	// turn's events at once.
+	fenceOnce, twoWriters bool
+
+	mu    sync.Mutex
+	turns map[string]*turn
+}
+
+// turn is one turn as this process works on it.
+type turn struct {
+	key   string
+	queue []event
+	// running is set while a goroutine handles the queue; rec and wake
+	// are that goroutine's alone.
+	running bool
+	rec     *Rec
+	wake    func() bool
+	// ended is a submission's end not yet recorded: recorded, not
+	// submitted again, by the next event.
+	ended *Rec
+}
+
+type event struct {
+	kind  eventKind
+	rec   *Rec
+	reply func(bool)
+	why   string
+}
+
+type eventKind int
+
+const (
+	evSeen eventKind = iota + 1
+	evClose
+	evCancel
+	evRelease
+	evForget
+)
+
+// New returns the engine of the process instance self.
+func New(self string, env Env, log *slog.Logger) *Engine {
+	return &Engine{self: self, env: env, log: cmp.Or(log, slog.Default()), turns: map[string]*turn{}}
+}
+
+// Self is the process instance the engine acts as: the owner it writes.
+func (e *Engine) Self() string { return e.self }
+
+// Intake returns the record a turn taken in now is created with: owned by
+// this process for LeaseFor.
+func (e *Engine) Intake(r *Rec) {
+	r.State = Collecting
+	r.Lease = Lease{}.next(e.self, e.env.Now())
+}
+
+// Took tells the engine of r, just created or read: it is the record
+// every later event of its turn starts from, unless one is known.
+func (e *Engine) Took(r *Rec) { e.send(r.Key, event{kind: evSeen, rec: r}) }
+
+// Known reports a turn this process has its record of.
+func (e *Engine) Known(key string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.turns[key] != nil
+}
+
+// Close looks at a turn: it is submitted if its results are all in or
+// its deadline has come, by this process if it holds the lease or may
+// take it; otherwise its owner is told, and the turn looked at again
+// once the owner's lease lapses.
+func (e *Engine) Close(key string) { e.send(key, event{kind: evClose}) }
+
+// Cancel fails a turn still collecting with the error why. reply, if not
+// nil, is told whether this call failed it.
+func (e *Engine) Cancel(key, why string, reply func(bool)) {
+	e.send(key, event{kind: evCancel, why: why, reply: reply})
+}
+
+// Forget drops a turn this process no longer works on.
+func (e *Engine) Forget(key string) { e.send(key, event{kind: evForget}) }
+
+// Release gives up, at shutdown, the leases this process holds on the
+// turns it knows, each once the events before are handled. [Engine.Idle]
+// tells when they all are.
+func (e *Engine) Release() {
+	e.mu.Lock()
+	keys := make([]string, 0, len(e.turns))
+	for k := range e.turns {
+		keys = append(keys, k)
+	}
+	e.mu.Unlock()
+	slices.Sort(keys) // one order, for the simulation
+	for _, k := range keys {
+		e.send(k, event{kind: evRelease})
+	}
+}
+
+// Idle reports whether no event of any turn is being handled or waits.
+func (e *Engine) Idle() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, t := range e.turns {
+		if t.running {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Engine) send(key string, ev event) {
+	e.mu.Lock()
+	t := e.turns[key]
+	if t == nil {
+		if ev.kind == evForget {
+			e.mu.Unlock()
+			return
+		}
+		t = &turn{key: key}
+		e.turns[key] = t
+	}
+	t.queue = append(t.queue, ev)
+	start := !t.running || e.twoWriters
+	t.running = true
+	e.mu.Unlock()
+	if start {
+		e.env.Go(func(ctx context.Context) { e.run(ctx, t) })
+	}
+}
+
+// run handles t's events until none is left.
+func (e *Engine) run(ctx context.Context, t *turn) {
+	for {
+		e.mu.Lock()
+		if len(t.queue) == 0 {
+			t.running = false
+			e.mu.Unlock()
+			return
+		}
+		ev := t.queue[0]
+		t.queue = t.queue[1:]
+		e.mu.Unlock()
+		ok := e.handle(ctx, t, ev)
+		if ev.reply != nil {
+			ev.reply(ok)
+		}
+	}
+}
+
+// handle runs one event of t; it reports whether a cancellation failed
+// the turn.
+func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
+	if ev.kind == evForget {
+		e.drop(t)
+		return false
+	}
+	if ev.rec != nil && (t.rec == nil || ev.rec.Rev > t.rec.Rev) {
+		t.rec = ev.rec
+	}
+	if t.rec == nil {
+		r, err := e.env.Load(ctx, t.key)
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) && ev.kind == evClose {
+				e.wakeIn(t, time.Second)
+			}
+			e.log.Debug("reading a turn failed", "turn", t.key, "err", err)
+			if errors.Is(err, ErrNotFound) {
+				e.drop(t)
+			}
+			return false
+		}
+		t.rec = r
+	}
+	switch ev.kind {
+	case evSeen:
+		if t.rec.State.Closed() {
+			e.closed(t, false)
+		}
+	case evClose:
+		e.close(ctx, t)
+	case evCancel:
+		return e.cancel(ctx, t, ev.why)
+	case evRelease:
+		e.release(ctx, t)
+	}
+	return false
+}
+
+// close submits t if it is due and this process may. It is tried
+// again, a moment later, when the store cannot answer.
+func (e *Engine) close(ctx context.Context, t *turn) {
+	if t.ended != nil {
+		e.finish(ctx, t, t.ended.Outcome, t.ended.Error)
+		return
+	}
+	for range maxRounds {
+		r := t.rec
+		if r.State.Closed() {
+			e.closed(t, false)
+			return
+		}
+		now := e.env.Now()
+		if r.Lease.Owner != e.self && !r.Lease.Free(now) {
+			e.env.Tell(r.Lease.Owner, r.Key)
+			e.wakeIn(t, r.Lease.Until.Add(Skew).Sub(now))
+			return
+		}
+		due := !now.Before(r.Deadline)
+		if r.State == Collecting && !due {
+			complete, err := e.env.Complete(ctx, r)
+			if err != nil {
+				e.wakeIn(t, time.Second)
+			}
+			if err != nil || !complete {
+				return
+			}
+		}
+		var change func(*Rec)
+		if r.State == Collecting && due {
+			missing, err := e.env.Missing(ctx, r)
+			if err != nil {
+				e.log.Warn("listing a cut-off turn's results failed; trying again", "turn", r.Key, "err", err)
+				e.wakeIn(t, time.Second)
+				return
+			}
+			change = func(n *Rec) { n.CutOff, n.TimedOut = true, missing }
+		}
+		direct := r.State == Collecting && !due && r.Lease.HeldBy(e.self, now)
+		if !direct {
+			switch e.own(ctx, t, change) {
+			case lost:
+				continue // as the record now is
+			case unknown:
+				e.wakeIn(t, time.Second)
+				return
+			}
+			if r.Lease.Owner != e.self && r.Lease.Owner != "" {
+				e.log.Warn("took over a turn whose owner let its lease lapse", "turn", r.Key, "from", r.Lease.Owner, "epoch", t.rec.Lease.Epoch)
+			}
+			if change != nil {
+				e.log.Warn("deadline reached; submitting without every result", "turn", r.Key, "timed_out", len(t.rec.TimedOut))
+			}
+		}
+		e.submit(ctx, t)
+		return
+	}
+	e.wakeIn(t, time.Second)
+}
+
+// maxRounds bounds how often one event re-reads a record that others
+// keep changing before it is looked at again later.
+const maxRounds = 8
+
+type ownership int
+
+const (
+	owned   ownership = iota
+	lost              // another process owns the turn, or closed it: t.rec says
+	unknown           // the store did not answer; t.rec may be behind
+)
+
+// own makes sure this process holds t's lease with Ahead left, writing
+// the record (as submitting, with change applied) if it does not, or if
+// change is not nil.
+func (e *Engine) own(ctx context.Context, t *turn, change func(*Rec)) ownership {
+	r := t.rec
+	now := e.env.Now()
+	if change == nil && r.Lease.HeldBy(e.self, now) {
+		return owned
+	}
+	if r.State.Closed() || (r.Lease.Owner != e.self && !r.Lease.Free(now)) {
+		return lost
+	}
+	next := r.Clone()
+	next.State = Submitting
+	next.Lease = r.Lease.next(e.self, now)
+	if change != nil {
+		change(next)
+	}
+	return e.write(ctx, t, next, func(cur *Rec) bool { return cur.Lease.Equal(next.Lease) })
+}
+
+// write stores next for t. When the answer is a conflict or none, the
+// record is read again: mine tells whether what it holds is next, stored
+// with its answer lost.
+func (e *Engine) write(ctx context.Context, t *turn, next *Rec, mine func(*Rec) bool) ownership {
+	from := t.rec.Rev
+	rev, err := e.env.Write(ctx, next)
+	if err == nil {
+		next.Rev = rev
+		t.rec = next
+		return owned
+	}
+	cur, lerr := e.env.Load(ctx, t.key)
+	if lerr != nil {
+		return unknown
+	}
+	t.rec = cur
+	switch {
+	case cur.Rev != from && mine(cur):
+		cur.Outcome = next.Outcome
+		return owned
+	case errors.Is(err, ErrConflict) || cur.Rev != from:
+		return lost
+	}
+	return unknown // not stored, or not yet: looked at again
+}
+
+// submit submits t, which this process owns, until the platform takes
+// it, refuses it, or the run expires, and records how it ended. Before
+// every attempt the lease is looked at, and renewed if less than Ahead
+// is left.
+func (e *Engine) submit(ctx context.Context, t *turn) {
+	for attempt := 1; ; attempt++ {
+		if attempt == 1 || !e.fenceOnce {
+			switch e.own(ctx, t, nil) {
+			case lost:
+				e.log.Warn("another process took this turn's submission over; leaving it to that process", "turn", t.key, "lease", t.rec.Lease)
+				if t.rec.State.Closed() {
+					e.closed(t, false)
+				}
+				return
+			case unknown:
+				e.wakeIn(t, time.Second)
+				return
+			}
+		}
+		out, err := e.env.Submit(ctx, t.rec)
+		var retry *RetryError
+		if errors.As(err, &retry) {
+			e.log.Warn("submission failed; retrying", "turn", t.key, "attempt", attempt, "wait", retry.Wait.String(), "err", retry.Err)
+			if !e.env.Sleep(ctx, retry.Wait) {
+				return // stopping: the release hands the turn on
+			}
+			continue
+		}
+		var why string
+		if err != nil {
+			why = err.Error()
+		}
+		e.finish(ctx, t, out, why)
+		return
+	}
+}
+
+// finish records how t's submission ended: submitted with out, or failed
+// with the error why. A record found closed by another process is the
+// outcome. One it cannot record is kept, and recorded by the turn's next
+// event (the lease's lapse at the latest), never submitted again here.
+func (e *Engine) finish(ctx context.Context, t *turn, out any, why string) {
+	t.ended = &Rec{Outcome: out, Error: why}
+	for range maxRounds {
+		next := t.rec.Clone()
+		next.State, next.Outcome = Submitted, out
+		if why != "" {
+			next.State, next.Error = Failed, why
+		}
+		switch e.write(ctx, t, next, func(cur *Rec) bool { return cur.State == next.State && cur.Lease.Equal(next.Lease) }) {
+		case owned:
+			t.ended = nil
+			e.closed(t, true)
+			return
+		case lost:
+			if t.rec.State.Closed() {
+				t.ended = nil
+				e.closed(t, false)
+				return
+			}
+			if t.rec.Lease.Owner != e.self {
+				// Taken over while the platform answered: the new owner
+				// submits again, with the same ids, and records it.
+				t.ended = nil
+				e.log.Warn("the turn was taken over before its outcome was recorded; its new owner records it", "turn", t.key, "lease", t.rec.Lease)
+				return
+			}
+		case unknown:
+			e.env.Sleep(ctx, 250*time.Millisecond) // tried again even when stopping: it cannot wait
+		}
+	}
+	e.log.Error("recording a submission's outcome failed; it is tried again", "turn", t.key)
+	e.wakeIn(t, time.Second)
+}
+
+// cancel fails t if it is still collecting and no other process owns it;
+// a turn another process owns is handed to it, and cancelled here if its
+// lease lapses.
+func (e *Engine) cancel(ctx context.Context, t *turn, why string) bool {
+	for range maxRounds {
+		r := t.rec
+		if r.State != Collecting {
+			if r.State.Closed() {
+				e.closed(t, false)
+			}
+			return false
+		}
+		now := e.env.Now()
+		if r.Lease.Owner != e.self && !r.Lease.Free(now) {
+			if !e.env.Sleep(ctx, r.Lease.Until.Add(Skew).Sub(now)) {
+				return false
+			}
+			if cur, err := e.env.Load(ctx, t.key); err == nil {
+				t.rec = cur
+			}
+			continue
+		}
+		next := r.Clone()
+		next.State, next.Error = Failed, why
+		next.Lease = Lease{Epoch: r.Lease.Epoch}
+		switch e.write(ctx, t, next, func(cur *Rec) bool { return cur.State == Failed && cur.Error == why }) {
+		case owned:
+			e.closed(t, true)
+			return true
+		case unknown:
+			if !e.env.Sleep(ctx, 250*time.Millisecond) {
+				return false
+			}
+			if cur, err := e.env.Load(ctx, t.key); err == nil {
+				t.rec = cur
+			}
+		}
+	}
+	return false
+}
+
+// release gives up this process's lease on t, so that another process may
+// take the turn at once.
+func (e *Engine) release(ctx context.Context, t *turn) {
+	if t.ended != nil {
+		e.finish(ctx, t, t.ended.Outcome, t.ended.Error)
+		if t.rec == nil {
+			return // recorded
+		}
+	}
+	r := t.rec
+	if r.State.Closed() || r.Lease.Owner != e.self {
+		return
+	}
+	next := r.Clone()
+	next.Lease = Lease{Epoch: r.Lease.Epoch}
+	if e.write(ctx, t, next, func(cur *Rec) bool { return cur.Lease.Equal(next.Lease) }) != owned {
+		e.log.Debug("releasing a turn's lease failed; it lapses", "turn", t.key)
+	}
+}
+
+// closed ends t here.
+func (e *Engine) closed(t *turn, here bool) {
+	e.env.Closed(t.rec, here)
+	e.drop(t)
+}
+
+// drop forgets t: events still queued read its record again.
+func (e *Engine) drop(t *turn) {
+	if t.wake != nil {
+		t.wake()
+		t.wake = nil
+	}
+	t.rec = nil
+	e.mu.Lock()
+	if len(t.queue) == 0 && e.turns[t.key] == t {
+		delete(e.turns, t.key)
+	}
+	e.mu.Unlock()
+}
+
+// wakeIn looks at t again after d.
+func (e *Engine) wakeIn(t *turn, d time.Duration) {
+	if t.wake != nil {
+		t.wake()
+	}
+	key := t.key
+	t.wake = e.env.After(max(d, 0), func() { e.Close(key) })
+}

@@ -1,0 +1,702 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The simulation runs several processes' engines against a simulated
+// store (compare-and-set on a revision, as a JetStream KV bucket), result
+// stream, deadline timers, sweep and platform, under the seeded scheduler
+// of sched_test.go, and injects at every step: kill -9 (and a restart as
+// a new instance), a clean stop, a pause of a process (some longer than a
+// lease), a write stored whose answer is lost, a write not stored,
+// duplicate and late results, a lost message to an owner, and a platform
+// that answers 429 or times out after accepting. After each run it checks:
+//   - no process submits a turn whose lease another holds (unless it was
+//     paused for longer than Ahead between its look at the lease and the
+//     platform receiving the submission: the residual window);
+//   - every submission of a turn carries the same outputs, and none
+//     names a result that is not recorded;
+//   - on a platform that keeps every submission (Responses chained by
+//     previous_response_id), a second one comes only from the documented
+//     windows: a pause, an answer lost after the platform accepted, a
+//     submission whose outcome its owner could not record;
+//   - every turn is submitted before its run expires whenever a process
+//     lived unpaused through the end of its window;
+//   - every turn is closed once the faults stop.
+
+var (
+	simSeed  = flag.Uint64("seed", 0, "run the simulation with this seed only")
+	simSeeds = flag.Int("seeds", 10000, "how many seeds the simulation runs")
+)
+
+// simConfig sets the faults of a run, and the bugs it re-introduces.
+type simConfig struct {
+	procs, turns int
+	fenceOnce    bool // the pause window: the lease looked at once per submission
+	twoWriters   bool // two goroutines of a process acting on one turn
+}
+
+func TestSimulation(t *testing.T) {
+	if *simSeed != 0 {
+		if r := simulate(*simSeed, simConfig{procs: 3, turns: 6}, true); len(r.violations) > 0 {
+			t.Fatalf("seed %d:\n%s\n\ntrace:\n%s", *simSeed, strings.Join(r.violations, "\n"), strings.Join(r.trace, "\n"))
+		}
+		return
+	}
+	n := *simSeeds
+	if testing.Short() {
+		n = min(n, 1000)
+	}
+	// Seeds run on every core; a failure reports the lowest seed that fails.
+	reports := make([]simReport, n+1)
+	var next atomic.Uint64
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for seed := next.Add(1); seed <= uint64(n); seed = next.Add(1) {
+				reports[seed] = simulate(seed, simConfig{procs: 3, turns: 6}, false)
+				if len(reports[seed].violations) > 0 {
+					next.Store(uint64(n)) // the others stop at their next seed
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var sum simReport
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		r := reports[seed]
+		if len(r.violations) > 0 {
+			t.Fatalf("seed %d broke the lifecycle's promises:\n%s\nreplay it with:\n  go test ./pkg/dispatch/internal/lifecycle -run 'TestSimulation$' -seed %d -v",
+				seed, strings.Join(r.violations, "\n"), seed)
+		}
+		sum.add(r)
+	}
+	t.Logf("%d seeds: %d turns, %d submissions (%d taken over, %d cut off), %d kills, %d stops, %d pauses, %d lost answers; "+
+		"repeats on a keep-every-submission platform from the documented windows: %d after a pause past the lease, %d after an answer lost, %d after a takeover",
+		n, sum.turns, sum.arrivals, sum.takeovers, sum.cutOffs, sum.kills, sum.stops, sum.pauses, sum.lostAnswers, sum.residualPause, sum.residualAmbiguous, sum.residualTakeover)
+}
+
+// TestSimulationFindsBugs re-introduces two bugs that review found in the
+// dispatcher before the lease, and checks that the simulation catches
+// each within a few hundred seeds.
+func TestSimulationFindsBugs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  simConfig
+		want string
+	}{
+		{"lease looked at once per submission", simConfig{procs: 3, turns: 6, fenceOnce: true}, "without holding the lease"},
+		{"two goroutines closing one turn", simConfig{procs: 3, turns: 6, twoWriters: true}, "a second time under one lease"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for seed := uint64(1); seed <= 2000; seed++ {
+				r := simulate(seed, tc.cfg, false)
+				for _, v := range r.violations {
+					if strings.Contains(v, tc.want) {
+						t.Logf("seed %d finds it: %s", seed, v)
+						return
+					}
+				}
+			}
+			t.Fatalf("no seed of 2000 found the bug")
+		})
+	}
+}
+
+type simReport struct {
+	violations, trace                                                      []string
+	turns, arrivals, takeovers, cutOffs, kills, stops, pauses, lostAnswers int
+	residualPause, residualAmbiguous, residualTakeover                     int
+}
+
+func (r *simReport) add(o simReport) {
+	r.turns += o.turns
+	r.arrivals += o.arrivals
+	r.takeovers += o.takeovers
+	r.cutOffs += o.cutOffs
+	r.kills += o.kills
+	r.stops += o.stops
+	r.pauses += o.pauses
+	r.lostAnswers += o.lostAnswers
+	r.residualPause += o.residualPause
+	r.residualAmbiguous += o.residualAmbiguous
+	r.residualTakeover += o.residualTakeover
+}
+
+type world struct {
+	*sched
+	cfg     simConfig
+	report  simReport
+	tracing bool
+	faults  bool
+
+	procs   []*proc
+	insts   int
+	rev     uint64
+	store   map[string]*Rec
+	specs   []*spec
+	results map[string]map[int]time.Time
+	// arrivals are the submissions the platform received, by turn.
+	arrivals map[string][]*arrival
+}
+
+type spec struct {
+	key                        string
+	calls                      int
+	created, deadline, expires time.Time
+	strict                     bool // every submission continues the conversation
+	published                  bool
+	closedAt                   time.Time
+}
+
+type arrival struct {
+	inst      string
+	epoch     uint64
+	at        time.Time
+	outputs   string
+	ambiguous bool // accepted, its answer lost
+}
+
+type proc struct {
+	w           *world
+	inst        string
+	eng         *Engine
+	dead        bool
+	stopped     bool
+	pausedUntil time.Time
+	// liveFrom, deadFrom and paused bound when it ran, for the deadline check.
+	liveFrom, deadFrom time.Time
+	paused             [][2]time.Time
+	ctx                context.Context
+	cancel             context.CancelFunc
+	local              map[string]map[int]bool
+}
+
+var simStart = time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+
+func simulate(seed uint64, cfg simConfig, tracing bool) simReport {
+	w := &world{sched: newSched(seed, simStart), cfg: cfg, tracing: tracing, faults: true,
+		store: map[string]*Rec{}, results: map[string]map[int]time.Time{}, arrivals: map[string][]*arrival{}}
+	w.panicked = func(r any) { w.violate("a thread panicked: %v", r) }
+	for range cfg.procs {
+		w.start()
+	}
+	var last time.Time
+	for i := range cfg.turns {
+		life := time.Duration(60+w.rng.IntN(90)) * time.Second
+		created := simStart.Add(time.Duration(w.rng.IntN(40_000)) * time.Millisecond)
+		sp := &spec{key: fmt.Sprintf("turn%d", i), calls: 1 + w.rng.IntN(3), created: created,
+			expires: created.Add(life), deadline: created.Add(life - 30*time.Second), strict: w.rng.IntN(2) == 0}
+		w.specs = append(w.specs, sp)
+		w.at(created, nil, func() { w.intake(sp) })
+		w.at(sp.deadline, nil, func() { w.fire(sp) })
+		if sp.expires.After(last) {
+			last = sp.expires
+		}
+	}
+	w.at(simStart.Add(10*time.Second), nil, w.sweepAll)
+	w.run(last.Add(time.Minute), 200_000)
+	w.faults = false
+	for _, p := range w.procs {
+		p.pausedUntil = time.Time{}
+	}
+	w.run(last.Add(4*time.Minute), 400_000)
+	w.check()
+	w.killAll()
+	return w.report
+}
+
+func (w *world) tracef(format string, args ...any) {
+	if w.tracing {
+		w.report.trace = append(w.report.trace, w.now.Sub(simStart).String()+" "+fmt.Sprintf(format, args...))
+	}
+}
+
+// traceWriter puts a process's engine logs in the trace.
+type traceWriter struct {
+	w    *world
+	inst string
+}
+
+func (t traceWriter) Write(b []byte) (int, error) {
+	t.w.tracef("%s: %s", t.inst, strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+func (w *world) violate(format string, args ...any) {
+	w.report.violations = append(w.report.violations, w.now.Sub(simStart).String()+" "+fmt.Sprintf(format, args...))
+}
+
+// start starts a process, with a new instance name, and sweeps at once.
+func (w *world) start() *proc {
+	w.insts++
+	p := &proc{w: w, inst: fmt.Sprintf("p%d", w.insts), liveFrom: w.now, local: map[string]map[int]bool{}}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	var out io.Writer = io.Discard
+	if w.tracing {
+		out = traceWriter{w, p.inst}
+	}
+	p.eng = New(p.inst, p, slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}})))
+	p.eng.fenceOnce, p.eng.twoWriters = w.cfg.fenceOnce, w.cfg.twoWriters
+	w.procs = append(w.procs, p)
+	w.tracef("%s starts", p.inst)
+	w.spawn(p, p.sweep)
+	return p
+}
+
+// live returns the processes taking work, in a drawn order.
+func (w *world) live() []*proc {
+	var out []*proc
+	for _, p := range w.procs {
+		if !p.dead && !p.stopped {
+			out = append(out, p)
+		}
+	}
+	w.rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+func (w *world) any() *proc {
+	if l := w.live(); len(l) > 0 {
+		return l[0]
+	}
+	return nil
+}
+
+// step is where a thread of p hands control back, and where faults
+// strike p.
+func (w *world) step(p *proc) {
+	if w.faults {
+		switch n := w.rng.IntN(1000); {
+		case n < 4 && len(w.live()) > 1 && !p.stopped:
+			w.kill(p)
+			panic(errKilled{})
+		case n < 6 && len(w.live()) > 1 && !p.stopped:
+			w.stop(p)
+		case n < 30 && w.unpausedOthers(p):
+			d := time.Duration(w.rng.IntN(2000)) * time.Millisecond
+			if w.rng.IntN(3) == 0 {
+				d = LeaseFor + Skew + time.Duration(w.rng.IntN(25_000))*time.Millisecond
+			}
+			p.pausedUntil = w.now.Add(d)
+			p.paused = append(p.paused, [2]time.Time{w.now, p.pausedUntil})
+			w.report.pauses++
+			w.tracef("%s paused for %s", p.inst, d)
+		}
+	}
+	w.yield()
+}
+
+func (w *world) unpausedOthers(p *proc) bool {
+	for _, o := range w.procs {
+		if o != p && !o.dead && !o.stopped && !o.pausedUntil.After(w.now) {
+			return true
+		}
+	}
+	return false
+}
+
+// kill ends p at once, as kill -9 would, and starts another in a moment.
+func (w *world) kill(p *proc) {
+	w.report.kills++
+	w.tracef("%s killed", p.inst)
+	p.dead, p.deadFrom = true, w.now
+	p.cancel()
+	w.at(w.now.Add(time.Duration(1+w.rng.IntN(5))*time.Second), nil, func() { w.start() })
+}
+
+// stop stops p as SIGTERM would: it releases its leases, and is gone two
+// seconds later.
+func (w *world) stop(p *proc) {
+	w.report.stops++
+	w.tracef("%s stops", p.inst)
+	p.stopped = true
+	p.cancel()
+	w.wakeSleepers(p)
+	p.eng.Release()
+	w.at(w.now.Add(2*time.Second), nil, func() {
+		if !p.dead {
+			p.dead, p.deadFrom = true, w.now
+			w.start()
+		}
+	})
+}
+
+func (w *world) spec(key string) *spec {
+	for _, sp := range w.specs {
+		if sp.key == key {
+			return sp
+		}
+	}
+	panic("no spec " + key)
+}
+
+// intake takes sp in on some process, as a webhook would, again until
+// one recorded it (a webhook not answered is delivered again).
+func (w *world) intake(sp *spec) {
+	p := w.any()
+	if p == nil {
+		w.at(w.now.Add(time.Second), nil, func() { w.intake(sp) })
+		return
+	}
+	w.at(w.now.Add(5*time.Second), nil, func() {
+		if w.store[sp.key] == nil {
+			w.intake(sp)
+		}
+	})
+	w.spawn(p, func(ctx context.Context) {
+		r := &Rec{Key: sp.key, Deadline: sp.deadline}
+		p.eng.Intake(r)
+		rev, err := p.Write(ctx, r)
+		switch {
+		case err == nil:
+			r.Rev = rev
+			p.eng.Took(r)
+			w.publish(sp)
+		case errors.Is(err, ErrConflict):
+			w.publish(sp) // a repeat publishes the calls again
+		}
+	})
+}
+
+// publish runs sp's calls: most answer, some twice, some never.
+func (w *world) publish(sp *spec) {
+	if sp.published {
+		return
+	}
+	sp.published = true
+	span := sp.expires.Sub(sp.created)
+	for i := range sp.calls {
+		if w.rng.IntN(8) == 0 {
+			continue // a straggler
+		}
+		at := w.now.Add(time.Duration(w.rng.Int64N(int64(span))))
+		w.at(at, nil, func() { w.result(sp, i) })
+		if w.rng.IntN(10) == 0 {
+			w.at(at.Add(time.Duration(w.rng.IntN(5000))*time.Millisecond), nil, func() { w.deliver(sp.key, i) })
+		}
+	}
+}
+
+// result records the result of sp's call i (first wins) and hands it to
+// a process, as the shared consumer would.
+func (w *world) result(sp *spec, i int) {
+	if w.results[sp.key] == nil {
+		w.results[sp.key] = map[int]time.Time{}
+	}
+	if _, ok := w.results[sp.key][i]; !ok {
+		w.results[sp.key][i] = w.now
+		w.tracef("result %s/%d recorded", sp.key, i)
+	}
+	w.deliver(sp.key, i)
+}
+
+func (w *world) deliver(key string, i int) {
+	p := w.any()
+	if p == nil {
+		w.at(w.now.Add(time.Second), nil, func() { w.deliver(key, i) })
+		return
+	}
+	w.spawn(p, func(ctx context.Context) {
+		if !p.eng.Known(key) {
+			r, err := p.Load(ctx, key)
+			if err != nil {
+				w.at(w.now.Add(time.Second), nil, func() { w.deliver(key, i) }) // not acknowledged
+				return
+			}
+			p.eng.Took(r)
+		}
+		if p.local[key] == nil {
+			p.local[key] = map[int]bool{}
+		}
+		p.local[key][i] = true
+		if len(p.local[key]) == w.spec(key).calls {
+			p.eng.Close(key)
+			return
+		}
+		w.at(w.now.Add(25*time.Millisecond), p, func() { p.eng.Close(key) }) // the re-check
+	})
+}
+
+// fire delivers sp's deadline timer to some process.
+func (w *world) fire(sp *spec) {
+	p := w.any()
+	if p == nil {
+		w.at(w.now.Add(time.Second), nil, func() { w.fire(sp) })
+		return
+	}
+	w.tracef("%s: timer of %s", p.inst, sp.key)
+	p.eng.Close(sp.key)
+}
+
+// sweepAll sweeps on every process, every 10 s.
+func (w *world) sweepAll() {
+	for _, p := range w.live() {
+		w.spawn(p, p.sweep)
+	}
+	w.at(w.now.Add(10*time.Second), nil, w.sweepAll)
+}
+
+// sweep looks at every open turn whose lease is this process's or free;
+// one whose intake died before its calls went out has them published.
+func (p *proc) sweep(ctx context.Context) {
+	w := p.w
+	for _, sp := range w.specs {
+		r, err := p.Load(ctx, sp.key)
+		if err != nil || r.State.Closed() {
+			continue
+		}
+		if r.Lease.Owner == p.inst || r.Lease.Free(w.now) {
+			if w.now.Sub(sp.created) > LeaseFor {
+				w.publish(sp)
+			}
+			if !p.eng.Known(sp.key) {
+				p.eng.Took(r)
+			}
+			p.eng.Close(sp.key)
+		}
+	}
+}
+
+// Env of a simulated process.
+
+func (p *proc) Now() time.Time { return p.w.now }
+
+func (p *proc) Go(f func(context.Context)) { p.w.spawn(p, f) }
+
+func (p *proc) After(d time.Duration, f func()) func() bool {
+	tm := p.w.at(p.w.now.Add(d), p, f)
+	return func() bool {
+		was := !tm.dead
+		tm.dead = true
+		return was
+	}
+}
+
+func (p *proc) Sleep(ctx context.Context, d time.Duration) bool {
+	p.w.step(p)
+	return p.w.sleep(d)
+}
+
+func (p *proc) Load(ctx context.Context, key string) (*Rec, error) {
+	p.w.step(p)
+	r := p.w.store[key]
+	if r == nil {
+		return nil, ErrNotFound
+	}
+	return r.Clone(), nil
+}
+
+var errNoAnswer = errors.New("sim: no answer")
+
+func (p *proc) Write(ctx context.Context, r *Rec) (uint64, error) {
+	w := p.w
+	w.step(p)
+	cur := w.store[r.Key]
+	if (cur == nil) != (r.Rev == 0) || (cur != nil && cur.Rev != r.Rev) {
+		return 0, ErrConflict
+	}
+	if w.faults && w.rng.IntN(20) == 0 {
+		return 0, errNoAnswer // not stored
+	}
+	w.rev++
+	rev := w.rev
+	stored := r.Clone()
+	stored.Rev, stored.Outcome = w.rev, nil
+	w.store[r.Key] = stored
+	w.tracef("%s wrote %s at rev %d: %s, lease %s", p.inst, r.Key, r.Rev, stored.State, stored.Lease)
+	if cur != nil && cur.Lease.Owner != "" && cur.Lease.Owner != stored.Lease.Owner && stored.Lease.Owner != "" {
+		w.report.takeovers++
+	}
+	if sp := w.spec(r.Key); stored.State.Closed() && sp.closedAt.IsZero() {
+		sp.closedAt = w.now
+	}
+	if stored.CutOff && (cur == nil || !cur.CutOff) {
+		w.report.cutOffs++
+	}
+	if w.faults && w.rng.IntN(20) == 0 {
+		w.report.lostAnswers++
+		w.step(p)
+		return 0, errNoAnswer // stored, its answer lost
+	}
+	w.step(p)
+	return rev, nil
+}
+
+func (p *proc) Complete(ctx context.Context, r *Rec) (bool, error) {
+	p.w.step(p)
+	return len(p.w.results[r.Key]) == p.w.spec(r.Key).calls, nil
+}
+
+func (p *proc) Missing(ctx context.Context, r *Rec) ([]string, error) {
+	p.w.step(p)
+	var missing []string
+	for i := range p.w.spec(r.Key).calls {
+		if _, ok := p.w.results[r.Key][i]; !ok {
+			missing = append(missing, fmt.Sprint(i))
+		}
+	}
+	return missing, nil
+}
+
+func (p *proc) Submit(ctx context.Context, r *Rec) (any, error) {
+	w := p.w
+	before := w.now
+	w.step(p)
+	paused := w.now.Sub(before) // stalled: by a pause of any of p's threads
+	accepted := w.rng.IntN(10)
+	w.tracef("%s: submit %s answer %d", p.inst, r.Key, accepted)
+	if accepted < 8 {
+		w.arrive(p, r, paused, accepted == 7 && w.faults)
+	}
+	w.step(p)
+	switch {
+	case accepted == 7 && w.faults:
+		return nil, &RetryError{Wait: time.Duration(w.rng.IntN(3000)) * time.Millisecond, Err: errors.New("timed out after the platform accepted")}
+	case accepted < 8:
+		return "next", nil
+	case accepted == 8:
+		return nil, &RetryError{Wait: time.Duration(w.rng.IntN(3000)) * time.Millisecond, Err: errors.New("429")}
+	}
+	if !w.faults {
+		w.arrive(p, r, paused, false)
+		return "next", nil
+	}
+	w.tracef("%s: %s refused", p.inst, r.Key)
+	return nil, errors.New("400: refused") // not taken: the turn fails
+}
+
+// arrive is the platform receiving a submission of r from p, paused for
+// paused just before it went out.
+func (w *world) arrive(p *proc, r *Rec, paused time.Duration, ambiguous bool) {
+	sp := w.spec(r.Key)
+	cur := w.store[r.Key]
+	fenced := cur != nil && !cur.State.Closed() && cur.Lease.Owner == p.inst
+	var outs []string
+	for i := range sp.calls {
+		switch _, ok := w.results[r.Key][i]; {
+		case slices.Contains(r.TimedOut, fmt.Sprint(i)):
+			outs = append(outs, "timeout")
+		case ok:
+			outs = append(outs, "ok")
+		default:
+			w.violate("%s submitted %s with call %d's result, which is not recorded", p.inst, r.Key, i)
+		}
+	}
+	a := &arrival{inst: p.inst, epoch: r.Lease.Epoch, at: w.now, outputs: strings.Join(outs, ","), ambiguous: ambiguous}
+	w.report.arrivals++
+	w.tracef("%s submits %s (epoch %d, fenced %v, outputs %s, paused %s, rec rev %d lease %s)", p.inst, r.Key, a.epoch, fenced, a.outputs, paused, r.Rev, r.Lease)
+	prev := w.arrivals[r.Key]
+	w.arrivals[r.Key] = append(prev, a)
+	if !fenced && paused < Ahead {
+		w.violate("%s submitted %s without holding the lease (record: %s, lease %s)", p.inst, r.Key, cur.State, cur.Lease)
+		return
+	}
+	if len(prev) > 0 && prev[0].outputs != a.outputs {
+		w.violate("%s submitted %s with outputs %s after %s submitted %s", p.inst, r.Key, a.outputs, prev[0].inst, prev[0].outputs)
+	}
+	if !sp.strict || len(prev) == 0 {
+		return
+	}
+	switch {
+	case !fenced:
+		w.report.residualPause++
+	case slices.ContainsFunc(prev, func(o *arrival) bool { return o.inst == a.inst && o.epoch == a.epoch && o.ambiguous }):
+		w.report.residualAmbiguous++
+	case !slices.ContainsFunc(prev, func(o *arrival) bool { return o.inst == a.inst && o.epoch == a.epoch }):
+		w.report.residualTakeover++ // its owner went (or stopped) before it recorded the outcome
+	default:
+		w.violate("%s submitted %s a second time under one lease (epoch %d) with no answer lost", p.inst, r.Key, a.epoch)
+	}
+}
+
+func (p *proc) Tell(owner, key string) {
+	w := p.w
+	for _, o := range w.procs {
+		if o.inst == owner && !o.dead && w.rng.IntN(10) != 0 {
+			w.at(w.now.Add(time.Millisecond), o, func() { o.eng.Close(key) })
+		}
+	}
+}
+
+func (p *proc) Closed(r *Rec, here bool) {
+	delete(p.local, r.Key)
+	if here {
+		p.w.tracef("%s closed %s: %s", p.inst, r.Key, r.State)
+	}
+}
+
+// check looks at what the run left.
+func (w *world) check() {
+	w.report.turns = len(w.specs)
+	for _, sp := range w.specs {
+		r := w.store[sp.key]
+		switch {
+		case r == nil:
+			w.violate("%s was never recorded", sp.key)
+			continue
+		case !r.State.Closed():
+			w.violate("%s is still %s (lease %s) after the faults stopped", sp.key, r.State, r.Lease)
+			continue
+		}
+		arr := w.arrivals[sp.key]
+		if r.State == Submitted && len(arr) == 0 {
+			w.violate("%s is recorded submitted, and the platform received nothing", sp.key)
+		}
+		first := sp.closedAt
+		if len(arr) > 0 && arr[0].at.Before(first) {
+			first = arr[0].at
+		}
+		if first.After(sp.expires) && w.livedThrough(sp.deadline.Add(-LeaseFor-Skew), sp.expires) {
+			w.violate("%s was first submitted or closed at %s, after its run expired at %s, though a process lived unpaused throughout",
+				sp.key, first.Sub(simStart), sp.expires.Sub(simStart))
+		}
+	}
+}
+
+// livedThrough reports whether some process was up and never paused
+// from a to b, and the other processes paused past Ahead at most once
+// in that time between them: each owner paused while it holds a turn's
+// lease keeps it from the others until the lease lapses (LeaseFor+Skew),
+// and the submit margin (30 s) absorbs one such pause.
+func (w *world) livedThrough(a, b time.Time) bool {
+	long := 0
+	for _, p := range w.procs {
+		for _, iv := range p.paused {
+			if iv[0].Before(b) && iv[1].After(a) && iv[1].Sub(iv[0]) > Ahead {
+				long++
+			}
+		}
+	}
+	if long > 1 {
+		return false
+	}
+	for _, p := range w.procs {
+		if p.liveFrom.After(a) || (p.dead && p.deadFrom.Before(b)) {
+			continue
+		}
+		if !slices.ContainsFunc(p.paused, func(iv [2]time.Time) bool { return iv[0].Before(b) && iv[1].After(a) }) {
+			return true
+		}
+	}
+	return false
+}
