@@ -51,7 +51,7 @@ func main() {
 	flag.IntVar(&cfg.samples, "samples", 1000, "closed-loop samples per latency measurement")
 	flag.StringVar(&cfg.out, "out", "../docs", "where to write benchmarks.md and the plots")
 	flag.BoolVar(&cfg.quick, "quick", false, "small counts, to check the bench itself")
-	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, mcp, scale, memory, holds, breakdown")
+	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, mcp, scale, memory, breakdown")
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
 	flag.StringVar(&cfg.heapProfile, "heapprofile", "", "write the memory phase's dispatcher heap (live, at the largest count) to this file")
@@ -59,7 +59,7 @@ func main() {
 	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")
 	flag.IntVar(&inflightCalls, "inflight", inflightCalls, "calls kept in flight in the saturation runs")
 	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
-	only := flag.String("only", "", "comma-separated phases to run (floor, writes, toolrelay, holds, breakdown, parallel, scale, memory, micro, mcp, asynq); default all")
+	only := flag.String("only", "", "comma-separated phases to run (floor, writes, toolrelay, breakdown, parallel, scale, memory, micro, mcp, asynq); default all")
 	flag.Parse()
 	// Tracing as the commands set it up with no exporter: spans that
 	// record nothing and keep their IDs (the breakdown records its own).
@@ -87,7 +87,7 @@ func main() {
 		for _, s := range splitComma(*only) {
 			keep[s] = true
 		}
-		for _, s := range []string{"floor", "writes", "toolrelay", "holds", "breakdown", "parallel", "scale", "memory", "micro", "mcp", "asynq"} {
+		for _, s := range []string{"floor", "writes", "toolrelay", "breakdown", "parallel", "scale", "memory", "micro", "mcp", "asynq"} {
 			if !keep[s] {
 				cfg.skip[s] = true
 			}
@@ -147,7 +147,6 @@ func run(ctx context.Context, cfg config) error {
 		{"floor", measureFloor},
 		{"writes", measureWrites},
 		{"toolrelay", measureToolrelay},
-		{"holds", measureHolds},
 		{"breakdown", measureBreakdown},
 		{"parallel", measureParallelTurn},
 		{"scale", measureScale},

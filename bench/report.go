@@ -47,14 +47,11 @@ type report struct {
 	floorAlloc allocs        // per call, as e2eResult.alloc
 	floorMsgs  traffic       // per call, as e2eResult.msgs
 	// The floor with toolrelay's writes (writes.go), by turn size.
-	writes    []e2eResult
-	floorLat  latencies
-	e2e       []e2eResult
-	e2eLat    latencies
-	breakdown *breakdownResult
-	// holds is what holding turns from intake buys: with holds, then
-	// holds off, measured side by side (holds.go).
-	holds      []*holdsResult
+	writes     []e2eResult
+	floorLat   latencies
+	e2e        []e2eResult
+	e2eLat     latencies
+	breakdown  *breakdownResult
 	parallel   latencies
 	sequential time.Duration
 	scale      []scaleResult
@@ -143,13 +140,6 @@ func (r *report) rows() []row {
 	}
 	if len(r.floorLat) > 0 {
 		rows = append(rows, row{"floor: round trip, closed loop", pcts(r.floorLat), "1.00× (p50)", "", ""})
-	}
-	if h := r.holds; len(h) == 2 {
-		rows = append(rows, row{"toolrelay, single-call turns, holds against holds off (bursts side by side)",
-			fmt.Sprintf("CPU per call %s against %s; %.0f against %.0f calls/s; %s against %s; server messages %s against %s; p50 %.3f against %.3f ms",
-				usf(h[0].medianCPU()), usf(h[1].medianCPU()), h[0].medianRate(), h[1].medianRate(), h[0].alloc, h[1].alloc, h[0].msgs, h[1].msgs,
-				msf(h[0].lat.pct(50)), msf(h[1].lat.pct(50))),
-			ratio(float64(h[0].medianCPU()), float64(h[1].medianCPU())) + " the CPU", "", ""})
 	}
 	if len(r.e2eLat) > 0 {
 		p50 := msf(r.e2eLat.pct(50))

@@ -80,8 +80,6 @@ type stack struct {
 // the bench sets as the commands do when they export no traces).
 type stackOptions struct {
 	tracer trace.TracerProvider
-	// noHolds takes turns in collecting, not held (the holds phase).
-	noHolds bool
 }
 
 const benchTeam = "bench"
@@ -104,7 +102,7 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 		s.stop()
 		return nil, err
 	}
-	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{TracerProvider: o.tracer, NoHolds: o.noHolds})
+	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{TracerProvider: o.tracer})
 	if err != nil {
 		s.stop()
 		return nil, err

@@ -46,7 +46,6 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_INFLIGHT", cfg.MaxInFlight, dispatch.DefaultMaxInFlightPublishes},
 		{"TOOLRELAY_MAX_INFLIGHT_PER_TEAM", cfg.MaxPerTeam, dispatch.DefaultMaxInFlightPerTeam},
 		{"TOOLRELAY_SHUTDOWN_TIMEOUT", cfg.Shutdown, dispatch.DefaultShutdownTimeout},
-		{"TOOLRELAY_HOLDS", !cfg.Holds, dispatch.Options{}.NoHolds},
 	} {
 		if fmt.Sprint(tc.got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s defaults to %v; the library's default is %v", tc.name, tc.got, tc.want)

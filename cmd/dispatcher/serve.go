@@ -53,7 +53,6 @@ type config struct {
 	MaxDecls      int           `envconfig:"TOOLRELAY_MAX_DECLARATIONS_PER_TEAM" default:"4096" desc:"live declarations (function × executor process) one team may have"`
 	TeamAPIPrefix string        `envconfig:"TOOLRELAY_TEAM_API_PREFIX" desc:"where each team's account's JetStream API is reached, {team} for the team: $JS.team.{team}.API under dispatcher nats-config (dispatcher.env sets it), read-only, for queue figures and dead letters; empty: one shared account"`
 	Shutdown      time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"after SIGTERM, how long submissions in progress may finish before they are left to another replica or the restart"`
-	Holds         bool          `envconfig:"TOOLRELAY_HOLDS" default:"true" desc:"hold each turn from intake by the replica that takes it in, which then submits it without another claim; false while replicas of a version without holds run beside this one"`
 	OpenAIAPIKey  secret        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
 	OpenAIBaseURL string        `envconfig:"OPENAI_BASE_URL" desc:"platform base URL; Foundry: {project endpoint}/openai/v1"`
 	WebhookSecret secret        `envconfig:"OPENAI_WEBHOOK_SECRET" desc:"verifies POST /webhooks/openai (whsec_...); empty: webhooks get 401"`
@@ -140,7 +139,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval, MCPCallTimeout: cfg.MCPTimeout,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
 		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls, TeamAPIPrefix: cfg.TeamAPIPrefix,
-		NoHolds: !cfg.Holds, Authenticator: auth,
+		Authenticator: auth,
 	}
 	if cfg.WebhookSecret != "" {
 		dopts.Webhooks = openaiplatform.Webhooks(string(cfg.WebhookSecret))

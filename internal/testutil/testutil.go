@@ -20,3 +20,15 @@ func WaitFor(t testing.TB, within time.Duration, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// WaitForWhat is WaitFor saying, when it fails, what it waited for.
+func WaitForWhat(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

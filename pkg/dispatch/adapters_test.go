@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/conversations"
+	"github.com/openai/openai-go/v3/responses"
+
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -77,5 +81,49 @@ func TestRepeatedSubmissionAfterThePlatformMovedOnCountsAsDone(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A repeated submission of a turn of a conversation looks for the calls'
+// outputs in the conversation first: found, it counts as done and the
+// watch follows the conversation, instead of continuing it a second time
+// (docs/turns.md). A repeat whose outputs are not there submits.
+func TestARepeatedConversationSubmissionLooksFirst(t *testing.T) {
+	e := newEnv(t, platformsim.FavoriteCityScenario)
+	ctx := context.Background()
+	p := openaiplatform.NewResponses(e.client)
+	start := func() dispatch.Ref {
+		conv, err := e.client.Conversations.New(ctx, conversations.ConversationNewParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.client.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
+			Conversation: responses.ResponseNewParamsConversationUnion{OfString: openai.String(conv.ID)},
+			Input:        responses.ResponseNewParamsInputUnion{OfString: openai.String("my favorite city")}}); err != nil {
+			t.Fatal(err)
+		}
+		return dispatch.Ref{Platform: protocol.PlatformResponses, Conversation: conv.ID, Model: "gpt-5.5"}
+	}
+
+	ref := start()
+	first := awaitAction(t, p, ref, nil)
+	sub, err := p.Submit(ctx, first, outputsOf(first))
+	if err != nil || sub.Next == nil || sub.Next.ResponseID == "" {
+		t.Fatalf("first submission: %+v, %v", sub, err)
+	}
+	again, err := p.Submit(dispatch.WithRepeated(ctx), first, outputsOf(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Next == nil || again.Next.ResponseID != "" || again.Next.Conversation != ref.Conversation {
+		t.Fatalf("the repeat answered %+v; want it found in the conversation, followed by the conversation", again.Next)
+	}
+
+	// Never submitted: the repeat submits.
+	ref = start()
+	turn := awaitAction(t, p, ref, nil)
+	sub, err = p.Submit(dispatch.WithRepeated(ctx), turn, outputsOf(turn))
+	if err != nil || sub.Next == nil || sub.Next.ResponseID == "" {
+		t.Fatalf("a repeat of a submission that never went out: %+v, %v; want it submitted", sub, err)
 	}
 }

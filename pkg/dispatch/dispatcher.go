@@ -19,6 +19,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -92,12 +93,6 @@ type Options struct {
 	// unset. MCP clients wait on an open HTTP request, so this is shorter
 	// than RunTTL. Default: 60s.
 	MCPCallTimeout time.Duration
-	// NoHolds makes intake record each turn collecting, for whichever
-	// replica sees its last result to claim, instead of held by the
-	// replica that takes it in (see the package documentation). A
-	// rolling upgrade from a version without holds may set it while that
-	// version runs. Default: false (turns are held).
-	NoHolds bool
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
@@ -186,21 +181,12 @@ type Dispatcher struct {
 	// watchSaveEvery is how often a driver saves its watch (tests shorten
 	// it).
 	watchSaveEvery time.Duration
-	// claimRenewEvery is how often a submission under way renews its
-	// claim (tests shorten it).
-	claimRenewEvery time.Duration
-	// submitting holds the turns this process submits now.
-	submittingMu sync.Mutex
-	submitting   map[protocol.TurnKey]bool
-	// holdOutcome is the outcome the turns this replica holds share;
-	// holdGate and holdsOff let a stopping replica release every hold
-	// (hold.go).
-	holdOutcome *TurnOutcome
-	holdGate    sync.RWMutex
-	holdsOff    atomic.Bool
-	// holdScanEvery is how often holds kept for holdFor are released
-	// (tests shorten it).
-	holdScanEvery time.Duration
+	// instance is this process in the turns' leases: its name and an ID
+	// of its own, since two processes may share a name.
+	instance string
+	// engine decides, for the turns this process works on, who submits
+	// them and when (docs/turns.md).
+	engine *lifecycle.Engine
 
 	// lastSweep is when the last sweep began; only the sweep loop uses it.
 	lastSweep time.Time
@@ -295,9 +281,8 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
 	d.drivers = map[string]bool{}
 	d.watchSaveEvery = watchSaveEvery
-	d.claimRenewEvery = claimRenewEvery
-	d.holdOutcome = &TurnOutcome{Owner: opts.Name, Held: true, Holder: uuid.NewString()[:12]}
-	d.holdScanEvery = holdScanEvery
+	d.instance = opts.Name + "/" + uuid.NewString()[:12]
+	d.engine = lifecycle.New(d.instance, turnEnv{d}, d.log)
 	d.inspect = newInspector(d)
 	return d, nil
 }
@@ -399,19 +384,18 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: answer on the presence subject: %w", err)
 	}
 	defer stopPresence()
-	stopNudges, err := d.serveNudges()
+	stopTells, err := d.serveTells()
 	if err != nil {
-		return fmt.Errorf("dispatch: hear of the results of held turns: %w", err)
+		return fmt.Errorf("dispatch: hear of the turns this replica owns: %w", err)
 	}
-	// Once no result comes any more, the holds this replica has are
+	// Once no result comes any more, the leases this replica holds are
 	// released, so the others or the restart need not wait them out; it
-	// still hears, meanwhile, of the results the others receive.
+	// still hears, meanwhile, of the turns it owns.
 	defer func() {
 		stopResults()
-		d.releaseAllHeld()
-		stopNudges()
+		d.releaseAll()
+		stopTells()
 	}()
-	wg.Go(func() { d.releaseHeldEvery(rctx) })
 	stopDeclarations, err := d.serveDeclarations(rctx)
 	if err != nil {
 		return fmt.Errorf("dispatch: serve executors' declarations: %w", err)
@@ -575,15 +559,31 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 			d.log.Warn("re-arming turn: reading its results failed", "turn", t.Key, "err", err)
 			return
 		}
-		d.gather.track(t, rev)
+		d.gather.track(t)
+		d.engine.Took(rec(t, rev))
 		d.failRejected(ctx, t, recorded)
 		d.publishCalls(ctx, t, recorded, nil)
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:
-		// The replica that won may have died mid-submission: take the turn
-		// over once it looks stuck, and repeat the submission. The platform
-		// adapters make a repeat harmless.
-		d.background(func(ctx context.Context) { d.takeOver(ctx, t.Key) })
+		// The replica that owned it may have died mid-submission: the
+		// engine takes it over once its lease lapses, and submits it
+		// again. The platform adapters make a repeat harmless.
+		d.engine.Took(rec(t, rev))
+		d.engine.Close(string(t.Key))
+	}
+}
+
+// releaseAll releases, at shutdown, the leases of the turns this replica
+// works on, so that the others or the restart take them at once rather
+// than once the leases lapse. It waits for that a moment.
+func (d *Dispatcher) releaseAll() {
+	d.engine.Release()
+	wait, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	for !d.engine.Idle() && backoff.Sleep(wait, 5*time.Millisecond) {
+	}
+	if !d.engine.Idle() {
+		d.log.Warn("turns still being closed at shutdown; their leases lapse for the other replicas to take them")
 	}
 }
 

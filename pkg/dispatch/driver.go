@@ -325,9 +325,9 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 				switch {
 				case err == nil && closedTurn(t):
 					return t, nil, nil, nil
-				case err == nil && t.State == TurnCollecting && !d.heldFresh(t, time.Now()):
-					// (A turn held is as good as claimed: its holder may
-					// be submitting it.)
+				case err == nil && t.State == TurnCollecting && t.lease.Free(time.Now()):
+					// (A turn whose lease holds may be being submitted
+					// by its owner.)
 					return nil, nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
 				}
 			}
@@ -352,18 +352,24 @@ func (d *Dispatcher) cancelTurns(ctx context.Context, w *Watch, reason string) {
 // errMsg, and tells the executors of its calls (reason), so running
 // handlers are cancelled and queued calls skip. It reports whether it
 // cancelled the turn (false: it was closed already, or the record could
-// not be changed).
+// not be changed). A turn another replica owns is cancelled once its
+// lease lapses, if it is still collecting then (docs/turns.md).
 func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMsg, reason string) bool {
-	t, done, err := d.failCollecting(ctx, key, errMsg)
-	if err != nil || t == nil {
+	done := make(chan bool, 1)
+	d.engine.Cancel(string(key), errMsg, func(ok bool) { done <- ok })
+	var cancelled bool
+	select {
+	case cancelled = <-done:
+	case <-ctx.Done():
 		return false
 	}
-	// Closed here under the mark: no close, release or re-check of this
-	// process reads the gatherer's copy of the turn, still collecting,
-	// between the write and this.
-	d.closing.closed(t, nil)
-	d.finished(t, true)
-	done()
+	if !cancelled {
+		return false
+	}
+	t, _, err := d.turns.get(ctx, key)
+	if err != nil {
+		return true
+	}
 	teams := map[string]bool{}
 	for _, c := range t.Calls {
 		if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
@@ -376,51 +382,6 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 	}
 	d.emit(Event{Kind: EventTurnFailed, Turn: t})
 	return true
-}
-
-// failCollecting moves a collecting turn to failed with errMsg, and
-// returns it with the mark that the turn is closed in this process
-// (submittingHere), which the caller ends with done once it has finished
-// the turn; nil if it is closed or being submitted. The write is made
-// under the mark, so that no close of this process (of a hold of its own,
-// say) claims or submits it meanwhile. A turn another process holds may
-// be being submitted by it, and one whose mark is taken here is being
-// submitted or released: either is waited for, and looked at again (a
-// submission under way renews its claim within holdFor, and the record
-// then reads submitting).
-func (d *Dispatcher) failCollecting(ctx context.Context, key protocol.TurnKey, errMsg string) (*Turn, func(), error) {
-	busy := backoff.Backoff{Initial: 5 * time.Millisecond, Max: holdPoll}
-	for {
-		t, rev, err := d.turns.get(ctx, key)
-		if err != nil || t.State != TurnCollecting {
-			return nil, nil, err
-		}
-		if _, held := d.heldElsewhere(t, time.Now()); held {
-			if !backoff.Sleep(ctx, holdPoll) {
-				return nil, nil, ctx.Err()
-			}
-			continue
-		}
-		done, ok := d.submittingHere(key)
-		if !ok {
-			if !backoff.Sleep(ctx, busy.Next()) {
-				return nil, nil, ctx.Err()
-			}
-			continue
-		}
-		t.State = TurnFailed
-		o := t.writeOutcome()
-		*o = TurnOutcome{Error: errMsg}
-		_, err = d.turns.update(ctx, t, rev)
-		if err != nil {
-			done()
-			if errors.Is(err, errConflict) {
-				continue
-			}
-			return nil, nil, err
-		}
-		return t, done, nil
-	}
 }
 
 // startDriver drives w in the background unless this replica already does.

@@ -1,8 +1,6 @@
 package dispatch
 
 import (
-	"time"
-
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -20,13 +18,8 @@ func LiveSchemas(d *Dispatcher, function string) int {
 	return 0
 }
 
-// HoldFor sets, for tests, how long d holds a turn before releasing it
-// (which is how often its submissions renew their claims) and how often it
-// looks for holds to release. Call it before Run.
-func HoldFor(d *Dispatcher, hold, scan time.Duration) {
-	d.claimRenewEvery, d.holdScanEvery = hold, scan
-}
+// Instance is, for tests, the owner d writes in the leases it takes.
+func Instance(d *Dispatcher) string { return d.instance }
 
-// NudgeSubject is, for tests, where d hears of the results of the turns
-// it holds that another replica received.
-func NudgeSubject(d *Dispatcher) string { return nudgeSubject(d.holdOutcome.Holder) }
+// LeaseOf is, for tests, the owner and epoch of t's lease.
+func LeaseOf(t *Turn) (owner string, epoch uint64) { return t.lease.Owner, t.lease.Epoch }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/leaderread"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -36,14 +37,26 @@ type gatherer struct {
 }
 
 type gathering struct {
+	// turn is the record as first read or written here: its calls, which
+	// never change. The lifecycle engine keeps the record as it moves.
 	turn *Turn
-	// rev is the record's revision when turn was read or written here.
-	rev uint64
 	// results holds the results seen here, in the order of turn.Calls;
 	// it is allocated with the first, so an open turn waiting for its
 	// calls (most of them, under load) costs no more than its record.
 	results []*protocol.Result
 	recheck *time.Timer
+	// submitting is set once the turn is submitted from here: the
+	// outputs it submits (gathered once), and its attempts' backoff.
+	submitting *submitting
+}
+
+// submitting is what a turn's submission from this replica keeps.
+type submitting struct {
+	outputs []Output
+	// tried counts the attempts made, attempts those refused as
+	// retryable.
+	tried, attempts int
+	backoff         backoff.Backoff
 }
 
 const (
@@ -56,8 +69,6 @@ const (
 	gatherWorkers  = 16
 	recheckDelay   = 25 * time.Millisecond
 	recheckTimeout = 10 * time.Second
-	// recheckRetry is how soon a re-check that failed is tried again.
-	recheckRetry = time.Second
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
@@ -130,20 +141,6 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	turnKey := key.Turn()
 	st, err := g.load(ctx, turnKey)
-	var held heldElsewhereError
-	if errors.As(err, &held) {
-		// Its holder submits it: it hears of the result, which is
-		// recorded (if its team owns the call).
-		_ = msg.Ack()
-		if i := held.turn.callIndex(key); i < 0 || held.turn.Calls[i].Team != team {
-			span.SetStatus(codes.Error, "result from a team that does not own the call")
-			log().WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
-			return
-		}
-		g.d.nudge(held.owner, key)
-		g.d.tel.passedOn.Add(ctx, 1)
-		return
-	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A call goes out only once its turn is recorded, so this is a
 		// stray result, or one read while the bucket's leader changed
@@ -176,7 +173,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	g.d.inspect.stats.record(st.turn, res)
 	crashpoint.Reached(crashpoint.Gather, string(turnKey))
 	if g.add(st, i, res) {
-		g.d.background(func(ctx context.Context) { g.d.closeTurn(ctx, turnKey, false) })
+		g.d.engine.Close(string(turnKey))
 	}
 }
 
@@ -197,35 +194,70 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 		g.d.lateResult(ctx, t)
 		return nil, errTurnClosed
 	}
-	if owner, ok := g.d.heldElsewhere(t, time.Now()); ok {
-		return nil, heldElsewhereError{owner, t}
-	}
-	return g.track(t, rev), nil
+	st = g.track(t)
+	g.d.engine.Took(rec(t, rev))
+	return st, nil
 }
 
 // errTurnClosed: the result came after its turn was closed.
 var errTurnClosed = errors.New("dispatch: turn already closed")
 
-// heldElsewhereError: the turn is held by another replica (hold.go),
-// which gathers its results.
-type heldElsewhereError struct {
-	owner string
-	turn  *Turn
-}
-
-func (e heldElsewhereError) Error() string { return "dispatch: turn held by replica " + e.owner }
-
-// track starts gathering for t, recorded at revision rev (no-op if
-// already tracked).
-func (g *gatherer) track(t *Turn, rev uint64) *gathering {
+// track starts gathering for t (no-op if already tracked).
+func (g *gatherer) track(t *Turn) *gathering {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if st := g.turns[t.Key]; st != nil {
 		return st
 	}
-	st := &gathering{turn: t, rev: rev}
+	st := &gathering{turn: t}
 	g.turns[t.Key] = st
 	return st
+}
+
+// completeHere reports whether every result of the turn key was seen
+// here.
+func (g *gatherer) completeHere(key protocol.TurnKey) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.turns[key]
+	return st != nil && st.results != nil && !slices.Contains(st.results, nil)
+}
+
+// outputsOf returns the outputs a submission of st gathered, if any.
+func (g *gatherer) outputsOf(st *gathering) []Output {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st.submitting == nil {
+		st.submitting = &submitting{backoff: backoff.Backoff{Initial: 250 * time.Millisecond, Max: 8 * time.Second}}
+	}
+	return st.submitting.outputs
+}
+
+// keepOutputs keeps the outputs a submission of st gathered, for its
+// next attempts.
+func (g *gatherer) keepOutputs(st *gathering, outputs []Output) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st.submitting.outputs = outputs
+}
+
+// nextBackoff is how long st's submission waits before its next attempt,
+// before the platform's Retry-After and the run's expiry have their say.
+func (g *gatherer) nextBackoff(st *gathering) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return st.submitting.backoff.Next()
+}
+
+// submittedOutputs returns the outputs the turn key was submitted with
+// from here, and whether it was submitted from here at all.
+func (g *gatherer) submittedOutputs(key protocol.TurnKey) ([]Output, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[key]; st != nil && st.submitting != nil {
+		return st.submitting.outputs, true
+	}
+	return nil, false
 }
 
 // add records the result of the turn's call i; it reports whether the
@@ -274,104 +306,12 @@ func (g *gatherer) scheduleRecheckIn(st *gathering, delay time.Duration) {
 	})
 }
 
-// recordedElsewhere notes that the result of call key, of a turn this
-// replica gathers for, is recorded though another replica received it
-// (hold.go). It reports whether the turn is now complete here.
-func (g *gatherer) recordedElsewhere(key protocol.CallKey) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	st := g.turns[key.Turn()]
-	if st == nil {
-		return false
-	}
-	i := st.turn.callIndex(key)
-	if i < 0 {
-		return false
-	}
-	if st.results == nil {
-		st.results = make([]*protocol.Result, len(st.turn.Calls))
-	}
-	if st.results[i] == nil {
-		st.results[i] = elsewhere
-	}
-	if !slices.Contains(st.results, nil) {
-		return true
-	}
-	g.scheduleRecheck(st)
-	return false
-}
-
-// elsewhere stands, in a gathering's results, for a result that is
-// recorded but was received by another replica: read from the stream
-// when the turn is submitted.
-var elsewhere = new(protocol.Result)
-
-// replace takes t, recorded at revision rev, as the record of a turn this
-// replica gathers for.
-func (g *gatherer) replace(t *Turn, rev uint64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if st := g.turns[t.Key]; st != nil {
-		st.turn, st.rev = t, rev
-	}
-}
-
-// heldSince lists the turns this replica gathers for and holds since
-// before.
-func (g *gatherer) heldSince(d *Dispatcher, before time.Time) []protocol.TurnKey {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var keys []protocol.TurnKey
-	for key, st := range g.turns {
-		if d.heldHere(st.turn) && st.turn.submittingSince().Before(before) {
-			keys = append(keys, key)
-		}
-	}
-	return keys
-}
-
-// recheck asks the stream which results of a turn exist, and closes the
-// turn if all do.
+// recheck has the engine look at a turn whose results may be split
+// between replicas: it reads the stream, and submits the turn if every
+// result is recorded.
 func (g *gatherer) recheck(ctx context.Context, key protocol.TurnKey) {
-	g.mu.Lock()
-	st := g.turns[key]
-	g.mu.Unlock()
-	if st == nil {
-		return
-	}
-	if g.d.isSubmittingHere(key) {
-		// Being closed here (a close meeting it re-checks later): the
-		// stream is read once the close let the turn go, if it is still
-		// tracked then, not every time meanwhile.
-		g.recheckIn(key, holdPoll)
-		return
-	}
-	// The read ends with Run: a stopping dispatcher does not wait out a
-	// read the server will not answer (one sent while it restarted) for
-	// work the sweep or another replica repeats.
-	cctx, cancel := context.WithTimeout(ctx, recheckTimeout)
-	rctx, stop := g.d.withRunContext(cctx)
-	present, err := g.present(rctx, st.turn)
-	stopping := rctx.Err() != nil && cctx.Err() == nil
-	stop()
-	cancel()
-	if stopping {
-		return
-	}
-	if err != nil {
-		// Try again: with the turn's results split between replicas, a
-		// re-check that failed may be the only one that would have seen
-		// the turn complete.
-		g.d.log.Warn("re-checking results failed; trying again", "turn", key, "err", err, "in", recheckRetry.String())
-		g.mu.Lock()
-		if st := g.turns[key]; st != nil && st.recheck != nil {
-			st.recheck.Reset(recheckRetry)
-		}
-		g.mu.Unlock()
-		return
-	}
-	if present == len(st.turn.Calls) {
-		g.d.closeTurn(ctx, key, false)
+	if g.tracking(key) {
+		g.d.engine.Close(string(key))
 	}
 }
 
@@ -442,21 +382,21 @@ func (g *gatherer) local(turn protocol.TurnKey, key protocol.CallKey) *protocol.
 	if st == nil || st.results == nil {
 		return nil
 	}
-	if i := st.turn.callIndex(key); i >= 0 && st.results[i] != elsewhere {
+	if i := st.turn.callIndex(key); i >= 0 {
 		return st.results[i]
 	}
 	return nil
 }
 
-// known returns the record of a turn this replica gathers for, and its
-// revision, or nil.
-func (g *gatherer) known(key protocol.TurnKey) (*Turn, uint64) {
+// known returns the record of a turn this replica gathers for, as it
+// first read or wrote it, or nil.
+func (g *gatherer) known(key protocol.TurnKey) *Turn {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if st := g.turns[key]; st != nil {
-		return st.turn, st.rev
+		return st.turn
 	}
-	return nil, 0
+	return nil
 }
 
 // trackedTurns returns the records of the turns this replica gathers for.

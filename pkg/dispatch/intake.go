@@ -70,15 +70,11 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
 	}
-	held := d.hold(t, now)
-	if held {
-		t.out = d.holdOutcome // see hold.go
-	}
+	// Owned from the start by this replica (docs/turns.md), which then
+	// submits it with no write between its last result and its platform.
+	t.lease = d.engine.IntakeLease(t.Deadline)
 	tctx, span := d.tel.startTurn(ctx, t)
 	rev, err := d.record(ctx, t)
-	if held && err != nil {
-		d.unhold() // not recorded (or maybe, then stuckAfter frees it)
-	}
 	if errors.Is(err, errConflict) {
 		span.SetAttributes(attrOutcome.String("duplicate"))
 		span.End() // another channel or replica took it in
@@ -106,10 +102,8 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		channel = "api"
 	}
 	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel))...)
-	d.gather.track(t, rev)
-	if held {
-		d.unhold()
-	}
+	d.gather.track(t)
+	d.engine.Took(rec(t, rev))
 	d.emit(Event{Kind: EventTurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
 		"deadline", t.Deadline, "channel", channel)

@@ -185,3 +185,21 @@ type Submission struct {
 	// (a Responses continuation); nil otherwise.
 	Next *Ref
 }
+
+type repeatedKey struct{}
+
+// Repeated reports, to a [Platform]'s Submit, whether a submission of the
+// turn may have reached the platform before: an earlier attempt of this
+// replica, or one of a replica whose lease lapsed. An adapter that can
+// look the outputs up on the platform does so before submitting again
+// (docs/turns.md).
+func Repeated(ctx context.Context) bool {
+	v, _ := ctx.Value(repeatedKey{}).(bool)
+	return v
+}
+
+// WithRepeated returns ctx marked as that of a repeated submission, as the
+// dispatcher marks it (and an adapter's tests may).
+func WithRepeated(ctx context.Context) context.Context {
+	return context.WithValue(ctx, repeatedKey{}, true)
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -14,15 +15,7 @@ import (
 // that reading the record gives t back.
 func sameRecord(t *testing.T, turn *Turn) {
 	t.Helper()
-	// As the record has them: a held turn's state and time (hold.go).
-	fields, out := *turn, turn.out
-	fields.State = turn.recordState()
-	if out != nil {
-		o := *out
-		o.SubmittingSince = turn.recordSubmittingSince()
-		out = &o
-	}
-	want, err := json.Marshal(recordLayout{(*turnFields)(&fields), out})
+	want, err := json.Marshal(turn.wire())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +45,14 @@ func filledTurn(s string) *Turn {
 
 func TestRecordEncodingMatchesJSON(t *testing.T) {
 	sameRecord(t, filledTurn("x"))
+	// Each state with a lease, and a lease released.
+	for _, state := range []TurnState{TurnCollecting, TurnSubmitting, TurnSubmitted, TurnFailed} {
+		turn := filledTurn("x")
+		turn.State, turn.lease = state, lifecycle.Lease{Owner: "name.1/abc", Until: time.Date(2026, 12, 6, 1, 2, 3, 4, time.UTC), Epoch: 3}
+		sameRecord(t, turn)
+		turn.lease = lifecycle.Lease{Epoch: 3}
+		sameRecord(t, turn)
+	}
 
 	// And every optional field left out.
 	sameRecord(t, &Turn{Version: protocol.Version, Key: "k", State: TurnCollecting})

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -40,23 +42,22 @@ func (p *limitedPlatform) Submit(context.Context, *Turn, []Output) (*Submission,
 func TestASubmissionTriesOnceMoreBeforeTheRunExpires(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &limitedPlatform{refusals: 1}
-	d, err := New(js, []Platform{p}, Options{Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	turn := &Turn{Key: "t", Ref: Ref{Platform: p.Name()}, ExpiresAt: time.Now().Add(3 * time.Second)}
-	if _, err := d.submitWithRetry(t.Context(), turn, nil); err != nil {
-		t.Fatalf("submission: %v after %d attempts; want the last attempt before expiry to go through", err, p.attempts)
+	d := replicaOn(t, js, "one", p)
+	turn := submitHere(t, d, "0123456789abcdef0123456789abcdef", time.Now().Add(3*time.Second))
+	if turn.State != TurnSubmitted {
+		t.Fatalf("submission: %s (%s) after %d attempts; want the last attempt before expiry to go through", turn.State, turn.Outcome().Error, p.attempts)
 	}
 	if p.attempts != 2 {
 		t.Fatalf("%d attempts, want 2 (the second just before expiry)", p.attempts)
 	}
 
 	// With no time left for another, it gives up and says so.
+	p.mu.Lock()
 	p.attempts, p.refusals = 0, 10
-	turn.ExpiresAt = time.Now().Add(lastAttemptLead / 2)
-	if _, err := d.submitWithRetry(t.Context(), turn, nil); err == nil || p.attempts != 1 {
-		t.Fatalf("submission with no time left: %v after %d attempts; want one attempt, then an error", err, p.attempts)
+	p.mu.Unlock()
+	turn = submitHere(t, d, "fedcba9876543210fedcba9876543210", time.Now().Add(lastAttemptLead/2))
+	if turn.State != TurnFailed || p.attempts != 1 || !strings.Contains(turn.Outcome().Error, "gave up after 1 attempts") {
+		t.Fatalf("submission with no time left: %s (%q) after %d attempts; want one attempt, then failed", turn.State, turn.Outcome().Error, p.attempts)
 	}
 }
 
@@ -108,174 +109,63 @@ func (p *refusingPlatform) accept() {
 	p.mu.Unlock()
 }
 
-// submittingTurn records a turn that replica d submits, as closeTurn
-// leaves it, and returns it with its revision.
-func submittingTurn(t *testing.T, d *Dispatcher, key protocol.TurnKey, expires time.Time) (*Turn, uint64) {
+// submitHere records a turn that replica d owns, submitting, has d's
+// engine submit it, and returns the record once it is closed.
+func submitHere(t *testing.T, d *Dispatcher, key protocol.TurnKey, expires time.Time) *Turn {
 	t.Helper()
+	now := time.Now().UTC()
 	turn := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_" + string(key)},
-		State: TurnSubmitting, out: &TurnOutcome{Owner: d.opts.Name, SubmittingSince: time.Now().UTC()},
-		CreatedAt: time.Now().UTC(), ExpiresAt: expires, Deadline: expires.Add(-time.Second)}
+		State: TurnSubmitting, lease: lifecycle.Lease{Owner: d.instance, Until: now.Add(lifecycle.LeaseFor), Epoch: 1},
+		CreatedAt: now, ExpiresAt: expires, Deadline: expires.Add(-time.Second)}
 	rev, err := d.turns.create(t.Context(), turn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return turn, rev
-}
-
-// fastRenewals makes a replica renew its claims every 20 ms.
-func fastRenewals(d *Dispatcher) { d.claimRenewEvery = 20 * time.Millisecond }
-
-// awaitDone waits for a submission run in the background to return.
-func awaitDone(t *testing.T, done <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal(what)
-	}
-}
-
-// A submission the platform keeps refusing renews its claim while it is
-// retried, so the sweep of another replica does not take it over as stuck
-// (two replicas then retried the same turn side by side).
-func TestARetriedSubmissionKeepsItsClaim(t *testing.T) {
-	_, js := natstest.Start(t).Connect(t)
-	p := &refusingPlatform{}
-	one := replicaOn(t, js, "one", p, fastRenewals)
-	turn, rev := submittingTurn(t, one, "0123456789abcdef0123456789abcdef", time.Now().Add(time.Minute))
-	since := turn.Outcome().SubmittingSince
-	done := make(chan struct{})
-	go func() { defer close(done); one.submit(context.Background(), turn, rev) }()
-
-	testutil.WaitFor(t, 10*time.Second, func() bool {
-		have, _, err := one.turns.get(t.Context(), turn.Key)
-		return err == nil && have.Outcome().SubmittingSince.After(since.Add(50*time.Millisecond))
+	d.engine.Took(rec(turn, rev))
+	d.engine.Close(string(key))
+	var closed *Turn
+	testutil.WaitForWhat(t, 30*time.Second, "the turn's record to say it is closed", func() bool {
+		have, _, err := d.turns.get(t.Context(), key)
+		closed = have
+		return err == nil && !have.Open()
 	})
-	p.accept()
-	awaitDone(t, done, "the submission did not end once the platform accepted it")
-	have, _, err := one.turns.get(t.Context(), turn.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if have.State != TurnSubmitted || have.Outcome().Owner != "one" {
-		t.Fatalf("after the retries the record is %s, owner %q; want submitted by one", have.State, have.Outcome().Owner)
-	}
-}
-
-// A submission whose claim was taken over stops retrying at its next
-// renewal and leaves the outcome to the taker: another replica, or this
-// one's own sweep or a restart of it by the same name (a claim written at
-// another instant is not this submission's).
-func TestASubmissionTakenOverStopsRetrying(t *testing.T) {
-	for _, taker := range []string{"two", "one"} {
-		t.Run("by "+taker, func(t *testing.T) {
-			_, js := natstest.Start(t).Connect(t)
-			p := &refusingPlatform{}
-			one := replicaOn(t, js, "one", p, fastRenewals)
-			turn, rev := submittingTurn(t, one, "fedcba9876543210fedcba9876543210", time.Now().Add(time.Minute))
-			done := make(chan struct{})
-			go func() { defer close(done); one.submit(context.Background(), turn, rev) }()
-			testutil.WaitFor(t, 10*time.Second, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.attempts > 0 })
-
-			var claimed time.Time
-			for { // the submission renews meanwhile: take it at the revision read
-				have, haveRev, err := one.turns.get(t.Context(), turn.Key)
-				if err != nil {
-					t.Fatal(err)
-				}
-				claim := have.writeOutcome()
-				claim.Owner, claim.SubmittingSince = taker, time.Now().UTC().Add(time.Hour)
-				if _, err = one.turns.update(t.Context(), have, haveRev); err == nil {
-					claimed = claim.SubmittingSince
-					break
-				}
-			}
-			awaitDone(t, done, "the submission went on retrying after it was taken over")
-			after, _, err := one.turns.get(t.Context(), turn.Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if after.State != TurnSubmitting || after.Outcome().Owner != taker || !after.Outcome().SubmittingSince.Equal(claimed) {
-				t.Fatalf("the record is %s, owner %q since %s; want still submitting, the taker's claim", after.State, after.Outcome().Owner, after.Outcome().SubmittingSince)
-			}
-		})
-	}
-}
-
-// The sweep does not take over a turn this process is submitting, however
-// old its claim looks: before, a replica's own sweep took over its
-// retries after 15 s, and two of its goroutines submitted side by side.
-func TestTheSweepLeavesATurnSubmittedHere(t *testing.T) {
-	_, js := natstest.Start(t).Connect(t)
-	one := replicaOn(t, js, "one", idlePlatform{})
-	turn, rev := submittingTurn(t, one, "00112233445566778899aabbccddeeff", time.Now().Add(time.Minute))
-	turn.writeOutcome().SubmittingSince = time.Now().UTC().Add(-2 * stuckAfter)
-	rev, err := one.turns.update(t.Context(), turn, rev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done, ok := one.submittingHere(turn.Key)
-	if !ok {
-		t.Fatal("submittingHere: already marked")
-	}
-	defer done()
-	if _, again := one.submittingHere(turn.Key); again {
-		t.Fatal("a second submission of the same turn was let through")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	one.takeOver(ctx, turn.Key)
-	if _, after, err := one.turns.get(t.Context(), turn.Key); err != nil || after != rev {
-		t.Fatalf("after the sweep's take-over the record is at revision %d (%v); want it untouched at %d", after, err, rev)
-	}
+	return closed
 }
 
 // expiringRefuser refuses every submission as retryable, noting each
-// attempt's deadline, and calls onRefuse (if set) after each refusal.
+// attempt's deadline.
 type expiringRefuser struct {
 	idlePlatform
+	mu        sync.Mutex
 	deadlines []time.Time
-	onRefuse  func()
 }
 
 func (p *expiringRefuser) Submit(ctx context.Context, _ *Turn, _ []Output) (*Submission, error) {
 	dl, _ := ctx.Deadline()
+	p.mu.Lock()
 	p.deadlines = append(p.deadlines, dl)
-	if p.onRefuse != nil {
-		p.onRefuse()
-	}
+	p.mu.Unlock()
 	return nil, &PlatformError{Op: "submit", StatusCode: http.StatusBadGateway, Retryable: true, Err: errors.New("bad gateway")}
 }
 
 // Every attempt ends by the run's expiry (and by its own timeout), with one
-// context per attempt; a takeover during the wait between attempts still
-// ends the submission as taken over.
+// context per attempt.
 func TestSubmissionAttemptsEndByTheRunsExpiry(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &expiringRefuser{}
-	d, err := New(js, []Platform{p}, Options{Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
+	d := replicaOn(t, js, "one", p)
+	expires := time.Now().Add(1500 * time.Millisecond)
+	if turn := submitHere(t, d, "00112233445566778899aabbccddeeff", expires); turn.State != TurnFailed {
+		t.Fatalf("a submission refused until the run expired is %s", turn.State)
 	}
-	soon := &Turn{Key: "t", Ref: Ref{Platform: p.Name()}, ExpiresAt: time.Now().Add(1500 * time.Millisecond)}
-	if _, err := d.submitWithRetry(t.Context(), soon, nil); err == nil {
-		t.Fatal("a submission refused until the run expired succeeded")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.deadlines) < 2 {
+		t.Fatalf("%d attempts, want several", len(p.deadlines))
 	}
 	for i, dl := range p.deadlines {
-		if dl.IsZero() || dl.After(soon.ExpiresAt) {
-			t.Fatalf("attempt %d's deadline %v, want by the run's expiry %v", i+1, dl, soon.ExpiresAt)
+		if dl.IsZero() || dl.After(expires) {
+			t.Fatalf("attempt %d's deadline %v, want by the run's expiry %v", i+1, dl, expires)
 		}
-	}
-
-	ctx, cancel := context.WithCancelCause(t.Context())
-	defer cancel(nil)
-	p.deadlines = nil
-	p.onRefuse = func() { cancel(errTakenOver) } // taken over as the first attempt is refused
-	later := &Turn{Key: "t", Ref: Ref{Platform: p.Name()}, ExpiresAt: time.Now().Add(time.Hour)}
-	if _, err := d.submitWithRetry(ctx, later, nil); !errors.Is(err, errTakenOver) {
-		t.Fatalf("err %v, want errTakenOver", err)
-	}
-	if len(p.deadlines) != 1 || time.Until(p.deadlines[0]) > submitAttemptTimeout {
-		t.Fatalf("attempts' deadlines %v, want one within %s", p.deadlines, submitAttemptTimeout)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -37,8 +38,9 @@ import (
 // failed.
 const (
 	// stuckAfter is how old an open turn must be before the sweep touches
-	// it: a healthy turn is closed by its own replica long before.
-	stuckAfter = 15 * time.Second
+	// it: a healthy turn is closed by its owner long before. It is the
+	// lease taken at intake, after which another replica may take it.
+	stuckAfter = lifecycle.LeaseFor
 	// watchStaleAfter is how long a driver may stay silent (drivers save
 	// every watchSaveEvery) before another replica drives its watch.
 	watchStaleAfter = time.Minute
@@ -153,7 +155,7 @@ func (d *Dispatcher) openTurns(ctx context.Context, seen func(*Turn) bool) ([]pr
 		if err != nil || listed[key] {
 			return
 		}
-		if t, _ := d.gather.known(key); t != nil {
+		if t := d.gather.known(key); t != nil {
 			if seen != nil && seen(t) {
 				return
 			}
@@ -426,8 +428,11 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 			}
 		}
 	case TurnSubmitting:
-		if startup || now.Sub(t.Outcome().SubmittingSince) > stuckAfter {
-			d.background(func(ctx context.Context) { d.takeOver(ctx, key) })
+		// Its owner died mid-submission, or stopped and released it: the
+		// engine takes it over and submits it again.
+		if t.lease.Free(now) {
+			d.engine.Took(rec(t, rev))
+			d.engine.Close(string(key))
 		}
 	}
 }

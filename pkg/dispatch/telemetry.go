@@ -78,7 +78,7 @@ type telemetry struct {
 	cutoffs      metric.Int64Counter
 	late         metric.Int64Counter
 	passedOn     metric.Int64Counter
-	released     metric.Int64Counter
+	takenOver    metric.Int64Counter
 	redeliveries metric.Int64Counter
 	webhooks     metric.Int64Counter
 	takenIn      metric.Int64Counter
@@ -131,9 +131,9 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	must(e)
 	t.late, e = m.Int64Counter("toolrelay.results.late", metric.WithDescription("Results recorded after their turn was submitted."))
 	must(e)
-	t.passedOn, e = m.Int64Counter("toolrelay.results.passed_on", metric.WithDescription("Results received for a turn another replica holds, passed on to it."))
+	t.passedOn, e = m.Int64Counter("toolrelay.results.passed_on", metric.WithDescription("Turns another replica owns that this one had news of (a result, the deadline), passed on to the owner."))
 	must(e)
-	t.released, e = m.Int64Counter("toolrelay.turns.released", metric.WithDescription("Held turns whose results took longer than the hold: released to be claimed, one more write of the record each."))
+	t.takenOver, e = m.Int64Counter("toolrelay.turns.taken_over", metric.WithDescription("Turns this replica took over once their owner's lease lapsed (the owner died, stopped, or was paused)."))
 	must(e)
 	t.redeliveries, e = m.Int64Counter("toolrelay.call.redeliveries", metric.WithDescription("Attempts beyond the first, by function."))
 	must(e)

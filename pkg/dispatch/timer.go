@@ -64,10 +64,7 @@ func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {
 			return
 		}
 		_ = msg.Ack()
-		// Closing may submit to the platform: do it off the consumer.
-		if !d.background(func(ctx context.Context) { d.closeTurn(ctx, key, true) }) {
-			_ = msg.Nak()
-		}
+		d.engine.Due(string(key))
 	})
 }
 

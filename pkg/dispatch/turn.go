@@ -16,19 +16,20 @@ import (
 	"github.com/toolrelay/toolrelay/internal/firstwins"
 	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // TurnState is where a turn is in its life. It only moves forward:
 // collecting → submitting → submitted | failed, by compare-and-set.
-type TurnState string
+type TurnState = lifecycle.State
 
 // Turn states.
 const (
-	TurnCollecting TurnState = "collecting"
-	TurnSubmitting TurnState = "submitting"
-	TurnSubmitted  TurnState = "submitted"
-	TurnFailed     TurnState = "failed"
+	TurnCollecting = lifecycle.Collecting
+	TurnSubmitting = lifecycle.Submitting
+	TurnSubmitted  = lifecycle.Submitted
+	TurnFailed     = lifecycle.Failed
 )
 
 // Turn is the dispatcher's record of one turn, kept in the turn bucket so
@@ -50,17 +51,18 @@ type Turn struct {
 	// Trace carries the turn span's W3C context (traceparent, tracestate),
 	// so any replica parents its spans under it.
 	Trace TraceContext `json:"trace,omitzero"`
+	// lease says which process may submit the turn (docs/turns.md).
+	lease lifecycle.Lease
 	// out is how the turn is being closed: nil while it collects, which
-	// keeps the many turns in flight a size class smaller. Its fields are
-	// written into the record beside the turn's own.
+	// keeps the many turns in flight a size class smaller.
 	out *TurnOutcome
 }
 
-// TurnOutcome is how a turn is closed: who claimed its submission, when,
-// and what came of it.
+// TurnOutcome is how a turn is closed: who owns its submission, since
+// when, and what came of it.
 type TurnOutcome struct {
-	// Owner is the replica that won the right to submit, since
-	// SubmittingSince.
+	// Owner is the replica that holds, or held, the turn's lease, since
+	// SubmittingSince (when it last wrote the lease).
 	Owner           string    `json:"owner,omitempty"`
 	SubmittingSince time.Time `json:"submitting_since,omitzero"`
 	SubmittedAt     time.Time `json:"submitted_at,omitzero"`
@@ -71,40 +73,27 @@ type TurnOutcome struct {
 	Error    string             `json:"error,omitempty"`
 	// Next is what the submission created to drive next (Responses).
 	Next *Ref `json:"next,omitempty"`
-	// Held is set on a turn still collecting that Owner took in holding
-	// its submission, since SubmittingSince; Holder names the process
-	// (two may share a name): see hold.go.
-	Held   bool   `json:"held,omitempty"`
-	Holder string `json:"holder,omitempty"`
 }
 
-func (o *TurnOutcome) isZero() bool {
-	return o.Owner == "" && o.SubmittingSince.IsZero() && o.SubmittedAt.IsZero() && !o.CutOff &&
-		o.TimedOut == nil && o.Error == "" && o.Next == nil && !o.Held && o.Holder == ""
-}
-
-// Outcome returns how the turn is being closed, or was; the zero
-// TurnOutcome while it collects.
+// Outcome returns how the turn is being closed, or was; while it
+// collects, only who owns it, if any process does.
 func (t *Turn) Outcome() TurnOutcome {
-	if t.out == nil {
-		return TurnOutcome{}
+	var o TurnOutcome
+	if t.out != nil {
+		o = *t.out
 	}
-	o := *t.out
-	o.SubmittingSince = t.submittingSince()
+	if t.lease.Owner != "" {
+		o.Owner = leaseName(t.lease.Owner)
+		o.SubmittingSince = t.lease.Until.Add(-lifecycle.LeaseFor)
+	}
 	return o
 }
 
 // writeOutcome returns the turn's outcome for changing, made if it has
-// none. A turn copied with clone has its own. A hold's outcome may be one
-// that the turns this replica holds share (hold.go), so it is copied
-// first.
+// none. A turn copied with clone has its own.
 func (t *Turn) writeOutcome() *TurnOutcome {
-	switch {
-	case t.out == nil:
+	if t.out == nil {
 		t.out = new(TurnOutcome)
-	case t.out.Held:
-		o := *t.out
-		t.out = &o
 	}
 	return t.out
 }
@@ -120,33 +109,17 @@ func (t *Turn) clone() *Turn {
 	return &c
 }
 
-// turnFields is a Turn without its methods, so that encoding/json reads
-// and writes its fields.
-type turnFields Turn
-
-// recordLayout is a turn's record as encoding/json sees it: the turn's
-// fields and its outcome's side by side.
-type recordLayout struct {
-	*turnFields
-	*TurnOutcome
-}
-
 // MarshalJSON writes the turn's record.
 func (t Turn) MarshalJSON() ([]byte, error) { return appendTurn(nil, &t) }
 
-// UnmarshalJSON reads a turn's record. A held turn's record says
-// submitting (see hold.go); the turn read is collecting.
+// UnmarshalJSON reads a turn's record, as this version or an earlier one
+// wrote it (record.go).
 func (t *Turn) UnmarshalJSON(b []byte) error {
-	o := new(TurnOutcome)
-	if err := json.Unmarshal(b, &recordLayout{(*turnFields)(t), o}); err != nil {
+	w := recordWire{turnFields: (*turnFields)(t)}
+	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	if o.Held && t.State == TurnSubmitting {
-		t.State = TurnCollecting
-	}
-	if t.out = o; o.isZero() {
-		t.out = nil
-	}
+	w.turn(t)
 	return nil
 }
 
@@ -290,45 +263,4 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 		return 0, errConflict
 	}
 	return rev, err
-}
-
-// transition moves the record from one state to the next with change
-// applied, retrying on concurrent changes that leave it in from. It returns
-// the new record and its revision, or a nil record if the turn is no longer
-// in state from.
-//
-// known, when not nil, is the record as last seen at revision rev: the
-// compare-and-set is tried on it first, saving a read; if the record moved
-// since, it is read again.
-func (s turnStore) transition(ctx context.Context, key protocol.TurnKey, from TurnState, known *Turn, rev uint64, change func(*Turn)) (*Turn, uint64, error) {
-	return s.transitionIf(ctx, key, func(t *Turn) bool { return t.State == from }, known, rev, change)
-}
-
-// transitionIf is transition with the records that may move told by in,
-// rather than by their state.
-func (s turnStore) transitionIf(ctx context.Context, key protocol.TurnKey, in func(*Turn) bool, known *Turn, rev uint64, change func(*Turn)) (*Turn, uint64, error) {
-	for {
-		var t *Turn
-		if known != nil {
-			c := *known // change touches fields, not shared slices or maps
-			t, known = &c, nil
-		} else {
-			var err error
-			if t, rev, err = s.get(ctx, key); err != nil {
-				return nil, 0, err
-			}
-		}
-		if !in(t) {
-			return nil, 0, nil
-		}
-		change(t)
-		newRev, err := s.update(ctx, t, rev)
-		if errors.Is(err, errConflict) {
-			continue
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		return t, newRev, nil
-	}
 }

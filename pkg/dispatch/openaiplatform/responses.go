@@ -72,6 +72,19 @@ func (a *Responses) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Obser
 // per turn.
 func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []dispatch.Output) (*dispatch.Submission, error) {
 	ref := turn.Ref
+	if dispatch.Repeated(ctx) && ref.Conversation != "" {
+		// A submission that may have gone through already: a second one
+		// would continue the conversation twice. Its outputs in the
+		// conversation say it did; the watch then follows the
+		// conversation.
+		if done, err := a.answered(ctx, ref.Conversation, outputs); err != nil {
+			return nil, err
+		} else if done {
+			next := ref
+			next.ResponseID = ""
+			return &dispatch.Submission{Next: &next}, nil
+		}
+	}
 	params := responses.ResponseNewParams{}
 	if ref.Model != "" {
 		params.Model = ref.Model
@@ -107,6 +120,25 @@ func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []d
 	next := ref
 	next.ResponseID = r.ID
 	return &dispatch.Submission{Next: &next}, nil
+}
+
+// answered reports whether the conversation holds an output for every
+// call of outputs, among its newest items.
+func (a *Responses) answered(ctx context.Context, conversation string, outputs []dispatch.Output) (bool, error) {
+	want := map[string]bool{}
+	for _, o := range outputs {
+		want[o.Call.ID] = true
+	}
+	page, err := a.client.Conversations.Items.List(ctx, conversation, conversations.ItemListParams{Order: "desc", Limit: openai.Int(100)})
+	if err != nil {
+		return false, classify("list conversation items "+conversation, err)
+	}
+	for _, it := range page.Data {
+		if it.Type == "function_call_output" {
+			delete(want, it.CallID)
+		}
+	}
+	return len(want) == 0, nil
 }
 
 // pollConversation finds the function calls of a conversation that have no

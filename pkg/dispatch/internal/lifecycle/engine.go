@@ -86,6 +86,7 @@ type eventKind int
 const (
 	evSeen eventKind = iota + 1
 	evClose
+	evDue
 	evCancel
 	evRelease
 	evForget
@@ -99,12 +100,22 @@ func New(self string, env Env, log *slog.Logger) *Engine {
 // Self is the process instance the engine acts as: the owner it writes.
 func (e *Engine) Self() string { return e.self }
 
-// Intake returns the record a turn taken in now is created with: owned by
-// this process for LeaseFor.
-func (e *Engine) Intake(r *Rec) {
-	r.State = Collecting
-	r.Lease = Lease{}.next(e.self, e.env.Now())
+// IntakeLease is the lease a turn taken in now, due at deadline, is
+// created with: this process's for LeaseFor. A turn due sooner than
+// MinLead is created with none, and closed by whichever process first
+// writes it: waiting out a lease of a process that died would cost it its
+// deadline.
+func (e *Engine) IntakeLease(deadline time.Time) Lease {
+	now := e.env.Now()
+	if deadline.Sub(now) < MinLead {
+		return Lease{}
+	}
+	return Lease{}.next(e.self, now)
 }
+
+// MinLead is how far a turn's deadline must be at intake for the turn to
+// be created with a lease.
+const MinLead = LeaseFor + Skew + 5*time.Second
 
 // Took tells the engine of r, just created or read: it is the record
 // every later event of its turn starts from, unless one is known.
@@ -122,6 +133,10 @@ func (e *Engine) Known(key string) bool {
 // take it; otherwise its owner is told, and the turn looked at again
 // once the owner's lease lapses.
 func (e *Engine) Close(key string) { e.send(key, event{kind: evClose}) }
+
+// Due tells the engine a turn's deadline timer fired: the turn is cut off
+// at its deadline (the timer may fire a moment before).
+func (e *Engine) Due(key string) { e.send(key, event{kind: evDue}) }
 
 // Cancel fails a turn still collecting with the error why. reply, if not
 // nil, is told whether this call failed it.
@@ -212,7 +227,7 @@ func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
 	if t.rec == nil {
 		r, err := e.env.Load(ctx, t.key)
 		if err != nil {
-			if !errors.Is(err, ErrNotFound) && ev.kind == evClose {
+			if !errors.Is(err, ErrNotFound) && (ev.kind == evClose || ev.kind == evDue) {
 				e.wakeIn(t, time.Second)
 			}
 			e.log.Debug("reading a turn failed", "turn", t.key, "err", err)
@@ -228,6 +243,12 @@ func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
 		if t.rec.State.Closed() {
 			e.closed(t, false)
 		}
+	case evDue:
+		if now := e.env.Now(); t.rec.State == Collecting && now.Before(t.rec.Deadline) {
+			e.wakeIn(t, t.rec.Deadline.Sub(now))
+			return false
+		}
+		e.close(ctx, t)
 	case evClose:
 		e.close(ctx, t)
 	case evCancel:

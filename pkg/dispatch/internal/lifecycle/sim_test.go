@@ -364,8 +364,7 @@ func (w *world) intake(sp *spec) {
 		}
 	})
 	w.spawn(p, func(ctx context.Context) {
-		r := &Rec{Key: sp.key, Deadline: sp.deadline}
-		p.eng.Intake(r)
+		r := &Rec{Key: sp.key, Deadline: sp.deadline, State: Collecting, Lease: p.eng.IntakeLease(sp.deadline)}
 		rev, err := p.Write(ctx, r)
 		switch {
 		case err == nil:
@@ -445,7 +444,7 @@ func (w *world) fire(sp *spec) {
 		return
 	}
 	w.tracef("%s: timer of %s", p.inst, sp.key)
-	p.eng.Close(sp.key)
+	p.eng.Due(sp.key)
 }
 
 // sweepAll sweeps on every process, every 10 s.

@@ -1,0 +1,238 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/toolrelay/toolrelay/internal/backoff"
+	"github.com/toolrelay/toolrelay/internal/crashpoint"
+	"github.com/toolrelay/toolrelay/internal/otelconv"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// turnEnv is the world of the dispatcher's lifecycle engine (package
+// lifecycle, docs/turns.md): the turn bucket, the gatherer, the platforms
+// and the other replicas. The engine decides; this does what it decides.
+type turnEnv struct{ d *Dispatcher }
+
+var _ lifecycle.Env = turnEnv{}
+
+func (turnEnv) Now() time.Time { return time.Now() }
+
+func (e turnEnv) Go(f func(context.Context)) { e.d.background(f) }
+
+func (turnEnv) After(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+
+func (turnEnv) Sleep(ctx context.Context, d time.Duration) bool { return backoff.Sleep(ctx, d) }
+
+// rec is t, recorded at revision rev, as the engine reads it.
+func rec(t *Turn, rev uint64) *lifecycle.Rec {
+	r := &lifecycle.Rec{Key: string(t.Key), State: t.State, Lease: t.lease, Deadline: t.Deadline, Rev: rev, Body: t}
+	if o := t.out; o != nil {
+		r.CutOff, r.Error = o.CutOff, o.Error
+		for _, k := range o.TimedOut {
+			r.TimedOut = append(r.TimedOut, string(k))
+		}
+	}
+	return r
+}
+
+func (e turnEnv) Load(ctx context.Context, key string) (*lifecycle.Rec, error) {
+	t, rev, err := e.d.turns.get(ctx, protocol.TurnKey(key))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, lifecycle.ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rec(t, rev), nil
+}
+
+// Write stores r's lifecycle fields on the turn it was read with. A write
+// of a process that is stopping (a release, an outcome) is made all the
+// same, for a moment.
+func (e turnEnv) Write(ctx context.Context, r *lifecycle.Rec) (uint64, error) {
+	t := r.Body.(*Turn).clone()
+	t.State, t.lease = r.State, r.Lease
+	if r.CutOff || len(r.TimedOut) > 0 || r.Error != "" || r.State.Closed() || t.out != nil {
+		o := t.writeOutcome()
+		o.CutOff, o.Error = r.CutOff, r.Error
+		o.TimedOut = o.TimedOut[:0:0]
+		for _, k := range r.TimedOut {
+			o.TimedOut = append(o.TimedOut, protocol.CallKey(k))
+		}
+		if len(o.TimedOut) == 0 {
+			o.TimedOut = nil
+		}
+		if r.State.Closed() {
+			o.SubmittedAt = time.Now().UTC()
+			if sub, ok := r.Outcome.(*Submission); ok && sub != nil {
+				o.Next = sub.Next
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+	}
+	rev, err := e.d.turns.update(ctx, t, r.Rev)
+	if errors.Is(err, errConflict) {
+		return 0, lifecycle.ErrConflict
+	}
+	if err == nil {
+		r.Body = t
+		if r.Lease.Owner == e.d.instance && r.State == TurnSubmitting && r.Lease.Epoch > 1 {
+			e.d.tel.takenOver.Add(ctx, 1)
+		}
+	}
+	return rev, err
+}
+
+// releaseTimeout bounds a write made while the dispatcher stops.
+const releaseTimeout = 2 * time.Second
+
+func (e turnEnv) Complete(ctx context.Context, r *lifecycle.Rec) (bool, error) {
+	t := r.Body.(*Turn)
+	if e.d.gather.completeHere(t.Key) {
+		return true, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, recheckTimeout)
+	defer cancel()
+	present, err := e.d.gather.present(ctx, t)
+	return present == len(t.Calls), err
+}
+
+func (e turnEnv) Missing(ctx context.Context, r *lifecycle.Rec) ([]string, error) {
+	var missing []string
+	for _, k := range e.d.withoutResult(ctx, r.Body.(*Turn)) {
+		missing = append(missing, string(k))
+	}
+	return missing, nil
+}
+
+// Submit makes one attempt at submitting the turn: its outputs, gathered
+// once, to its platform.
+func (e turnEnv) Submit(ctx context.Context, r *lifecycle.Rec) (any, error) {
+	d := e.d
+	t := r.Body.(*Turn)
+	st := d.gather.track(t)
+	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), otelconv.ClientSpan...)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
+			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(r.CutOff), attrTimeLeft.Int64(time.Until(t.ExpiresAt).Milliseconds()))...)
+	}
+	outputs := d.gather.outputsOf(st)
+	if outputs == nil {
+		var err error
+		if outputs, err = d.outputs(ctx, t); err != nil {
+			if errors.Is(context.Cause(ctx), errShutdown) {
+				return nil, &lifecycle.RetryError{Wait: time.Second, Err: err}
+			}
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "reading results failed")
+			return nil, err
+		}
+		d.gather.keepOutputs(st, outputs)
+	}
+	p := d.platforms[t.Ref.Platform]
+	if p == nil {
+		return nil, fmt.Errorf("dispatch: no adapter for platform %q", t.Ref.Platform)
+	}
+	if st.submitting.tried > 0 || r.Lease.Epoch > 1 {
+		ctx = WithRepeated(ctx)
+	}
+	st.submitting.tried++
+	actx, cancel := context.WithDeadline(ctx, earliest(t.ExpiresAt, time.Now().Add(submitAttemptTimeout)))
+	sub, err := p.Submit(actx, t, outputs)
+	cancel()
+	if err == nil {
+		crashpoint.Reached(crashpoint.Submitted, string(t.Key))
+		return sub, nil
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, "submission failed")
+	if errors.Is(context.Cause(ctx), errShutdown) {
+		// The shutdown cut it off: the lease is released, and the restart
+		// or another replica submits again with the same ids.
+		return nil, &lifecycle.RetryError{Wait: time.Second, Err: err}
+	}
+	var pe *PlatformError
+	if !errors.As(err, &pe) || !pe.Retryable {
+		return nil, err
+	}
+	st.submitting.attempts++
+	wait, ok := retryWait(time.Until(t.ExpiresAt), d.gather.nextBackoff(st), pe.RetryAfter)
+	if !ok {
+		return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, st.submitting.attempts)
+	}
+	return nil, &lifecycle.RetryError{Wait: wait, Err: err}
+}
+
+// Tell asks the replica owning a turn to look at it: another replica
+// received a result of it, or its deadline. A replica of a version before
+// the lease ("old:...") is not told; it looks at the stream itself.
+func (e turnEnv) Tell(owner, key string) {
+	if len(owner) > 4 && owner[:4] == "old:" {
+		return
+	}
+	if err := e.d.js.Conn().Publish(tellSubject(leaseInstance(owner)), []byte(key)); err != nil {
+		e.d.log.Debug("telling the replica owning a turn to look at it failed", "turn", key, "owner", owner, "err", err)
+	}
+	e.d.tel.passedOn.Add(context.Background(), 1)
+}
+
+// tellSubject is where the replica instance hears of turns it owns that
+// another replica has news of.
+func tellSubject(instance string) string { return replicaSubject(instance, "turns") }
+
+// serveTells hears of the turns this replica owns that another replica
+// has news of.
+func (d *Dispatcher) serveTells() (stop func(), err error) {
+	return d.hear(tellSubject(leaseInstance(d.instance)), func(m *nats.Msg) {
+		key := protocol.TurnKey(m.Data)
+		if key.Validate() != nil {
+			return
+		}
+		d.engine.Close(string(key))
+	})
+}
+
+// Closed finishes, in this process, a turn the engine closed or found
+// closed.
+func (e turnEnv) Closed(r *lifecycle.Rec, here bool) {
+	d := e.d
+	t := r.Body.(*Turn)
+	if !here {
+		d.closedElsewhere(t.Key)
+		return
+	}
+	outputs, submitted := d.gather.submittedOutputs(t.Key)
+	d.closing.closed(t, outputs)
+	if !submitted {
+		d.finished(t, true) // cancelled: its caller tells the executors
+		return
+	}
+	now := time.Now().UTC()
+	ctx := d.tel.turnContext(context.Background(), t)
+	d.tel.submitted(ctx, t, outputs, t.State, now)
+	cutOff := t.Outcome().CutOff
+	defer d.finished(t, cutOff)
+	ev := Event{Kind: EventTurnSubmitted, Turn: t, Latency: now.Sub(t.CreatedAt), TimeLeft: t.ExpiresAt.Sub(now)}
+	if t.State == TurnFailed {
+		ev.Kind = EventTurnFailed
+		d.log.ErrorContext(ctx, "submission failed", "turn", t.Key, "platform", t.Ref.Platform, "err", t.Outcome().Error)
+	} else {
+		d.log.InfoContext(ctx, "turn submitted", "turn", t.Key, "platform", t.Ref.Platform,
+			"latency_ms", ev.Latency.Milliseconds(), "time_left_s", int64(ev.TimeLeft.Seconds()), "cut_off", cutOff)
+	}
+	d.emit(ev)
+}
