@@ -121,6 +121,7 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
 
 	s.mu.Lock()
 	if prev, seen := s.idemResponse(r); seen {
+		s.stats.ResponseReplays++
 		out := s.responseJSON(prev)
 		s.mu.Unlock()
 		writeJSON(w, http.StatusOK, out)

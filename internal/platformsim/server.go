@@ -89,6 +89,10 @@ type Stats struct {
 	// FunctionCallOutputs is the number of function_call_output items
 	// accepted in continuations.
 	FunctionCallOutputs int
+	// ResponseReplays counts POST /responses answered from an
+	// Idempotency-Key seen before: continuations a platform that kept every
+	// request would have made twice.
+	ResponseReplays int
 	// Rejected counts requests answered with a 4xx.
 	Rejected int
 }

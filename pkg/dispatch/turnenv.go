@@ -195,15 +195,32 @@ func (e turnEnv) Tell(owner, key string) {
 func tellSubject(instance string) string { return replicaSubject(instance, "turns") }
 
 // serveTells hears of the turns this replica owns that another replica
-// has news of.
+// has news of: on its own subject, and, from a replica of the version
+// before the lease (which reads this replica's leases as holds), as the
+// call keys of results it received.
 func (d *Dispatcher) serveTells() (stop func(), err error) {
-	return d.hear(tellSubject(leaseInstance(d.instance)), func(m *nats.Msg) {
+	stopTells, err := d.hear(tellSubject(leaseInstance(d.instance)), func(m *nats.Msg) {
 		key := protocol.TurnKey(m.Data)
 		if key.Validate() != nil {
 			return
 		}
 		d.engine.Close(string(key))
 	})
+	if err != nil {
+		return nil, err
+	}
+	stopOld, err := d.hear(replicaSubject(leaseInstance(d.instance), "results"), func(m *nats.Msg) {
+		key := protocol.CallKey(m.Data)
+		if key.Validate() != nil {
+			return
+		}
+		d.gather.recheckSoon(key.Turn())
+	})
+	if err != nil {
+		stopTells()
+		return nil, err
+	}
+	return func() { stopTells(); stopOld() }, nil
 }
 
 // Closed finishes, in this process, a turn the engine closed or found
