@@ -167,13 +167,23 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid declaration", "key", e.Key(), "err", err)
 		return
 	}
+	// Dispatchers store only declarations within the tool text bounds;
+	// one that is not (written by an older dispatcher) is not served. The
+	// schema's strings are checked once per schema, with its compilation.
+	if err := protocol.ValidateToolText(name, decl.Spec.Description, nil); err != nil {
+		r.log.Error("ignoring a declaration whose tool text breaks a bound", "key", e.Key(), "err", err)
+		return
+	}
 	digest := schema.Digest(decl.Spec.Parameters)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.schemas[name+"/"+digest]
 	if s == nil {
-		if s, err = schema.Compile(name, decl.Spec.Parameters); err != nil {
-			r.log.Error("ignoring a declaration whose schema does not compile", "key", e.Key(), "err", err)
+		if err = decl.Spec.ValidateToolText(); err == nil {
+			s, err = schema.Compile(name, decl.Spec.Parameters)
+		}
+		if err != nil {
+			r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", e.Key(), "err", err)
 			return
 		}
 		r.schemas[name+"/"+digest] = s

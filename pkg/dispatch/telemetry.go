@@ -141,7 +141,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	must(e)
 	t.takenIn, e = m.Int64Counter("toolrelay.turns.taken_in", metric.WithDescription("Turns taken in, by platform and by the channel that saw them first (poll, stream, webhook, api)."))
 	must(e)
-	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many): a team serving a name another owns, or over its quota."))
+	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many, tool_text): a team serving a name another owns, over its quota, or whose description or schema text breaks a bound."))
 	must(e)
 	must(t.observe(m, fleet))
 	return t, err
