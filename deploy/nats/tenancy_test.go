@@ -164,12 +164,12 @@ func (x *deployment) release() { x.releaseOnce.Do(func() { close(x.hold) }) }
 // user.
 func (x *deployment) setting(user, name string) string {
 	x.t.Helper()
-	b, err := os.ReadFile(filepath.Join(x.dir, user+".env"))
+	vars, err := tenancy.ReadEnvFile(filepath.Join(x.dir, user+".env"))
 	if err != nil {
 		x.t.Fatal(err)
 	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+"="); ok {
+	for _, kv := range vars {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
 			return v
 		}
 	}
