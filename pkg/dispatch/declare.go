@@ -117,6 +117,7 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 		}
 		if !known {
 			room--
+			d.noteDefinition(ctx, decl) // a process starting: has the definition changed?
 		}
 		reply.Accepted = append(reply.Accepted, decl.Spec.Name)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/schema"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // FunctionView is a function as GET /v1/functions and the console show
@@ -22,11 +23,20 @@ type FunctionView struct {
 	Version string `json:"version,omitempty"`
 	// Parameters is the schema the newest live executor declares (else
 	// the claim's); SchemaDigest identifies it by content.
-	Parameters     json.RawMessage `json:"parameters"`
-	SchemaDigest   string          `json:"schema_digest"`
-	Timeout        string          `json:"timeout,omitempty"`
-	MaxConcurrency int             `json:"max_concurrency,omitempty"`
-	SideEffects    bool            `json:"side_effects,omitempty"`
+	Parameters   json.RawMessage `json:"parameters"`
+	SchemaDigest string          `json:"schema_digest"`
+	// DefinitionDigest identifies the description and schema together
+	// (what the model reads), as Description and Parameters show them.
+	// DefinitionChangedAt is when an executor last started serving the
+	// function with another definition than the one before, whose digest
+	// PreviousDefinitionDigest is; both are empty while the definition
+	// has not changed since the function was claimed.
+	DefinitionDigest         string     `json:"definition_digest"`
+	DefinitionChangedAt      *time.Time `json:"definition_changed_at,omitempty"`
+	PreviousDefinitionDigest string     `json:"previous_definition_digest,omitempty"`
+	Timeout                  string     `json:"timeout,omitempty"`
+	MaxConcurrency           int        `json:"max_concurrency,omitempty"`
+	SideEffects              bool       `json:"side_effects,omitempty"`
 	// Executors are the processes serving it now (live leases), newest
 	// first. Schemas lists the distinct schemas they declare when they
 	// disagree (more than one).
@@ -105,12 +115,16 @@ func (r *registry) views(caller Caller) []FunctionView {
 		live := r.liveOf(name, spec.Team)
 		if len(live) > 0 {
 			newest := live[0].decl.Spec
-			v.Description, v.Version, v.Parameters = cmp.Or(newest.Description, v.Description), newest.FunctionVersion, newest.Parameters
+			v.Description, v.Version, v.Parameters = newest.Description, newest.FunctionVersion, newest.Parameters
 			v.SchemaDigest, v.MaxConcurrency, v.SideEffects = live[0].digest, newest.MaxConcurrency, newest.SideEffects
 			spec = &newest
 		}
 		if spec.Timeout > 0 {
 			v.Timeout = time.Duration(spec.Timeout).String()
+		}
+		v.DefinitionDigest = definitionDigest(&protocol.FunctionSpec{Description: v.Description, Parameters: v.Parameters})
+		if c, ok := r.changes[name]; ok {
+			v.DefinitionChangedAt, v.PreviousDefinitionDigest = &c.at, c.previous
 		}
 		byDigest := map[string][]string{}
 		for _, d := range live {

@@ -35,10 +35,14 @@ type registry struct {
 	decls  jetstream.KeyValue
 	log    *slog.Logger
 
-	mu      sync.RWMutex
-	owners  map[string]*protocol.FunctionSpec
-	live    map[string]map[string]*declared // function → declaration key → declaration
-	schemas map[string]*schema.Schema       // function/digest → compiled
+	mu     sync.RWMutex
+	owners map[string]*protocol.FunctionSpec
+	// claimRevs are the owners' revisions in the bucket, and changes when
+	// each function's definition last changed (definitions.go).
+	claimRevs map[string]uint64
+	changes   map[string]definitionChange
+	live      map[string]map[string]*declared // function → declaration key → declaration
+	schemas   map[string]*schema.Schema       // function/digest → compiled
 	// disagree holds the functions whose live declarations have more than
 	// one schema, as reported.
 	disagree map[string]int
@@ -80,7 +84,8 @@ type function struct {
 }
 
 func newRegistry(log *slog.Logger) *registry {
-	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, live: map[string]map[string]*declared{},
+	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, claimRevs: map[string]uint64{},
+		changes: map[string]definitionChange{}, live: map[string]map[string]*declared{},
 		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, refusals: map[string]refusal{},
 		lapsed: map[string]time.Time{}, changed: make(chan struct{})}
 }
@@ -91,7 +96,9 @@ func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
 	var loaded sync.WaitGroup
 	loaded.Add(2)
 	var wg sync.WaitGroup
-	wg.Go(func() { watchBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log) })
+	// The claims' history too, so that a replica starting knows when each
+	// definition last changed.
+	wg.Go(func() { watchBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log, jetstream.IncludeHistory()) })
 	wg.Go(func() { watchBucket(ctx, r.decls, r.applyDeclaration, loaded.Done, r.log) })
 	wg.Go(func() {
 		loaded.Wait()
@@ -103,11 +110,11 @@ func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
 // watchBucket applies every change of kv until ctx ends, re-creating the
 // watcher when it closes (for instance after a reconnect). loaded is called
 // once, when the first snapshot is delivered (or ctx ends before).
-func watchBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), loaded func(), log *slog.Logger) {
+func watchBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), loaded func(), log *slog.Logger, opts ...jetstream.WatchOpt) {
 	var once sync.Once
 	defer once.Do(loaded)
 	for ctx.Err() == nil {
-		w, err := kv.WatchAll(ctx)
+		w, err := kv.WatchAll(ctx, opts...)
 		if err != nil {
 			log.Warn("registry watch failed; retrying", "bucket", kv.Bucket(), "err", err)
 			backoff.Sleep(ctx, time.Second)
@@ -130,6 +137,8 @@ func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
 	defer r.notify()
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(r.owners, e.Key())
+		delete(r.claimRevs, e.Key())
+		delete(r.changes, e.Key())
 		return
 	}
 	spec, err := protocol.DecodeFunctionSpec(e.Value())
@@ -137,7 +146,7 @@ func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid registry entry", "fn", e.Key(), "err", err)
 		return
 	}
-	r.owners[spec.Name] = spec
+	r.noteClaim(spec, e)
 }
 
 func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
@@ -245,10 +254,13 @@ func (r *registry) claim(ctx context.Context, spec *protocol.FunctionSpec) (stri
 	if err != nil {
 		return "", err
 	}
-	if _, err = r.claims.Create(ctx, spec.Name, data); err == nil {
+	rev, err := r.claims.Create(ctx, spec.Name, data)
+	if err == nil {
 		r.log.InfoContext(ctx, "function claimed", "fn", spec.Name, "team", spec.Team)
 		r.mu.Lock()
-		r.owners[spec.Name] = spec
+		if r.owners[spec.Name] == nil {
+			r.owners[spec.Name], r.claimRevs[spec.Name] = spec, rev
+		}
 		r.mu.Unlock()
 		return spec.Team, nil
 	}
