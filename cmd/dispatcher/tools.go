@@ -28,9 +28,10 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	platform := fs.String("platform", "responses", "agents, assistants or responses")
 	status := fs.Bool("status", false, "print every function with its team, live executors and schemas instead")
 	team := fs.String("team", "", "only the functions these teams own (comma-separated)")
+	accepted := fs.Bool("accepted", false, "print each function's definition last accepted (description and schema), what agents get under TOOLRELAY_DEFINITION_APPROVAL, instead of the newest executor's")
 	owners := fs.Bool("owners", false, "print each definition with its owning team: [{\"team\",\"function\",\"definition_digest\",\"definition\"}]")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses] [-team T[,T...]] [-owners] [-status]\n\n"+
+		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses] [-team T[,T...]] [-owners] [-accepted] [-status]\n\n"+
 			"Prints the functions live executors serve as a JSON array of tool definitions\n"+
 			"(with -owners, each beside the team whose words its description and schema are:\n"+
 			"the platforms' definitions have no field for it and refuse unknown ones).\n"+
@@ -81,10 +82,20 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stderr, "warning: %s: its %d live executors declare %d different schemas; printed is the newest (%s, started %s)\n",
 				f.Spec.Name, len(f.Executors), f.Schemas, f.Executors[0].Executor, f.Executors[0].StartedAt.Format(time.RFC3339))
 		}
+		spec := f.Spec
+		switch {
+		case f.Changed() && *accepted:
+			c := *spec
+			c.Description, c.Parameters = f.Accepted.Description, f.Accepted.Parameters
+			spec = &c
+			fmt.Fprintf(stderr, "note: %s: its executors declare a definition not accepted yet; printed is the one last accepted\n", f.Spec.Name)
+		case f.Changed():
+			fmt.Fprintf(stderr, "note: %s: its newest executor declares a definition other than the one last accepted; printed is the newest (-accepted prints the other)\n", f.Spec.Name)
+		}
 		if f.Spec.DeferLoading && p == protocol.PlatformAssistants {
 			fmt.Fprintf(stderr, "note: %s is marked defer_loading, which Assistants do not support; printed in full\n", f.Spec.Name)
 		}
-		specs = append(specs, f.Spec)
+		specs = append(specs, spec)
 	}
 	var out any
 	if *owners {

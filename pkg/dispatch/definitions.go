@@ -4,8 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,6 +33,11 @@ import (
 //
 // Only a process starting counts: during a rolling deploy, renewals of the
 // old version's declarations do not flip the definition back and forth.
+//
+// With Options.DefinitionApproval the claim is not replaced: agents go on
+// reading the definition last accepted (tools/list, GET /v1/tools), the
+// new one is listed as pending in GET /v1/functions and the console, and
+// an admin accepts it with POST /v1/functions/{name}/accept.
 
 // definitionChange is when a function's definition last changed, and the
 // digest of the one before.
@@ -49,48 +59,125 @@ const definitionUpdateTries = 3
 
 // noteDefinition records decl's definition as its function's, if it
 // differs from the claim's: decl is the first declaration of a process.
-// A failure is logged: the definition agents see is the newest live
-// declaration's either way, only the record of the change is missing.
+// With Options.DefinitionApproval it only logs that the definition awaits
+// an admin. A failure is logged: the definition agents see is the newest
+// live declaration's either way, only the record of the change is missing.
 func (d *Dispatcher) noteDefinition(ctx context.Context, decl *protocol.Declaration) {
-	claim, rev := d.registry.claimOf(decl.Spec.Name)
+	claim, _ := d.registry.claimOf(decl.Spec.Name)
+	if claim == nil || claim.Team != decl.Spec.Team || definitionDigest(claim) == definitionDigest(&decl.Spec) {
+		return
+	}
+	if d.opts.DefinitionApproval {
+		d.log.WarnContext(ctx, "a function's definition (description or schema) changed and awaits an admin's acceptance; agents read the one accepted before",
+			"fn", decl.Spec.Name, "team", decl.Spec.Team, "executor", decl.Executor, "instance", decl.Instance,
+			"definition", definitionDigest(&decl.Spec), "accepted_definition", definitionDigest(claim),
+			"accept", "POST /v1/functions/"+decl.Spec.Name+"/accept")
+		return
+	}
+	if err := d.replaceDefinition(ctx, decl.Spec, "executor "+decl.Executor+"/"+decl.Instance); err != nil {
+		d.log.ErrorContext(ctx, "could not record a function's new definition", "fn", decl.Spec.Name, "team", decl.Spec.Team, "err", err)
+	}
+}
+
+// replaceDefinition makes spec's definition its function's claim, by
+// compare-and-set (re-reading the claim on a conflict), then logs and
+// counts the change, naming by (an executor, or the admin who accepted
+// it). A claim of another team, or with spec's definition already, is left.
+func (d *Dispatcher) replaceDefinition(ctx context.Context, spec protocol.FunctionSpec, by string) error {
+	claim, rev := d.registry.claimOf(spec.Name)
 	for range definitionUpdateTries {
-		if claim == nil || claim.Team != decl.Spec.Team {
-			return
+		if claim == nil || claim.Team != spec.Team {
+			return nil
 		}
-		was, now := definitionDigest(claim), definitionDigest(&decl.Spec)
+		was, now := definitionDigest(claim), definitionDigest(&spec)
 		if was == now {
-			return
+			return nil
 		}
-		spec := decl.Spec
 		spec.UpdatedAt = time.Now().UTC()
 		data, err := protocol.EncodeFunctionSpec(&spec)
-		if err == nil {
-			_, err = d.registry.claims.Update(ctx, spec.Name, data, rev)
+		if err != nil {
+			return err
 		}
+		_, err = d.registry.claims.Update(ctx, spec.Name, data, rev)
 		if err == nil {
 			d.tel.definitionChanges.Add(ctx, 1, metric.WithAttributes(attrTeam.String(spec.Team), attrFunction.String(spec.Name)))
 			d.log.WarnContext(ctx, "a function's definition (description or schema) changed: agents now read the new one",
-				"fn", spec.Name, "team", spec.Team, "executor", decl.Executor, "instance", decl.Instance,
-				"version", spec.FunctionVersion, "definition", now, "previous_definition", was,
+				"fn", spec.Name, "team", spec.Team, "by", by, "version", spec.FunctionVersion, "definition", now, "previous_definition", was,
 				"description_bytes", len(spec.Description), "previous_description_bytes", len(claim.Description),
 				"schema", schema.Digest(spec.Parameters), "previous_schema", schema.Digest(claim.Parameters))
-			return
+			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			d.log.ErrorContext(ctx, "could not record a function's new definition", "fn", spec.Name, "team", spec.Team, "err", err)
-			return
+			return err
 		}
 		// Another replica changed the claim meanwhile: compare with its.
 		e, err := d.registry.claims.Get(ctx, spec.Name)
 		if err != nil {
-			d.log.ErrorContext(ctx, "could not record a function's new definition", "fn", spec.Name, "team", spec.Team, "err", err)
-			return
+			return err
 		}
 		if claim, err = protocol.DecodeFunctionSpec(e.Value()); err != nil {
-			return
+			return err
 		}
 		rev = e.Revision()
 	}
+	return fmt.Errorf("dispatch: replace the definition of %s: the claim kept changing", spec.Name)
+}
+
+// postAccept answers POST /v1/functions/{name}/accept
+// {"definition_digest":"..."}: an admin accepts a definition that live
+// executors of the function declare (PendingDefinition), which agents then
+// read. 403 for a caller that is not an admin; 404 when no live executor
+// declares that definition.
+func (d *Dispatcher) postAccept(w http.ResponseWriter, r *http.Request) {
+	caller := CallerOf(r)
+	if !caller.Admin {
+		writeError(w, http.StatusForbidden, "only an admin token may accept a function's definition")
+		return
+	}
+	// A page of another site can make a browser send a form (riding on
+	// loopback trust), not a JSON request: that needs a CORS preflight.
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		writeError(w, http.StatusUnsupportedMediaType, "send the body as Content-Type: application/json")
+		return
+	}
+	var body struct {
+		Digest string `json:"definition_digest"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&body); err != nil || body.Digest == "" {
+		writeFieldError(w, &FieldError{Field: "definition_digest", Message: `want {"definition_digest":"<a pending definition's digest>"}`})
+		return
+	}
+	name := r.PathValue("name")
+	spec := d.registry.liveDefinition(name, body.Digest)
+	if spec == nil {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no live executor of %s declares definition %s (GET /v1/functions lists its pending_definitions)", name, body.Digest))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), declareTimeout)
+	defer cancel()
+	if err := d.replaceDefinition(ctx, *spec, "admin "+caller.Name); err != nil {
+		writeError(w, http.StatusServiceUnavailable, strings.TrimPrefix(err.Error(), "dispatch: "))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"function": name, "definition_digest": body.Digest, "accepted_by": caller.Name})
+}
+
+// liveDefinition returns the spec of a live declaration of name, of its
+// owning team, whose definition has digest; nil if there is none.
+func (r *registry) liveDefinition(name, digest string) *protocol.FunctionSpec {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	owner := r.owners[name]
+	if owner == nil {
+		return nil
+	}
+	for _, d := range r.liveOf(name, owner.Team) {
+		if definitionDigest(&d.decl.Spec) == digest {
+			spec := d.decl.Spec
+			return &spec
+		}
+	}
+	return nil
 }
 
 // claimOf returns name's claim as the cache has it, and its revision.

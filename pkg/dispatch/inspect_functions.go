@@ -34,9 +34,14 @@ type FunctionView struct {
 	DefinitionDigest         string     `json:"definition_digest"`
 	DefinitionChangedAt      *time.Time `json:"definition_changed_at,omitempty"`
 	PreviousDefinitionDigest string     `json:"previous_definition_digest,omitempty"`
-	Timeout                  string     `json:"timeout,omitempty"`
-	MaxConcurrency           int        `json:"max_concurrency,omitempty"`
-	SideEffects              bool       `json:"side_effects,omitempty"`
+	// PendingDefinitions, with Options.DefinitionApproval, are the
+	// definitions live executors declare that an admin has not accepted:
+	// agents read Description and Parameters (the one last accepted)
+	// until one of these is.
+	PendingDefinitions []PendingDefinition `json:"pending_definitions,omitempty"`
+	Timeout            string              `json:"timeout,omitempty"`
+	MaxConcurrency     int                 `json:"max_concurrency,omitempty"`
+	SideEffects        bool                `json:"side_effects,omitempty"`
 	// Executors are the processes serving it now (live leases), newest
 	// first. Schemas lists the distinct schemas they declare when they
 	// disagree (more than one).
@@ -44,6 +49,35 @@ type FunctionView struct {
 	Schemas   []SchemaVariant `json:"schemas,omitempty"`
 	Queue     *FunctionQueue  `json:"queue,omitempty"`
 	Stats     FunctionStats   `json:"stats"`
+}
+
+// PendingDefinition is a definition of a function that live executors
+// declare and an admin has not accepted, and which executors
+// ("name/instance") declare it.
+type PendingDefinition struct {
+	Digest      string          `json:"definition_digest"`
+	Description string          `json:"description"`
+	Parameters  json.RawMessage `json:"parameters"`
+	Executors   []string        `json:"executors"`
+}
+
+// pendingDefinitions are the definitions of live other than claim's.
+func pendingDefinitions(claim *protocol.FunctionSpec, live []*declared) []PendingDefinition {
+	accepted := definitionDigest(claim)
+	var out []PendingDefinition
+	for _, d := range live { // newest first
+		digest := definitionDigest(&d.decl.Spec)
+		if digest == accepted {
+			continue
+		}
+		i := slices.IndexFunc(out, func(p PendingDefinition) bool { return p.Digest == digest })
+		if i < 0 {
+			out = append(out, PendingDefinition{Digest: digest, Description: d.decl.Spec.Description, Parameters: d.decl.Spec.Parameters})
+			i = len(out) - 1
+		}
+		out[i].Executors = append(out[i].Executors, d.decl.Executor+"/"+d.decl.Instance)
+	}
+	return out
 }
 
 // ExecutorView is one executor process serving a function.
@@ -75,7 +109,7 @@ type FunctionQueue struct {
 // InspectFunctions lists the functions of the teams caller sees: every
 // function a team claims, served now or not, by name.
 func (d *Dispatcher) InspectFunctions(ctx context.Context, caller Caller) []FunctionView {
-	views := d.registry.views(caller)
+	views := d.registry.views(caller, d.opts.DefinitionApproval)
 	d.tel.gaugesMu.Lock()
 	g := d.tel.gauges
 	d.tel.gaugesMu.Unlock()
@@ -100,8 +134,10 @@ func (d *Dispatcher) InspectFunctions(ctx context.Context, caller Caller) []Func
 	return views
 }
 
-// views returns the registry's functions caller sees, by name.
-func (r *registry) views(caller Caller) []FunctionView {
+// views returns the registry's functions caller sees, by name; with
+// accepted, each described by the definition last accepted, and the live
+// ones awaiting acceptance listed (Options.DefinitionApproval).
+func (r *registry) views(caller Caller, accepted bool) []FunctionView {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	out := []FunctionView{}
@@ -121,6 +157,10 @@ func (r *registry) views(caller Caller) []FunctionView {
 		}
 		if spec.Timeout > 0 {
 			v.Timeout = time.Duration(spec.Timeout).String()
+		}
+		if claim := r.owners[name]; accepted {
+			v.Description, v.Parameters, v.SchemaDigest = claim.Description, claim.Parameters, schema.Digest(claim.Parameters)
+			v.PendingDefinitions = pendingDefinitions(claim, live)
 		}
 		v.DefinitionDigest = definitionDigest(&protocol.FunctionSpec{Description: v.Description, Parameters: v.Parameters})
 		if c, ok := r.changes[name]; ok {

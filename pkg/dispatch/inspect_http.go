@@ -23,6 +23,9 @@ import (
 //	GET /v1/turns/{key}    one turn with each call's result
 //	GET /v1/functions      functions, executors, queues and figures
 //	GET /v1/watches        active and recently ended watches
+//	POST /v1/functions/{name}/accept {"definition_digest":...}
+//	                       an admin accepts a function's changed definition
+//	                       (with Options.DefinitionApproval; definitions.go)
 //	GET /v1/tools?platform=&team=
 //	                       the served functions as a platform's tool
 //	                       definitions, each with its team (tools_export.go)
@@ -38,6 +41,7 @@ func (d *Dispatcher) routeInspect(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/functions", d.getFunctions)
 	mux.HandleFunc("GET /v1/watches", d.getWatches)
 	mux.HandleFunc("GET /v1/tools", d.getTools)
+	mux.HandleFunc("POST /v1/functions/{name}/accept", d.postAccept)
 }
 
 // ParseTurnQuery reads a TurnQuery from the query of a request of caller:

@@ -453,8 +453,9 @@ func (f *function) validate(args []byte) (digest, problem string) {
 
 // served returns the functions of the teams sees accepts that a live
 // executor of their owning team serves, by name, each as its newest live
-// declaration describes it.
-func (r *registry) served(sees func(team string) bool) []*protocol.FunctionSpec {
+// declaration describes it; with accepted, with the description and schema
+// of its claim, the definition last accepted (Options.DefinitionApproval).
+func (r *registry) served(sees func(team string) bool, accepted bool) []*protocol.FunctionSpec {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	var out []*protocol.FunctionSpec
@@ -464,7 +465,13 @@ func (r *registry) served(sees func(team string) bool) []*protocol.FunctionSpec 
 			continue
 		}
 		if live := r.liveOf(name, owner.Team); len(live) > 0 {
-			out = append(out, &live[0].decl.Spec)
+			spec := &live[0].decl.Spec
+			if accepted {
+				c := *spec
+				c.Description, c.Parameters = owner.Description, owner.Parameters
+				spec = &c
+			}
+			out = append(out, spec)
 		}
 	}
 	slices.SortFunc(out, func(a, b *protocol.FunctionSpec) int { return strings.Compare(a.Name, b.Name) })

@@ -77,7 +77,7 @@ func (d *Dispatcher) getTools(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
 		return
 	}
-	tools, err := ExportTools(d.registry.served(sees), p)
+	tools, err := ExportTools(d.registry.served(sees, d.opts.DefinitionApproval), p)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
