@@ -499,20 +499,8 @@ func (f *fleet) auth(user string) (nats.Option, error) {
 	return nil, fmt.Errorf("%s.env has no NATS_NKEY", user)
 }
 
-// readEnv reads KEY=VALUE lines of an env file the generator wrote.
-func readEnv(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		if line != "" && !strings.HasPrefix(line, "#") {
-			out = append(out, line)
-		}
-	}
-	return out, nil
-}
+// readEnv reads the settings of an env file the generator wrote.
+func readEnv(path string) ([]string, error) { return tenancy.ReadEnvFile(path) }
 
 func keys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 )
 
 // runBin runs a built binary to completion and returns its stdout, stderr
@@ -107,6 +108,12 @@ func TestBuiltDevLoop(t *testing.T) {
 	}
 	if want := "get_order_status,get_shipping_eta(deferred),issue_refund(deferred),tool_search"; strings.Join(got, ",") != want {
 		t.Errorf("tools -team orders = %s, want %s", strings.Join(got, ","), want)
+	}
+	out, errOut, code = runBin(t, bins["dispatcher"], natsEnv, "tools", "-owners", "-team", "orders,billing")
+	var owned []dispatch.ExportedTool
+	if code != 0 || json.Unmarshal([]byte(out), &owned) != nil || len(owned) != len(defs) || owned[0].Team != "orders" ||
+		owned[0].Function != "get_order_status" || !strings.Contains(string(owned[0].Definition), `"name": "get_order_status"`) {
+		t.Errorf("tools -owners -team orders,billing: exit %d, %s %s; want %d definitions, each with its team", code, out, errOut, len(defs))
 	}
 	if out, _, code = runBin(t, bins["dispatcher"], natsEnv, "tools", "-team", "billing"); code != 0 || strings.TrimSpace(out) != "[]" {
 		t.Errorf("tools -team billing: exit %d, %q, want []", code, out)

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 
 	"github.com/toolrelay/toolrelay/internal/tenancy"
@@ -49,9 +50,23 @@ func natsConfigCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "new keys: %s (keep them secret; existing ones were kept)\n", strings.Join(res.Created, ", "))
 	}
 	fmt.Fprintf(stdout, "start:      nats-server -c %s\n", res.Servers[0])
-	fmt.Fprintf(stdout, "dispatcher: env $(cat %s/dispatcher.env) dispatcher\n", *out)
-	fmt.Fprintf(stdout, "executors:  env $(cat %s/<team>.env) executor -config functions.yaml\n", *out)
+	// The env files' values are single-quoted (a shell would expand the
+	// "$JS" of the API prefixes otherwise): source them, don't cat them.
+	fmt.Fprintf(stdout, "dispatcher: (set -a; . %s; exec dispatcher)\n", shellPath(*out, "dispatcher.env"))
+	fmt.Fprintf(stdout, "executors:  (set -a; . %s; exec executor -config functions.yaml)\n", shellPath(*out, "<team>.env"))
 	return nil
+}
+
+// shellPath is dir/file as a shell command line can take it.
+func shellPath(dir, file string) string {
+	p := filepath.Join(dir, file)
+	if !strings.HasPrefix(p, "/") {
+		p = "./" + p // "." searches PATH for a name without a slash
+	}
+	if strings.ContainsAny(p, " '\"$`\\*?[]<>|&;(){}#~") {
+		return "'" + strings.ReplaceAll(p, "'", `'\''`) + "'"
+	}
+	return p
 }
 
 func baseNames(paths []string) []string {

@@ -22,9 +22,10 @@ func tokenCmd(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	name := fl.String("name", "", "the token's name, shown in logs (required; unique in the file)")
 	admin := fl.Bool("admin", false, "scope: everything")
 	teams := fl.String("teams", "", "scope: these teams only (comma-separated)")
+	tools := fl.String("tools", "", "scope: list and call these teams' tools only, on /mcp and GET /v1/tools (comma-separated): an agent's token")
 	file := fl.String("file", "", "append the line to this tokens file (created, mode 0600, if missing)")
 	fl.Usage = func() {
-		fmt.Fprint(stderr, `usage: dispatcher token -name NAME (-admin | -teams TEAM[,TEAM...]) [-file FILE]
+		fmt.Fprint(stderr, `usage: dispatcher token -name NAME (-admin | -teams TEAM[,TEAM...] | -tools TEAM[,TEAM...]) [-file FILE]
 
 Makes a random bearer token for the HTTP API and prints it on stdout; the token is
 shown only then. The line for TOOLRELAY_API_TOKENS_FILE (name, scope and the token's
@@ -40,16 +41,22 @@ SHA-256, never the token) goes to stderr, or is appended to -file.
 		fl.Usage()
 		return fmt.Errorf("token: unexpected arguments %q", fl.Args())
 	}
-	if *admin == (*teams != "") {
+	if n := btoi(*admin) + btoi(*teams != "") + btoi(*tools != ""); n != 1 {
 		fl.Usage()
-		return errors.New("token: give either -admin or -teams")
-	}
-	var teamList []string
-	if *teams != "" {
-		teamList = strings.Split(*teams, ",")
+		return errors.New("token: give one of -admin, -teams and -tools")
 	}
 	tok := apiauth.NewToken()
-	entry, err := apiauth.NewEntry(*name, *admin, teamList, tok)
+	var entry apiauth.Entry
+	var err error
+	if *tools != "" {
+		entry, err = apiauth.NewToolsEntry(*name, strings.Split(*tools, ","), tok)
+	} else {
+		var teamList []string
+		if *teams != "" {
+			teamList = strings.Split(*teams, ",")
+		}
+		entry, err = apiauth.NewEntry(*name, *admin, teamList, tok)
+	}
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}
@@ -90,4 +97,11 @@ func appendEntry(path string, e apiauth.Entry) error {
 		return err
 	}
 	return f.Close()
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

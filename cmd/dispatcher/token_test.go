@@ -22,6 +22,7 @@ func TestTokenCommandAddsAHashedLine(t *testing.T) {
 	for _, args := range [][]string{
 		{"token", "-name", "ops", "-admin", "-file", path},
 		{"token", "-name", "orders-ci", "-teams", "orders,billing", "-file", path},
+		{"token", "-name", "support-bot", "-tools", "orders", "-file", path},
 	} {
 		var out, errOut bytes.Buffer
 		if err := run(t.Context(), args, &out, &errOut); err != nil {
@@ -49,16 +50,20 @@ func TestTokenCommandAddsAHashedLine(t *testing.T) {
 	if c, ok := f.Authenticate(tokens[0]); !ok || !c.Admin || c.Name != "ops" {
 		t.Errorf("admin token: %+v %v", c, ok)
 	}
-	if c, ok := f.Authenticate(tokens[1]); !ok || c.Admin || strings.Join(c.Teams, ",") != "orders,billing" {
+	if c, ok := f.Authenticate(tokens[1]); !ok || c.Admin || c.ToolsOnly || strings.Join(c.Teams, ",") != "orders,billing" {
 		t.Errorf("team token: %+v %v", c, ok)
+	}
+	if c, ok := f.Authenticate(tokens[2]); !ok || c.Admin || !c.ToolsOnly || strings.Join(c.Teams, ",") != "orders" {
+		t.Errorf("tools token: %+v %v", c, ok)
 	}
 
 	for _, args := range [][]string{
-		{"token", "-name", "ops", "-admin", "-file", path}, // the name is taken
-		{"token", "-name", "x"},                            // no scope
-		{"token", "-name", "x", "-admin", "-teams", "a"},   // both
-		{"token", "-admin"},                                // no name
-		{"token", "-name", "x", "-teams", "Orders"},        // not a team name
+		{"token", "-name", "ops", "-admin", "-file", path},    // the name is taken
+		{"token", "-name", "x"},                               // no scope
+		{"token", "-name", "x", "-admin", "-teams", "a"},      // both
+		{"token", "-name", "x", "-teams", "a", "-tools", "a"}, // both
+		{"token", "-admin"},                                   // no name
+		{"token", "-name", "x", "-teams", "Orders"},           // not a team name
 	} {
 		var out, errOut bytes.Buffer
 		if err := run(t.Context(), args, &out, &errOut); err == nil || out.Len() > 0 {

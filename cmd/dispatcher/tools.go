@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -26,10 +27,14 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	platform := fs.String("platform", "responses", "agents, assistants or responses")
 	status := fs.Bool("status", false, "print every function with its team, live executors and schemas instead")
-	team := fs.String("team", "", "only the functions this team owns")
+	team := fs.String("team", "", "only the functions these teams own (comma-separated)")
+	accepted := fs.Bool("accepted", false, "print each function's definition last accepted (description and schema), what agents get under TOOLRELAY_DEFINITION_APPROVAL, instead of the newest executor's")
+	owners := fs.Bool("owners", false, "print each definition with its owning team: [{\"team\",\"function\",\"definition_digest\",\"definition\"}]")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses] [-team T] [-status]\n\n"+
+		fmt.Fprintln(stderr, "usage: dispatcher tools [-platform agents|assistants|responses] [-team T[,T...]] [-owners] [-accepted] [-status]\n\n"+
 			"Prints the functions live executors serve as a JSON array of tool definitions\n"+
+			"(with -owners, each beside the team whose words its description and schema are:\n"+
+			"the platforms' definitions have no field for it and refuse unknown ones).\n"+
 			"(a function marked defer_loading is emitted so for agents and responses, with one tool_search tool after them).\n"+
 			"(functions no executor serves, and executors that disagree on a schema, are reported on stderr).\n"+
 			"Connects to NATS_URL, or to the embedded server at TOOLRELAY_NATS_LISTEN (default 127.0.0.1:4222).")
@@ -42,9 +47,13 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := p.Validate(); err != nil {
 		return err
 	}
+	var teams []string
 	if *team != "" {
-		if err := protocol.ValidateTeamName(*team); err != nil {
-			return fmt.Errorf("-team: %w", err)
+		teams = strings.Split(*team, ",")
+		for _, t := range teams {
+			if err := protocol.ValidateTeamName(t); err != nil {
+				return fmt.Errorf("-team: %w", err)
+			}
 		}
 	}
 	js, closeNC, err := connectTo(natsURLForTools(), "toolrelay-tools")
@@ -56,8 +65,8 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if *team != "" {
-		all = ownedBy(all, *team)
+	if teams != nil {
+		all = ownedBy(all, teams)
 	}
 	if *status {
 		printStatus(stdout, all)
@@ -73,25 +82,40 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stderr, "warning: %s: its %d live executors declare %d different schemas; printed is the newest (%s, started %s)\n",
 				f.Spec.Name, len(f.Executors), f.Schemas, f.Executors[0].Executor, f.Executors[0].StartedAt.Format(time.RFC3339))
 		}
+		spec := f.Spec
+		switch {
+		case f.Changed() && *accepted:
+			c := *spec
+			c.Description, c.Parameters = f.Accepted.Description, f.Accepted.Parameters
+			spec = &c
+			fmt.Fprintf(stderr, "note: %s: its executors declare a definition not accepted yet; printed is the one last accepted\n", f.Spec.Name)
+		case f.Changed():
+			fmt.Fprintf(stderr, "note: %s: its newest executor declares a definition other than the one last accepted; printed is the newest (-accepted prints the other)\n", f.Spec.Name)
+		}
 		if f.Spec.DeferLoading && p == protocol.PlatformAssistants {
 			fmt.Fprintf(stderr, "note: %s is marked defer_loading, which Assistants do not support; printed in full\n", f.Spec.Name)
 		}
-		specs = append(specs, f.Spec)
+		specs = append(specs, spec)
 	}
-	defs, err := dispatch.ToolDefinitions(specs, p)
+	var out any
+	if *owners {
+		out, err = dispatch.ExportTools(specs, p)
+	} else {
+		out, err = dispatch.ToolDefinitions(specs, p)
+	}
 	if err != nil {
 		return err
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	return enc.Encode(defs)
+	return enc.Encode(out)
 }
 
-// ownedBy keeps the functions team owns.
-func ownedBy(all []dispatch.FunctionStatus, team string) []dispatch.FunctionStatus {
+// ownedBy keeps the functions teams own.
+func ownedBy(all []dispatch.FunctionStatus, teams []string) []dispatch.FunctionStatus {
 	var out []dispatch.FunctionStatus
 	for _, f := range all {
-		if f.Spec.Team == team {
+		if slices.Contains(teams, f.Spec.Team) {
 			out = append(out, f)
 		}
 	}

@@ -13,11 +13,15 @@
 //		# name      scope                 hash of the token
 //		ops         admin                 sha256:0794951f7d8fa97197b736a2ed06259ea9f70f8a9cfa58701c95a48355d5fa5e
 //		orders-ci   teams:orders,billing  sha256:374a6eef8f08a00a6f7ae2bfdf95a53ec207d9891328a82cd8e85a8094e11eb3
+//		support-bot tools:orders          sha256:9a3c8f1f0e6f3f2b9f7d5c0f2b1a8e7d6c5b4a3928170615f4e3d2c1b0a99887
 //
 //	  - name identifies the token in logs (letters, digits, and . _ - @;
 //	    at most 64), unique in the file;
-//	  - scope is admin (sees everything) or teams: followed by a
-//	    comma-separated list of team names (sees those teams);
+//	  - scope is admin (sees everything), teams: followed by a
+//	    comma-separated list of team names (sees those teams: their
+//	    functions, calls, dead letters), or tools: followed by such a list
+//	    (may list and call those teams' tools, on /mcp and GET /v1/tools,
+//	    and nothing else: the token to give an agent);
 //	  - hash is sha256: and the lower-case hex SHA-256 of the token. The
 //	    file never holds a token itself, so reading it grants nothing.
 //
@@ -53,6 +57,7 @@ const (
 	hashPrefix = "sha256:"
 	adminScope = "admin"
 	teamsScope = "teams:"
+	toolsScope = "tools:"
 	maxName    = 64
 )
 
@@ -84,6 +89,9 @@ type Entry struct {
 	// Admin tokens see everything; the others see Teams.
 	Admin bool
 	Teams []string
+	// ToolsOnly tokens may list and call Teams' tools, nothing else
+	// (scope tools:).
+	ToolsOnly bool
 	// Hash is the token's Hash.
 	Hash string
 }
@@ -97,10 +105,23 @@ func NewEntry(name string, admin bool, teams []string, token Token) (Entry, erro
 	return e, nil
 }
 
+// NewToolsEntry is the entry of token, named name, that may list and call
+// the tools of teams and do nothing else (scope tools:).
+func NewToolsEntry(name string, teams []string, token Token) (Entry, error) {
+	e := Entry{Name: name, Teams: teams, ToolsOnly: true, Hash: Hash(token)}
+	if err := e.validate(); err != nil {
+		return Entry{}, fmt.Errorf("apiauth: %w", err)
+	}
+	return e, nil
+}
+
 // String is e's line in a tokens file.
 func (e Entry) String() string {
 	scope := adminScope
-	if !e.Admin {
+	switch {
+	case e.ToolsOnly:
+		scope = toolsScope + strings.Join(e.Teams, ",")
+	case !e.Admin:
 		scope = teamsScope + strings.Join(e.Teams, ",")
 	}
 	return e.Name + " " + scope + " " + e.Hash
@@ -108,14 +129,14 @@ func (e Entry) String() string {
 
 // Caller is who a request with e's token comes from.
 func (e Entry) Caller() dispatch.Caller {
-	return dispatch.Caller{Name: e.Name, Admin: e.Admin, Teams: e.Teams}
+	return dispatch.Caller{Name: e.Name, Admin: e.Admin, Teams: e.Teams, ToolsOnly: e.ToolsOnly}
 }
 
 func (e Entry) validate() error {
 	if err := validateName(e.Name); err != nil {
 		return err
 	}
-	if e.Admin == (len(e.Teams) > 0) {
+	if e.Admin == (len(e.Teams) > 0) || e.Admin && e.ToolsOnly {
 		return errors.New("a token is scoped to admin or to one or more teams, not both or neither")
 	}
 	for _, team := range e.Teams {
@@ -203,8 +224,10 @@ func parseLine(line string) (Entry, error) {
 		e.Admin = true
 	case strings.HasPrefix(scope, teamsScope):
 		e.Teams = strings.Split(strings.TrimPrefix(scope, teamsScope), ",")
+	case strings.HasPrefix(scope, toolsScope):
+		e.Teams, e.ToolsOnly = strings.Split(strings.TrimPrefix(scope, toolsScope), ","), true
 	default:
-		return Entry{}, errors.New("the scope (second field) must be admin or teams:<team>[,<team>...]")
+		return Entry{}, errors.New("the scope (second field) must be admin, teams:<team>[,<team>...] or tools:<team>[,<team>...]")
 	}
 	if err := e.validate(); err != nil {
 		return Entry{}, err

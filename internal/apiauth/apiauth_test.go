@@ -46,7 +46,12 @@ func write(t *testing.T, path, content string) {
 func TestEntryLineParsesBack(t *testing.T) {
 	admin, adminTok := line(t, "ops", true)
 	team, teamTok := line(t, "orders-ci", false, "orders", "billing")
-	content := "# toolrelay API tokens\n\n" + admin + "\n   \t" + team + "  \n"
+	toolsTok := apiauth.NewToken()
+	tools, err := apiauth.NewToolsEntry("support-bot", []string{"orders"}, toolsTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := "# toolrelay API tokens\n\n" + admin + "\n   \t" + team + "  \n" + tools.String() + "\n"
 	entries, err := apiauth.Parse("tokens", []byte(content))
 	if err != nil {
 		t.Fatal(err)
@@ -54,6 +59,13 @@ func TestEntryLineParsesBack(t *testing.T) {
 	want := []apiauth.Entry{
 		{Name: "ops", Admin: true, Hash: apiauth.Hash(adminTok)},
 		{Name: "orders-ci", Teams: []string{"orders", "billing"}, Hash: apiauth.Hash(teamTok)},
+		{Name: "support-bot", Teams: []string{"orders"}, ToolsOnly: true, Hash: apiauth.Hash(toolsTok)},
+	}
+	if !strings.Contains(tools.String(), " tools:orders ") {
+		t.Errorf("tools-only line %q: want the scope tools:orders", tools)
+	}
+	if got := entries[2].Caller(); !got.ToolsOnly || got.Admin || !got.Sees("orders") || got.Sees("billing") {
+		t.Errorf("tools-only caller %+v: want ToolsOnly, seeing orders only", got)
 	}
 	if diff := cmp.Diff(want, entries); diff != "" {
 		t.Errorf("entries (-want +got):\n%s", diff)
@@ -90,6 +102,7 @@ func TestParseErrorsNameFileAndLine(t *testing.T) {
 		{"too few fields", "ops admin", "tokens.txt:1: want 3 fields"},
 		{"unknown scope", "# c\nops root " + hash, "tokens.txt:2: the scope"},
 		{"empty team list", "ops teams: " + hash, "tokens.txt:1: scope: team name"},
+		{"empty tools list", "ops tools: " + hash, "tokens.txt:1: scope: team name"},
 		{"bad team name", "ops teams:Orders " + hash, `team name "Orders"`},
 		{"short hash", "ops admin sha256:abc", "tokens.txt:1: the third field"},
 		{"upper-case hash", "ops admin " + strings.ToUpper(hash), "tokens.txt:1: the third field"},

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,9 +32,15 @@ const requestTimeout = 2 * time.Second
 const retryAfterFailure = 500 * time.Millisecond
 
 // RefusedError says a dispatcher refused some declarations: another team
-// owns the name, or the team has too many.
+// owns the name, the team has too many, or their tool text breaks a bound
+// (protocol.ValidateToolText).
 type RefusedError struct {
 	Refusals []protocol.Refusal
+}
+
+// Owned reports whether a refusal is of a name another team owns.
+func (e *RefusedError) Owned() bool {
+	return slices.ContainsFunc(e.Refusals, func(r protocol.Refusal) bool { return r.Owner != "" })
 }
 
 func (e *RefusedError) Error() string {

@@ -138,8 +138,10 @@ type Result struct {
 // server files, one NKEY seed per user (dispatcher.nk, <team>.nk, sys.nk,
 // mode 0600) and one environment file per user (dispatcher.env,
 // <team>.env) with NATS_URL, NATS_NKEY, TOOLRELAY_TEAM_API_PREFIX for the
-// dispatcher and TOOLRELAY_CONTROL_API_PREFIX for teams. Seeds already in dir are kept, so running
-// it again with one more team leaves every existing credential valid.
+// dispatcher and TOOLRELAY_CONTROL_API_PREFIX for teams, safe to source in
+// a shell (see envFile; ReadEnvFile reads them back). Seeds already in dir
+// are kept, so running it again with one more team leaves every existing
+// credential valid.
 func Write(dir string, opts Options) (*Result, error) {
 	if len(opts.Teams) == 0 {
 		return nil, errors.New("tenancy: no teams given")
@@ -198,19 +200,19 @@ func Write(dir string, opts Options) (*Result, error) {
 		}
 		res.Servers = append(res.Servers, filepath.Join(dir, name))
 	}
-	env := func(stem, extra string) error {
+	env := func(stem string, prefix [2]string) error {
 		abs, _ := filepath.Abs(filepath.Join(dir, stem+".nk"))
-		body := fmt.Sprintf("NATS_URL=%s\nNATS_NKEY=%s\n%s", res.URL, abs, extra)
+		vars := [][2]string{{"NATS_URL", res.URL}, {"NATS_NKEY", abs}, prefix}
 		if nodes > 1 {
-			body += "TOOLRELAY_REPLICAS=3\n"
+			vars = append(vars, [2]string{"TOOLRELAY_REPLICAS", "3"})
 		}
-		return writeFile(filepath.Join(dir, stem+".env"), body, 0o600)
+		return writeFile(filepath.Join(dir, stem+".env"), envFile(vars...), 0o600)
 	}
-	if err := env("dispatcher", "TOOLRELAY_TEAM_API_PREFIX="+protocol.TeamAPIPrefixTemplate+"\n"); err != nil {
+	if err := env("dispatcher", [2]string{"TOOLRELAY_TEAM_API_PREFIX", protocol.TeamAPIPrefixTemplate}); err != nil {
 		return nil, err
 	}
 	for _, t := range teams {
-		if err := env(t, "TOOLRELAY_CONTROL_API_PREFIX="+protocol.ControlAPIPrefix+"\n"); err != nil {
+		if err := env(t, [2]string{"TOOLRELAY_CONTROL_API_PREFIX", protocol.ControlAPIPrefix}); err != nil {
 			return nil, err
 		}
 	}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -20,6 +21,16 @@ type Caller struct {
 	// Teams are what a caller that is not an admin may see: the functions
 	// of these teams, their calls and results.
 	Teams []string
+	// ToolsOnly callers may list and call the tools of Teams (/mcp and
+	// GET /v1/tools) and reach nothing else: the scope to give an agent,
+	// which needs its tools, not the calls and dead letters of their teams.
+	ToolsOnly bool
+}
+
+// toolsPath reports whether a ToolsOnly caller may ask for p.
+func toolsPath(method, p string) bool {
+	p = path.Clean("/" + p)
+	return p == "/mcp" || p == "/v1/tools" && (method == http.MethodGet || method == http.MethodHead)
 }
 
 // Sees reports whether c may see what belongs to team.
@@ -30,7 +41,10 @@ func (c Caller) Sees(team string) bool {
 // LogValue shows the caller's name and scope, never a credential.
 func (c Caller) LogValue() slog.Value {
 	scope := "admin"
-	if !c.Admin {
+	switch {
+	case c.ToolsOnly:
+		scope = "tools:" + strings.Join(c.Teams, ",")
+	case !c.Admin:
 		scope = "teams:" + strings.Join(c.Teams, ",")
 	}
 	return slog.GroupValue(slog.String("name", c.Name), slog.String("scope", scope))
@@ -82,6 +96,11 @@ func (d *Dispatcher) guard(next http.Handler) http.Handler {
 		}
 		caller, ok := d.authenticate(w, r)
 		if !ok {
+			return
+		}
+		if caller.ToolsOnly && !toolsPath(r.Method, r.URL.Path) {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("token %s may list and call the tools of its teams (%s) only: /mcp and GET /v1/tools",
+				caller.Name, strings.Join(caller.Teams, ",")))
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, caller)))

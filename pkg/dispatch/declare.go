@@ -21,15 +21,18 @@ import (
 // publish to; the dispatcher that answers decides ownership (the first team
 // to declare a name owns it), stores the declarations of the owner as
 // leases, and refuses the rest, so a squatter's declaration never reaches
-// the registry and never receives a call.
+// the registry and never receives a call. A declaration whose tool text
+// (description, schema strings) breaks protocol.ValidateToolText's bounds
+// is refused before it can claim a name: the executor need not be ours.
 
 // declareTimeout bounds the registry writes of one request.
 const declareTimeout = 5 * time.Second
 
 // Reasons a declaration is refused, as the refused counter labels them.
 const (
-	refusedOwned   = "owned_by_other_team"
-	refusedTooMany = "too_many"
+	refusedOwned    = "owned_by_other_team"
+	refusedTooMany  = "too_many"
+	refusedToolText = "tool_text"
 )
 
 func (d *Dispatcher) serveDeclarations(ctx context.Context) (stop func(), err error) {
@@ -83,6 +86,11 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 	room := d.opts.MaxDeclarationsPerTeam - d.registry.declarationsOf(team, req.Declarations)
 	for i := range req.Declarations {
 		decl := &req.Declarations[i]
+		// Before the claim: text that breaks a bound claims no name.
+		if err := decl.Spec.ValidateToolText(); err != nil {
+			d.refuse(ctx, reply, decl, refusedToolText, "", err.Error())
+			continue
+		}
 		owner, err := d.registry.claim(ctx, &decl.Spec)
 		if err != nil {
 			reply.Error = err.Error()
@@ -109,6 +117,7 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 		}
 		if !known {
 			room--
+			d.noteDefinition(ctx, decl) // a process starting: has the definition changed?
 		}
 		reply.Accepted = append(reply.Accepted, decl.Spec.Name)
 	}

@@ -84,6 +84,12 @@ type Options struct {
 	// MaxDeclarationsPerTeam bounds a team's live declarations; more are
 	// refused. Default: DefaultMaxDeclarationsPerTeam.
 	MaxDeclarationsPerTeam int
+	// DefinitionApproval holds a changed description or schema of a
+	// served function back from agents until an admin accepts it (POST
+	// /v1/functions/{name}/accept): tools/list and GET /v1/tools show the
+	// definition last accepted meanwhile. Default: false, a change reaches
+	// agents at once (and is logged, counted and shown).
+	DefinitionApproval bool
 	// ShutdownTimeout is how long Run waits, once its context ends, for
 	// submissions in progress before cancelling them (another replica, or
 	// this one restarted, then repeats them). Default: 10s.

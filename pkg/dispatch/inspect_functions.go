@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/schema"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // FunctionView is a function as GET /v1/functions and the console show
@@ -22,11 +23,25 @@ type FunctionView struct {
 	Version string `json:"version,omitempty"`
 	// Parameters is the schema the newest live executor declares (else
 	// the claim's); SchemaDigest identifies it by content.
-	Parameters     json.RawMessage `json:"parameters"`
-	SchemaDigest   string          `json:"schema_digest"`
-	Timeout        string          `json:"timeout,omitempty"`
-	MaxConcurrency int             `json:"max_concurrency,omitempty"`
-	SideEffects    bool            `json:"side_effects,omitempty"`
+	Parameters   json.RawMessage `json:"parameters"`
+	SchemaDigest string          `json:"schema_digest"`
+	// DefinitionDigest identifies the description and schema together
+	// (what the model reads), as Description and Parameters show them.
+	// DefinitionChangedAt is when an executor last started serving the
+	// function with another definition than the one before, whose digest
+	// PreviousDefinitionDigest is; both are empty while the definition
+	// has not changed since the function was claimed.
+	DefinitionDigest         string     `json:"definition_digest"`
+	DefinitionChangedAt      *time.Time `json:"definition_changed_at,omitempty"`
+	PreviousDefinitionDigest string     `json:"previous_definition_digest,omitempty"`
+	// PendingDefinitions, with Options.DefinitionApproval, are the
+	// definitions live executors declare that an admin has not accepted:
+	// agents read Description and Parameters (the one last accepted)
+	// until one of these is.
+	PendingDefinitions []PendingDefinition `json:"pending_definitions,omitempty"`
+	Timeout            string              `json:"timeout,omitempty"`
+	MaxConcurrency     int                 `json:"max_concurrency,omitempty"`
+	SideEffects        bool                `json:"side_effects,omitempty"`
 	// Executors are the processes serving it now (live leases), newest
 	// first. Schemas lists the distinct schemas they declare when they
 	// disagree (more than one).
@@ -34,6 +49,35 @@ type FunctionView struct {
 	Schemas   []SchemaVariant `json:"schemas,omitempty"`
 	Queue     *FunctionQueue  `json:"queue,omitempty"`
 	Stats     FunctionStats   `json:"stats"`
+}
+
+// PendingDefinition is a definition of a function that live executors
+// declare and an admin has not accepted, and which executors
+// ("name/instance") declare it.
+type PendingDefinition struct {
+	Digest      string          `json:"definition_digest"`
+	Description string          `json:"description"`
+	Parameters  json.RawMessage `json:"parameters"`
+	Executors   []string        `json:"executors"`
+}
+
+// pendingDefinitions are the definitions of live other than claim's.
+func pendingDefinitions(claim *protocol.FunctionSpec, live []*declared) []PendingDefinition {
+	accepted := definitionDigest(claim)
+	var out []PendingDefinition
+	for _, d := range live { // newest first
+		digest := definitionDigest(&d.decl.Spec)
+		if digest == accepted {
+			continue
+		}
+		i := slices.IndexFunc(out, func(p PendingDefinition) bool { return p.Digest == digest })
+		if i < 0 {
+			out = append(out, PendingDefinition{Digest: digest, Description: d.decl.Spec.Description, Parameters: d.decl.Spec.Parameters})
+			i = len(out) - 1
+		}
+		out[i].Executors = append(out[i].Executors, d.decl.Executor+"/"+d.decl.Instance)
+	}
+	return out
 }
 
 // ExecutorView is one executor process serving a function.
@@ -65,7 +109,7 @@ type FunctionQueue struct {
 // InspectFunctions lists the functions of the teams caller sees: every
 // function a team claims, served now or not, by name.
 func (d *Dispatcher) InspectFunctions(ctx context.Context, caller Caller) []FunctionView {
-	views := d.registry.views(caller)
+	views := d.registry.views(caller, d.opts.DefinitionApproval)
 	d.tel.gaugesMu.Lock()
 	g := d.tel.gauges
 	d.tel.gaugesMu.Unlock()
@@ -90,8 +134,10 @@ func (d *Dispatcher) InspectFunctions(ctx context.Context, caller Caller) []Func
 	return views
 }
 
-// views returns the registry's functions caller sees, by name.
-func (r *registry) views(caller Caller) []FunctionView {
+// views returns the registry's functions caller sees, by name; with
+// accepted, each described by the definition last accepted, and the live
+// ones awaiting acceptance listed (Options.DefinitionApproval).
+func (r *registry) views(caller Caller, accepted bool) []FunctionView {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	out := []FunctionView{}
@@ -105,12 +151,20 @@ func (r *registry) views(caller Caller) []FunctionView {
 		live := r.liveOf(name, spec.Team)
 		if len(live) > 0 {
 			newest := live[0].decl.Spec
-			v.Description, v.Version, v.Parameters = cmp.Or(newest.Description, v.Description), newest.FunctionVersion, newest.Parameters
+			v.Description, v.Version, v.Parameters = newest.Description, newest.FunctionVersion, newest.Parameters
 			v.SchemaDigest, v.MaxConcurrency, v.SideEffects = live[0].digest, newest.MaxConcurrency, newest.SideEffects
 			spec = &newest
 		}
 		if spec.Timeout > 0 {
 			v.Timeout = time.Duration(spec.Timeout).String()
+		}
+		if claim := r.owners[name]; accepted {
+			v.Description, v.Parameters, v.SchemaDigest = claim.Description, claim.Parameters, schema.Digest(claim.Parameters)
+			v.PendingDefinitions = pendingDefinitions(claim, live)
+		}
+		v.DefinitionDigest = definitionDigest(&protocol.FunctionSpec{Description: v.Description, Parameters: v.Parameters})
+		if c, ok := r.changes[name]; ok {
+			v.DefinitionChangedAt, v.PreviousDefinitionDigest = &c.at, c.previous
 		}
 		byDigest := map[string][]string{}
 		for _, d := range live {

@@ -23,16 +23,25 @@ import (
 //	GET /v1/turns/{key}    one turn with each call's result
 //	GET /v1/functions      functions, executors, queues and figures
 //	GET /v1/watches        active and recently ended watches
+//	POST /v1/functions/{name}/accept {"definition_digest":...}
+//	                       an admin accepts a function's changed definition
+//	                       (with Options.DefinitionApproval; definitions.go)
+//	GET /v1/tools?platform=&team=
+//	                       the served functions as a platform's tool
+//	                       definitions, each with its team (tools_export.go)
 //
 // A caller scoped to teams sees only turns calling its teams' functions
 // (other calls only by id, function, team and result), its teams'
-// functions, and watches driving its teams' calls.
+// functions, and watches driving its teams' calls; a caller scoped to
+// tools only (Caller.ToolsOnly) reaches GET /v1/tools alone of these.
 func (d *Dispatcher) routeInspect(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/turns", d.getTurns)
 	mux.HandleFunc("GET /v1/turns/stream", d.streamTurns)
 	mux.HandleFunc("GET /v1/turns/{key}", d.getTurn)
 	mux.HandleFunc("GET /v1/functions", d.getFunctions)
 	mux.HandleFunc("GET /v1/watches", d.getWatches)
+	mux.HandleFunc("GET /v1/tools", d.getTools)
+	mux.HandleFunc("POST /v1/functions/{name}/accept", d.postAccept)
 }
 
 // ParseTurnQuery reads a TurnQuery from the query of a request of caller:

@@ -119,7 +119,7 @@ func (d *Dispatcher) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 // executors serve.
 func (d *Dispatcher) mcpListTools(ctx context.Context) *mcp.ListToolsResult {
 	caller, _ := callerFrom(ctx) // none: sees no team
-	specs := d.registry.served(caller.Sees)
+	specs := d.registry.served(caller.Sees, d.opts.DefinitionApproval)
 	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(specs))}
 	for _, s := range specs {
 		res.Tools = append(res.Tools, mcpTool(s))

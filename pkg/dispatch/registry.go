@@ -35,10 +35,14 @@ type registry struct {
 	decls  jetstream.KeyValue
 	log    *slog.Logger
 
-	mu      sync.RWMutex
-	owners  map[string]*protocol.FunctionSpec
-	live    map[string]map[string]*declared // function → declaration key → declaration
-	schemas map[string]*schema.Schema       // function/digest → compiled
+	mu     sync.RWMutex
+	owners map[string]*protocol.FunctionSpec
+	// claimRevs are the owners' revisions in the bucket, and changes when
+	// each function's definition last changed (definitions.go).
+	claimRevs map[string]uint64
+	changes   map[string]definitionChange
+	live      map[string]map[string]*declared // function → declaration key → declaration
+	schemas   map[string]*schema.Schema       // function/digest → compiled
 	// disagree holds the functions whose live declarations have more than
 	// one schema, as reported.
 	disagree map[string]int
@@ -80,7 +84,8 @@ type function struct {
 }
 
 func newRegistry(log *slog.Logger) *registry {
-	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, live: map[string]map[string]*declared{},
+	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, claimRevs: map[string]uint64{},
+		changes: map[string]definitionChange{}, live: map[string]map[string]*declared{},
 		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, refusals: map[string]refusal{},
 		lapsed: map[string]time.Time{}, changed: make(chan struct{})}
 }
@@ -91,7 +96,9 @@ func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
 	var loaded sync.WaitGroup
 	loaded.Add(2)
 	var wg sync.WaitGroup
-	wg.Go(func() { watchBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log) })
+	// The claims' history too, so that a replica starting knows when each
+	// definition last changed.
+	wg.Go(func() { watchBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log, jetstream.IncludeHistory()) })
 	wg.Go(func() { watchBucket(ctx, r.decls, r.applyDeclaration, loaded.Done, r.log) })
 	wg.Go(func() {
 		loaded.Wait()
@@ -103,11 +110,11 @@ func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
 // watchBucket applies every change of kv until ctx ends, re-creating the
 // watcher when it closes (for instance after a reconnect). loaded is called
 // once, when the first snapshot is delivered (or ctx ends before).
-func watchBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), loaded func(), log *slog.Logger) {
+func watchBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), loaded func(), log *slog.Logger, opts ...jetstream.WatchOpt) {
 	var once sync.Once
 	defer once.Do(loaded)
 	for ctx.Err() == nil {
-		w, err := kv.WatchAll(ctx)
+		w, err := kv.WatchAll(ctx, opts...)
 		if err != nil {
 			log.Warn("registry watch failed; retrying", "bucket", kv.Bucket(), "err", err)
 			backoff.Sleep(ctx, time.Second)
@@ -130,6 +137,8 @@ func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
 	defer r.notify()
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(r.owners, e.Key())
+		delete(r.claimRevs, e.Key())
+		delete(r.changes, e.Key())
 		return
 	}
 	spec, err := protocol.DecodeFunctionSpec(e.Value())
@@ -137,7 +146,7 @@ func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid registry entry", "fn", e.Key(), "err", err)
 		return
 	}
-	r.owners[spec.Name] = spec
+	r.noteClaim(spec, e)
 }
 
 func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
@@ -167,13 +176,23 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid declaration", "key", e.Key(), "err", err)
 		return
 	}
+	// Dispatchers store only declarations within the tool text bounds;
+	// one that is not (written by an older dispatcher) is not served. The
+	// schema's strings are checked once per schema, with its compilation.
+	if err := protocol.ValidateToolText(name, decl.Spec.Description, nil); err != nil {
+		r.log.Error("ignoring a declaration whose tool text breaks a bound", "key", e.Key(), "err", err)
+		return
+	}
 	digest := schema.Digest(decl.Spec.Parameters)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.schemas[name+"/"+digest]
 	if s == nil {
-		if s, err = schema.Compile(name, decl.Spec.Parameters); err != nil {
-			r.log.Error("ignoring a declaration whose schema does not compile", "key", e.Key(), "err", err)
+		if err = decl.Spec.ValidateToolText(); err == nil {
+			s, err = schema.Compile(name, decl.Spec.Parameters)
+		}
+		if err != nil {
+			r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", e.Key(), "err", err)
 			return
 		}
 		r.schemas[name+"/"+digest] = s
@@ -235,10 +254,13 @@ func (r *registry) claim(ctx context.Context, spec *protocol.FunctionSpec) (stri
 	if err != nil {
 		return "", err
 	}
-	if _, err = r.claims.Create(ctx, spec.Name, data); err == nil {
+	rev, err := r.claims.Create(ctx, spec.Name, data)
+	if err == nil {
 		r.log.InfoContext(ctx, "function claimed", "fn", spec.Name, "team", spec.Team)
 		r.mu.Lock()
-		r.owners[spec.Name] = spec
+		if r.owners[spec.Name] == nil {
+			r.owners[spec.Name], r.claimRevs[spec.Name] = spec, rev
+		}
 		r.mu.Unlock()
 		return spec.Team, nil
 	}
@@ -431,8 +453,9 @@ func (f *function) validate(args []byte) (digest, problem string) {
 
 // served returns the functions of the teams sees accepts that a live
 // executor of their owning team serves, by name, each as its newest live
-// declaration describes it.
-func (r *registry) served(sees func(team string) bool) []*protocol.FunctionSpec {
+// declaration describes it; with accepted, with the description and schema
+// of its claim, the definition last accepted (Options.DefinitionApproval).
+func (r *registry) served(sees func(team string) bool, accepted bool) []*protocol.FunctionSpec {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	var out []*protocol.FunctionSpec
@@ -442,7 +465,13 @@ func (r *registry) served(sees func(team string) bool) []*protocol.FunctionSpec 
 			continue
 		}
 		if live := r.liveOf(name, owner.Team); len(live) > 0 {
-			out = append(out, &live[0].decl.Spec)
+			spec := &live[0].decl.Spec
+			if accepted {
+				c := *spec
+				c.Description, c.Parameters = owner.Description, owner.Parameters
+				spec = &c
+			}
+			out = append(out, spec)
 		}
 	}
 	slices.SortFunc(out, func(a, b *protocol.FunctionSpec) int { return strings.Compare(a.Name, b.Name) })

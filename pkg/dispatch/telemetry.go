@@ -83,6 +83,9 @@ type telemetry struct {
 	webhooks     metric.Int64Counter
 	takenIn      metric.Int64Counter
 	refused      metric.Int64Counter
+	// definitionChanges counts changes of a served function's description
+	// or schema (definitions.go).
+	definitionChanges metric.Int64Counter
 
 	mu    sync.Mutex
 	spans map[protocol.TurnKey]trace.Span
@@ -141,7 +144,9 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	must(e)
 	t.takenIn, e = m.Int64Counter("toolrelay.turns.taken_in", metric.WithDescription("Turns taken in, by platform and by the channel that saw them first (poll, stream, webhook, api)."))
 	must(e)
-	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many): a team serving a name another owns, or over its quota."))
+	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many, tool_text): a team serving a name another owns, over its quota, or whose description or schema text breaks a bound."))
+	must(e)
+	t.definitionChanges, e = m.Int64Counter("toolrelay.registry.definition_changes", metric.WithDescription("Changes of a function's definition (its description or parameters' schema, what agents read), by team and function: an executor started serving it with another one."))
 	must(e)
 	must(t.observe(m, fleet))
 	return t, err

@@ -25,6 +25,16 @@ type FunctionStatus struct {
 	// Schemas counts the distinct schemas the executors declare; more than
 	// one means the replicas disagree (a rollout, or a mistake).
 	Schemas int
+	// Accepted is the team's claim: the definition (description and
+	// schema) last accepted, which agents read under
+	// Options.DefinitionApproval.
+	Accepted *protocol.FunctionSpec
+}
+
+// Changed reports whether the newest executor declares a definition
+// (description or schema) other than the one last accepted.
+func (s FunctionStatus) Changed() bool {
+	return s.Accepted != nil && definitionDigest(s.Spec) != definitionDigest(s.Accepted)
 }
 
 // Served reports whether a live executor serves the function.
@@ -66,7 +76,7 @@ func Registry(ctx context.Context, js jetstream.JetStream) ([]FunctionStatus, er
 		if err != nil || claim.Name != name {
 			continue
 		}
-		st := FunctionStatus{Spec: claim}
+		st := FunctionStatus{Spec: claim, Accepted: claim}
 		live := slices.DeleteFunc(byName[name], func(d *protocol.Declaration) bool { return d.Spec.Team != claim.Team })
 		slices.SortFunc(live, func(a, b *protocol.Declaration) int { return b.StartedAt.Compare(a.StartedAt) })
 		schemas := map[string]bool{}

@@ -306,6 +306,20 @@ func TestRegisterRejectsBadFunctions(t *testing.T) {
 	if _, err := exec.New(nil, "Team.A", exec.Options{}); err == nil {
 		t.Error("New accepted an invalid team name")
 	}
+	// Tool text over its bounds or with hidden characters is refused at
+	// Register, naming the bound or the character.
+	for name, tc := range map[string]struct {
+		f    exec.Function
+		want string
+	}{
+		"long description": {exec.Function{Name: "ok", Handler: h, Description: strings.Repeat("x", protocol.MaxDescriptionSize+1)}, "MaxDescriptionSize"},
+		"bidi override":    {exec.Function{Name: "ok", Handler: h, Description: "refund \u202e"}, "U+202E"},
+		"hidden parameter": {exec.Function{Name: "ok", Handler: h, Parameters: json.RawMessage(`{"type":"object","title":"\u200b"}`)}, "/title: U+200B"},
+	} {
+		if err := e.Register(tc.f); !errors.Is(err, protocol.ErrToolText) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Register: %v, want an error wrapping protocol.ErrToolText naming %s", name, err, tc.want)
+		}
+	}
 }
 
 func TestMiddlewareOrderAndInvocationContext(t *testing.T) {

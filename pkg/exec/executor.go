@@ -191,7 +191,7 @@ func (e *Executor) Run(ctx context.Context) error {
 			Instance: instance, Executor: e.opts.Name, StartedAt: started})
 	}
 	keeper, err := lease.Declare(ctx, e.js.Conn(), e.team, decls, e.log)
-	if refused := (*lease.RefusedError)(nil); errors.As(err, &refused) {
+	if refused := (*lease.RefusedError)(nil); errors.As(err, &refused) && refused.Owned() {
 		err = fmt.Errorf("%w: %w", ErrOwnedByOtherTeam, err)
 	}
 	if err != nil {

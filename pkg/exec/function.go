@@ -13,7 +13,10 @@ import (
 type Function struct {
 	// Name is what the model calls; it must match ^[a-zA-Z0-9_-]{1,64}$.
 	Name string
-	// Description tells the model what the function does.
+	// Description tells the model what the function does: at most
+	// protocol.MaxDescriptionSize bytes, without invisible or control
+	// characters (see protocol.ValidateToolText, which Register applies to
+	// it and to the strings of Parameters).
 	Description string
 	// Parameters is the JSON Schema of the arguments. Default: derived
 	// from the arguments type of a [TypedHandler] (see [SchemaFor]), else
@@ -79,6 +82,9 @@ func (f *Function) validate() error {
 			}
 			f.Parameters = p
 		}
+	}
+	if err := protocol.ValidateToolText(f.Name, f.Description, f.Parameters); err != nil {
+		return fmt.Errorf("exec: %w", err)
 	}
 	s, err := schema.Compile(f.Name, f.Parameters)
 	if err != nil {

@@ -49,6 +49,12 @@
 // under [DeclarationKey], a lease it renews every [LeaseRenewal] and that
 // the server removes [LeaseTTL] after the last renewal.
 //
+// A function's description and the strings of its schema are tool text:
+// one team's words that every agent given the tool reads. [ValidateToolText]
+// bounds their size ([MaxDescriptionSize] and the constants beside it) and
+// refuses invisible and control characters in them; executors and the
+// dispatchers both apply it.
+//
 // # Errors
 //
 // A failed call carries an [ErrorCode] from a fixed list and a message written
