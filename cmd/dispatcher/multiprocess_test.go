@@ -134,8 +134,14 @@ func tail(s string, n int) string {
 // dispatcher starts a dispatcher replica and waits until it is ready.
 func (w *world) dispatcher(name string, env ...string) *proc {
 	w.t.Helper()
+	return w.dispatcherOf(bins["dispatcher"], name, env...)
+}
+
+// dispatcherOf starts a dispatcher replica built as bin.
+func (w *world) dispatcherOf(bin, name string, env ...string) *proc {
+	w.t.Helper()
 	addr := freeAddr(w.t)
-	p := w.start(name, bins["dispatcher"], nil, append([]string{
+	p := w.start(name, bin, nil, append([]string{
 		"OPENAI_BASE_URL=" + w.simURL, "OPENAI_API_KEY=sk-mp", "TOOLRELAY_HTTP_ADDR=" + addr,
 	}, env...)...)
 	p.addr = addr
