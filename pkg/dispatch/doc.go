@@ -15,16 +15,16 @@
 // failed result at once and run nowhere.
 //
 // A turn moves collecting → submitting → submitted | failed, only by
-// compare-and-set; only the replica that claims it (collecting →
-// submitting) calls the platform. The replica that takes a turn in holds
-// it from the start: its record is created claimed by that replica
-// (stored as submitting, marked held, read back as collecting), which
-// submits the turn as soon as its results are in, with no claim between,
-// if that is within a few seconds ([Options.NoHolds] turns this off). A
-// hold still there after that is released (the record goes back to
-// collecting, to be claimed as any turn); another replica treats a hold
-// as a claim until it is as old as a stuck submission, and passes on to
-// its holder the results of the turn it receives.
+// compare-and-set, and one concept decides which replica submits it: a
+// lease on its record (owner, until, a fencing epoch), acquired by the
+// replica that takes the turn in, renewed before any submission attempt
+// with little of it left, taken over by another replica only once it has
+// lapsed, released when the replica stops. A turn whose results are all in
+// while its intake lease holds is submitted with no write before; any
+// other submission first writes the record as submitting under the lease.
+// In a process, every event of a turn is handled by one goroutine at a
+// time (package internal/lifecycle). docs/turns.md has the model, who
+// writes each transition and the windows it leaves.
 //
 // When its deadline comes first, the turn is submitted with the results
 // it has and a "timed out" failure for each straggler; late
@@ -62,11 +62,11 @@
 //
 // Everything that must survive lives in JetStream, so any number of
 // dispatchers can share one NATS: results are consumed through one durable
-// consumer, and a sweep on every replica repairs what a dead one left (turns
-// past their deadline, complete but not closed, stuck in submitting or
-// held by it; watches whose driver went silent). A replica that stops
-// cleanly releases the turns it holds and the watches it drove, so the
-// others take them at once rather than 15 s or a minute later.
+// consumer (a replica with news of a turn another owns tells the owner),
+// and a sweep on every replica repairs what a dead one left (turns past
+// their deadline, complete but not closed, or whose owner's lease lapsed;
+// watches whose driver went silent). A replica that stops cleanly releases
+// its leases and the watches it drove, so the others take them at once.
 //
 // # Errors
 //
@@ -100,4 +100,22 @@
 // [Dispatcher.TeamJetStream], which with [Options.TeamAPIPrefix] reaches
 // each team's account over the read-only paths dispatcher nats-config
 // writes; [Dispatcher.Teams] lists the teams to read.
+//
+// # Glossary
+//
+// One meaning per word, in this package and its documentation:
+//   - turn: the calls a model asked for in one go, submitted together.
+//   - record: a turn's entry in the turn bucket.
+//   - lease: the right to submit a turn and write its record (owner,
+//     until, epoch); owner: the process instance holding it; take over:
+//     acquire a lease that lapsed; release: give one up.
+//   - cut-off: closing a turn at its deadline with a "timed out" failure
+//     for each call without a result.
+//   - claim (of a function name): the registry's record of which team owns
+//     a function; never used of turns.
+//   - timer: a turn's deadline, a scheduled message; the timer subjects
+//     also list the open turns for the sweep.
+//   - index: the in-memory view of the turn and watch buckets the
+//     inspection API reads.
+//   - roll-up marker: the message that removes a closed turn's timer.
 package dispatch
