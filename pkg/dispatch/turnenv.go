@@ -118,30 +118,39 @@ func (e turnEnv) Missing(ctx context.Context, r *lifecycle.Rec) ([]string, error
 	return missing, nil
 }
 
-// Submit makes one attempt at submitting the turn: its outputs, gathered
-// once, to its platform.
-func (e turnEnv) Submit(ctx context.Context, r *lifecycle.Rec) (any, error) {
+// Prepare gathers the outputs a submission of the turn carries, once:
+// the results seen here, and the others read from the streams.
+func (e turnEnv) Prepare(ctx context.Context, r *lifecycle.Rec) error {
 	d := e.d
 	t := r.Body.(*Turn)
 	st := d.gather.track(t)
+	if d.gather.outputsOf(st) != nil {
+		return nil
+	}
+	outputs, err := d.outputs(ctx, t)
+	if err != nil {
+		if errors.Is(context.Cause(ctx), errShutdown) {
+			return &lifecycle.RetryError{Wait: time.Second, Err: err}
+		}
+		return err
+	}
+	d.gather.keepOutputs(st, outputs)
+	return nil
+}
+
+// Submit makes one attempt at submitting the turn's outputs to its
+// platform. While the platform has not answered, keep is called every
+// lifecycle.KeepEvery, and a lease lost stops the wait.
+func (e turnEnv) Submit(ctx context.Context, r *lifecycle.Rec, keep func() bool) (any, error) {
+	d := e.d
+	t := r.Body.(*Turn)
+	st := d.gather.track(t)
+	outputs := d.gather.outputsOf(st)
 	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), otelconv.ClientSpan...)
 	defer span.End()
 	if span.IsRecording() {
 		span.SetAttributes(append(refAttrs(t.Ref), attrTurnKey.String(string(t.Key)), attrPlatform.String(string(t.Ref.Platform)),
 			attrCalls.Int(len(t.Calls)), attrCutOff.Bool(r.CutOff), attrTimeLeft.Int64(time.Until(t.ExpiresAt).Milliseconds()))...)
-	}
-	outputs := d.gather.outputsOf(st)
-	if outputs == nil {
-		var err error
-		if outputs, err = d.outputs(ctx, t); err != nil {
-			if errors.Is(context.Cause(ctx), errShutdown) {
-				return nil, &lifecycle.RetryError{Wait: time.Second, Err: err}
-			}
-			span.RecordError(err)
-			span.SetStatus(codes.Error, "reading results failed")
-			return nil, err
-		}
-		d.gather.keepOutputs(st, outputs)
 	}
 	p := d.platforms[t.Ref.Platform]
 	if p == nil {
@@ -151,18 +160,16 @@ func (e turnEnv) Submit(ctx context.Context, r *lifecycle.Rec) (any, error) {
 		ctx = WithRepeated(ctx)
 	}
 	st.submitting.tried++
-	actx, cancel := context.WithDeadline(ctx, earliest(t.ExpiresAt, time.Now().Add(submitAttemptTimeout)))
-	sub, err := p.Submit(actx, t, outputs)
-	cancel()
+	sub, err := attempt(ctx, p, t, outputs, keep)
 	if err == nil {
 		crashpoint.Reached(crashpoint.Submitted, string(t.Key))
 		return sub, nil
 	}
 	span.RecordError(err)
 	span.SetStatus(codes.Error, "submission failed")
-	if errors.Is(context.Cause(ctx), errShutdown) {
-		// The shutdown cut it off: the lease is released, and the restart
-		// or another replica submits again with the same ids.
+	if errors.Is(context.Cause(ctx), errShutdown) || errors.Is(err, errLeaseLost) {
+		// Cut off by the shutdown, or by another replica taking the turn:
+		// the restart or that replica submits again with the same ids.
 		return nil, &lifecycle.RetryError{Wait: time.Second, Err: err}
 	}
 	var pe *PlatformError
@@ -175,6 +182,41 @@ func (e turnEnv) Submit(ctx context.Context, r *lifecycle.Rec) (any, error) {
 		return nil, fmt.Errorf("%w (gave up after %d attempts: the run expires before another)", err, st.submitting.attempts)
 	}
 	return nil, &lifecycle.RetryError{Wait: wait, Err: err}
+}
+
+// errLeaseLost ends an attempt whose turn another replica took over while
+// the platform had not answered.
+var errLeaseLost = errors.New("dispatch: another replica took the turn over while its platform had not answered")
+
+// attempt makes one request to p, ended by the run's expiry and by its own
+// timeout, keeping the turn's lease while it waits.
+func attempt(ctx context.Context, p Platform, t *Turn, outputs []Output, keep func() bool) (*Submission, error) {
+	actx, cancel := context.WithDeadline(ctx, earliest(t.ExpiresAt, time.Now().Add(submitAttemptTimeout)))
+	defer cancel()
+	type answer struct {
+		sub *Submission
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		sub, err := p.Submit(actx, t, outputs)
+		done <- answer{sub, err}
+	}()
+	tick := time.NewTimer(lifecycle.KeepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case a := <-done:
+			return a.sub, a.err
+		case <-tick.C:
+			if !keep() {
+				cancel()
+				<-done
+				return nil, errLeaseLost
+			}
+			tick.Reset(lifecycle.KeepEvery)
+		}
+	}
 }
 
 // Tell asks the replica owning a turn to look at it: another replica

@@ -33,10 +33,16 @@ type Env interface {
 	Complete(ctx context.Context, r *Rec) (bool, error)
 	// Missing lists the calls of r without a recorded result.
 	Missing(ctx context.Context, r *Rec) ([]string, error)
+	// Prepare gathers what a submission of r needs (its outputs). It may
+	// take a while; Submit may not: the lease is looked at between them.
+	// A *RetryError is tried again; any other error fails the turn.
+	Prepare(ctx context.Context, r *Rec) error
 	// Submit makes one attempt at submitting r's outputs: nil error and
 	// what the platform answered, a *RetryError to try again, or an
-	// error that fails the turn.
-	Submit(ctx context.Context, r *Rec) (any, error)
+	// error that fails the turn. While the platform has not answered it
+	// calls keep every KeepEvery; once keep reports false (the lease is
+	// another's) it stops waiting, and returns.
+	Submit(ctx context.Context, r *Rec, keep func() bool) (any, error)
 	// Tell asks the process owner to look at the turn key.
 	Tell(owner, key string)
 	// Closed reports r closed: by this process (here), or found so.
@@ -320,6 +326,11 @@ func (e *Engine) close(ctx context.Context, t *turn) {
 	e.wakeIn(t, time.Second)
 }
 
+// KeepEvery is how often a submission attempt the platform has not
+// answered yet keeps its lease: well within Ahead, so a slow platform
+// does not let the lease lapse under the request.
+const KeepEvery = 2 * time.Second
+
 // maxRounds bounds how often one event re-reads a record that others
 // keep changing before it is looked at again later.
 const maxRounds = 8
@@ -350,7 +361,9 @@ func (e *Engine) own(ctx context.Context, t *turn, change func(*Rec)) ownership 
 	if change != nil {
 		change(next)
 	}
-	return e.write(ctx, t, next, func(cur *Rec) bool { return cur.Lease.Equal(next.Lease) })
+	return e.write(ctx, t, next, func(cur *Rec) bool {
+		return cur.State == next.State && cur.CutOff == next.CutOff && cur.Lease.Equal(next.Lease)
+	})
 }
 
 // write stores next for t. When the answer is a conflict or none, the
@@ -384,7 +397,19 @@ func (e *Engine) write(ctx context.Context, t *turn, next *Rec, mine func(*Rec) 
 // every attempt the lease is looked at, and renewed if less than Ahead
 // is left.
 func (e *Engine) submit(ctx context.Context, t *turn) {
-	for attempt := 1; ; attempt++ {
+	keep := func() bool { return e.own(ctx, t, nil) != lost }
+	for attempt := 1; ctx.Err() == nil; attempt++ { // a stopping process starts none
+		if err := e.env.Prepare(ctx, t.rec); err != nil {
+			var retry *RetryError
+			if !errors.As(err, &retry) {
+				e.finish(ctx, t, nil, err.Error())
+				return
+			}
+			if !e.env.Sleep(ctx, retry.Wait) {
+				return // stopping: the release hands the turn on
+			}
+			continue
+		}
 		if attempt == 1 || !e.fenceOnce {
 			switch e.own(ctx, t, nil) {
 			case lost:
@@ -398,7 +423,16 @@ func (e *Engine) submit(ctx context.Context, t *turn) {
 				return
 			}
 		}
-		out, err := e.env.Submit(ctx, t.rec)
+		out, err := e.env.Submit(ctx, t.rec, keep)
+		if t.rec.Lease.Owner != e.self || t.rec.State.Closed() {
+			// Lost while the platform answered: the new owner submits
+			// again, with the same ids, and records the outcome.
+			e.log.Warn("the turn was taken over while its submission was under way; leaving it to its new owner", "turn", t.key, "lease", t.rec.Lease)
+			if t.rec.State.Closed() {
+				e.closed(t, false)
+			}
+			return
+		}
 		var retry *RetryError
 		if errors.As(err, &retry) {
 			e.log.Warn("submission failed; retrying", "turn", t.key, "attempt", attempt, "wait", retry.Wait.String(), "err", retry.Err)

@@ -35,6 +35,9 @@ type thread struct {
 	sleeping bool
 	woken    bool
 	done     bool
+	// lastNow is when the thread last read the clock: the engine reads
+	// it to look at a lease.
+	lastNow time.Time
 }
 
 // errKilled unwinds a thread whose process was killed.

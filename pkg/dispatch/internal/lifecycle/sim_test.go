@@ -159,7 +159,9 @@ type spec struct {
 	created, deadline, expires time.Time
 	strict                     bool // every submission continues the conversation
 	published                  bool
-	closedAt                   time.Time
+	// closedAt is when the record first said closed; attempted when a
+	// submission first reached the platform, whatever it answered.
+	closedAt, attempted time.Time
 }
 
 type arrival struct {
@@ -478,7 +480,30 @@ func (p *proc) sweep(ctx context.Context) {
 
 // Env of a simulated process.
 
-func (p *proc) Now() time.Time { return p.w.now }
+func (p *proc) Now() time.Time {
+	if th := p.w.cur; th != nil {
+		th.lastNow = p.w.now
+	}
+	return p.w.now
+}
+
+// pausedFor is how long p was paused between a and b.
+func (p *proc) pausedFor(a, b time.Time) time.Duration {
+	var d time.Duration
+	for _, iv := range p.paused {
+		from, to := iv[0], iv[1]
+		if from.Before(a) {
+			from = a
+		}
+		if to.After(b) {
+			to = b
+		}
+		if to.After(from) {
+			d += to.Sub(from)
+		}
+	}
+	return d
+}
 
 func (p *proc) Go(f func(context.Context)) { p.w.spawn(p, f) }
 
@@ -557,17 +582,53 @@ func (p *proc) Missing(ctx context.Context, r *Rec) ([]string, error) {
 	return missing, nil
 }
 
-func (p *proc) Submit(ctx context.Context, r *Rec) (any, error) {
+func (p *proc) Prepare(ctx context.Context, r *Rec) error {
+	p.w.step(p)
+	return nil
+}
+
+func (p *proc) Submit(ctx context.Context, r *Rec, keep func() bool) (any, error) {
 	w := p.w
-	before := w.now
+	looked := w.cur.lastNow // the engine's last look at the lease
 	w.step(p)
-	paused := w.now.Sub(before) // stalled: by a pause of any of p's threads
+	// The documented window: the process stalled between its look at the
+	// lease and the platform receiving the request. Time it spent in its
+	// own waits since (a retry's) is not a stall: it should have looked again.
+	paused := p.pausedFor(looked, w.now)
+	if w.now.Sub(looked)-paused >= Ahead {
+		paused = 0
+	}
+	if sp := w.spec(r.Key); sp.attempted.IsZero() {
+		sp.attempted = w.now
+	}
 	accepted := w.rng.IntN(10)
 	w.tracef("%s: submit %s answer %d", p.inst, r.Key, accepted)
+	var a *arrival
 	if accepted < 8 {
-		w.arrive(p, r, paused, accepted == 7 && w.faults)
+		a = w.arrive(p, r, paused, accepted == 7 && w.faults)
+	}
+	if w.rng.IntN(5) == 0 {
+		// A slow platform: it answers up to 40 s later, while the
+		// submission keeps its lease; by the run's expiry at the latest,
+		// when the attempt's context ends.
+		answer := w.now.Add(time.Duration(w.rng.IntN(40_000)) * time.Millisecond)
+		if exp := w.spec(r.Key).expires; answer.After(exp) {
+			answer = exp
+		}
+		for w.now.Before(answer) {
+			if !w.sleep(min(KeepEvery, answer.Sub(w.now))) || !keep() {
+				if a != nil {
+					a.ambiguous = true // its answer never came back
+				}
+				return nil, &RetryError{Wait: time.Second, Err: errors.New("stopped waiting for the platform")}
+			}
+		}
 	}
 	w.step(p)
+	if accepted >= 7 && accepted <= 8 && !w.now.Before(w.spec(r.Key).expires.Add(-time.Second)) {
+		// No time for another attempt (turnEnv.Submit's retryWait).
+		return nil, errors.New("gave up: the run expires before another attempt")
+	}
 	switch {
 	case accepted == 7 && w.faults:
 		return nil, &RetryError{Wait: time.Duration(w.rng.IntN(3000)) * time.Millisecond, Err: errors.New("timed out after the platform accepted")}
@@ -586,7 +647,7 @@ func (p *proc) Submit(ctx context.Context, r *Rec) (any, error) {
 
 // arrive is the platform receiving a submission of r from p, paused for
 // paused just before it went out.
-func (w *world) arrive(p *proc, r *Rec, paused time.Duration, ambiguous bool) {
+func (w *world) arrive(p *proc, r *Rec, paused time.Duration, ambiguous bool) *arrival {
 	sp := w.spec(r.Key)
 	cur := w.store[r.Key]
 	fenced := cur != nil && !cur.State.Closed() && cur.Lease.Owner == p.inst
@@ -608,13 +669,13 @@ func (w *world) arrive(p *proc, r *Rec, paused time.Duration, ambiguous bool) {
 	w.arrivals[r.Key] = append(prev, a)
 	if !fenced && paused < Ahead {
 		w.violate("%s submitted %s without holding the lease (record: %s, lease %s)", p.inst, r.Key, cur.State, cur.Lease)
-		return
+		return a
 	}
 	if len(prev) > 0 && prev[0].outputs != a.outputs {
 		w.violate("%s submitted %s with outputs %s after %s submitted %s", p.inst, r.Key, a.outputs, prev[0].inst, prev[0].outputs)
 	}
 	if !sp.strict || len(prev) == 0 {
-		return
+		return a
 	}
 	switch {
 	case !fenced:
@@ -626,6 +687,7 @@ func (w *world) arrive(p *proc, r *Rec, paused time.Duration, ambiguous bool) {
 	default:
 		w.violate("%s submitted %s a second time under one lease (epoch %d) with no answer lost", p.inst, r.Key, a.epoch)
 	}
+	return a
 }
 
 func (p *proc) Tell(owner, key string) {
@@ -662,8 +724,8 @@ func (w *world) check() {
 			w.violate("%s is recorded submitted, and the platform received nothing", sp.key)
 		}
 		first := sp.closedAt
-		if len(arr) > 0 && arr[0].at.Before(first) {
-			first = arr[0].at
+		if !sp.attempted.IsZero() && sp.attempted.Before(first) {
+			first = sp.attempted
 		}
 		if first.After(sp.expires) && w.livedThrough(sp.deadline.Add(-LeaseFor-Skew), sp.expires) {
 			w.violate("%s was first submitted or closed at %s, after its run expired at %s, though a process lived unpaused throughout",
@@ -673,20 +735,24 @@ func (w *world) check() {
 }
 
 // livedThrough reports whether some process was up and never paused
-// from a to b, and the other processes paused past Ahead at most once
-// in that time between them: each owner paused while it holds a turn's
-// lease keeps it from the others until the lease lapses (LeaseFor+Skew),
-// and the submit margin (30 s) absorbs one such pause.
+// from a to b, and the other processes were killed, stopped or paused
+// past Ahead at most once in that time between them: an owner killed or
+// paused while it holds a turn's lease (or stopped, its release lost)
+// keeps it from the others until the lease lapses (LeaseFor+Skew), and
+// the submit margin (30 s) absorbs one such.
 func (w *world) livedThrough(a, b time.Time) bool {
-	long := 0
+	faults := 0
 	for _, p := range w.procs {
 		for _, iv := range p.paused {
 			if iv[0].Before(b) && iv[1].After(a) && iv[1].Sub(iv[0]) > Ahead {
-				long++
+				faults++
 			}
 		}
+		if p.dead && p.deadFrom.After(a) && p.deadFrom.Before(b.Add(2*time.Second)) {
+			faults++
+		}
 	}
-	if long > 1 {
+	if faults > 1 {
 		return false
 	}
 	for _, p := range w.procs {
