@@ -565,8 +565,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 			d.log.Warn("re-arming turn: reading its results failed", "turn", t.Key, "err", err)
 			return
 		}
-		d.gather.track(t)
-		d.engine.Took(rec(t, rev))
+		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
 		d.publishCalls(ctx, t, recorded, nil)
 		d.gather.recheckSoon(t.Key)
@@ -574,7 +573,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		// The replica that owned it may have died mid-submission: the
 		// engine takes it over once its lease lapses, and submits it
 		// again. The platform adapters make a repeat harmless.
-		d.engine.Took(rec(t, rev))
+		d.gather.track(t, rev)
 		d.engine.Close(string(t.Key))
 	}
 }
@@ -583,7 +582,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 // works on, so that the others or the restart take them at once rather
 // than once the leases lapse. It waits for that a moment.
 func (d *Dispatcher) releaseAll() {
-	d.engine.Release()
+	d.engine.Release(d.gather.ownedBy(d.instance))
 	wait, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	for !d.engine.Idle() && backoff.Sleep(wait, 5*time.Millisecond) {

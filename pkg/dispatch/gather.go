@@ -37,9 +37,11 @@ type gatherer struct {
 }
 
 type gathering struct {
-	// turn is the record as first read or written here: its calls, which
-	// never change. The lifecycle engine keeps the record as it moves.
+	// turn is the record as this replica last read or wrote it, at
+	// revision rev: the lifecycle engine's between the turn's events
+	// (turnEnv.Cached); only the engine's goroutine of the turn changes it.
 	turn *Turn
+	rev  uint64
 	// results holds the results seen here, in the order of turn.Calls;
 	// it is allocated with the first, so an open turn waiting for its
 	// calls (most of them, under load) costs no more than its record.
@@ -194,24 +196,58 @@ func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, 
 		g.d.lateResult(ctx, t)
 		return nil, errTurnClosed
 	}
-	st = g.track(t)
-	g.d.engine.Took(rec(t, rev))
-	return st, nil
+	return g.track(t, rev), nil
 }
 
 // errTurnClosed: the result came after its turn was closed.
 var errTurnClosed = errors.New("dispatch: turn already closed")
 
-// track starts gathering for t (no-op if already tracked).
-func (g *gatherer) track(t *Turn) *gathering {
+// track starts gathering for t, recorded at revision rev (no-op if
+// already tracked).
+func (g *gatherer) track(t *Turn, rev uint64) *gathering {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if st := g.turns[t.Key]; st != nil {
 		return st
 	}
-	st := &gathering{turn: t}
+	st := &gathering{turn: t, rev: rev}
 	g.turns[t.Key] = st
 	return st
+}
+
+// cached returns the record of a turn this replica gathers for, as it
+// last read or wrote it, and its revision; nil if it gathers for none.
+func (g *gatherer) cached(key protocol.TurnKey) (*Turn, uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[key]; st != nil {
+		return st.turn, st.rev
+	}
+	return nil, 0
+}
+
+// replace keeps t, at revision rev, as the record of a turn this replica
+// gathers for.
+func (g *gatherer) replace(t *Turn, rev uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.turns[t.Key]; st != nil && rev > st.rev {
+		st.turn, st.rev = t, rev
+	}
+}
+
+// ownedBy lists the turns this replica gathers for whose lease, as it
+// last saw it, is owner's.
+func (g *gatherer) ownedBy(owner string) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var keys []string
+	for k, st := range g.turns {
+		if st.turn.lease.Owner == owner {
+			keys = append(keys, string(k))
+		}
+	}
+	return keys
 }
 
 // completeHere reports whether every result of the turn key was seen

@@ -102,8 +102,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		channel = "api"
 	}
 	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel))...)
-	d.gather.track(t)
-	d.engine.Took(rec(t, rev))
+	d.gather.track(t, rev)
 	d.emit(Event{Kind: EventTurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
 		"deadline", t.Deadline, "channel", channel)

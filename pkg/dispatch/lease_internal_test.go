@@ -70,7 +70,7 @@ func TestATurnOwnedElsewhereIsSubmittedByItsOwner(t *testing.T) {
 	other := replicaOn(t, js, "other", p)
 	key := protocol.TurnKey("0123456789abcdef0123456789abcdef")
 	turn, rev := leasedTurn(t, other, key, lifecycle.Lease{Owner: owner.instance, Until: time.Now().Add(lifecycle.LeaseFor), Epoch: 1})
-	other.engine.Took(rec(turn, rev))
+	other.gather.track(turn, rev)
 	other.engine.Close(string(key))
 
 	have := closedRecord(t, other, key)
@@ -91,7 +91,7 @@ func TestATurnWhoseOwnerWentIsTakenOver(t *testing.T) {
 	key := protocol.TurnKey("fedcba9876543210fedcba9876543210")
 	gone := lifecycle.Lease{Owner: "killed/0123456789ab", Until: time.Now().Add(-lifecycle.Skew - time.Second), Epoch: 4}
 	turn, rev := leasedTurn(t, d, key, gone)
-	d.engine.Took(rec(turn, rev))
+	d.gather.track(turn, rev)
 	d.engine.Close(string(key))
 
 	have := closedRecord(t, d, key)
@@ -112,7 +112,7 @@ func TestALeaseIsNotTakenBeforeItLapses(t *testing.T) {
 	key := protocol.TurnKey("00112233445566778899aabbccddeeff")
 	until := time.Now().Add(time.Second)
 	turn, rev := leasedTurn(t, d, key, lifecycle.Lease{Owner: "paused/0123456789ab", Until: until, Epoch: 1})
-	d.engine.Took(rec(turn, rev))
+	d.gather.track(turn, rev)
 	d.engine.Close(string(key))
 
 	have := closedRecord(t, d, key)
@@ -143,8 +143,7 @@ func TestAStoppingReplicaReleasesItsLeases(t *testing.T) {
 	if rev, err = d.turns.update(t.Context(), turn, rev); err != nil {
 		t.Fatal(err)
 	}
-	d.gather.track(turn)
-	d.engine.Took(rec(turn, rev))
+	d.gather.track(turn, rev)
 	cancel()
 	<-done
 

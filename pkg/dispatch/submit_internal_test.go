@@ -121,7 +121,7 @@ func submitHere(t *testing.T, d *Dispatcher, key protocol.TurnKey, expires time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.engine.Took(rec(turn, rev))
+	d.gather.track(turn, rev)
 	d.engine.Close(string(key))
 	var closed *Turn
 	testutil.WaitForWhat(t, 30*time.Second, "the turn's record to say it is closed", func() bool {

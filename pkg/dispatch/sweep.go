@@ -431,7 +431,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		// Its owner died mid-submission, or stopped and released it: the
 		// engine takes it over and submits it again.
 		if t.lease.Free(now) {
-			d.engine.Took(rec(t, rev))
+			d.gather.track(t, rev)
 			d.engine.Close(string(key))
 		}
 	}

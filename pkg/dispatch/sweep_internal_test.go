@@ -104,7 +104,7 @@ func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
 	// left out of both the keys and the set (the sweep's young turns).
 	taken := map[protocol.TurnKey]bool{}
 	for i, k := range keys[:600] {
-		d.gather.track(&Turn{Key: k, CreatedAt: time.Now()})
+		d.gather.track(&Turn{Key: k, CreatedAt: time.Now()}, 1)
 		if i%2 == 0 {
 			taken[k] = true
 		}
@@ -243,7 +243,7 @@ func BenchmarkOpenTurns(b *testing.B) {
 	})
 	b.Run("sweep-young", func(b *testing.B) { // every turn taken in here a moment ago
 		for _, k := range d.mustOpenTurns(b) {
-			d.gather.track(&Turn{Key: k, CreatedAt: time.Now(), Deadline: time.Now().Add(time.Hour)})
+			d.gather.track(&Turn{Key: k, CreatedAt: time.Now(), Deadline: time.Now().Add(time.Hour)}, 1)
 		}
 		defer func() {
 			for _, t := range d.gather.trackedTurns() {
@@ -351,7 +351,7 @@ func TestAYoungTurnListedTwiceIsCutOffOnce(t *testing.T) {
 		}
 	}
 	now := time.Now()
-	d.gather.track(&Turn{Key: key, CreatedAt: now.Add(-6 * time.Second), Deadline: now.Add(-3 * time.Second)})
+	d.gather.track(&Turn{Key: key, CreatedAt: now.Add(-6 * time.Second), Deadline: now.Add(-3 * time.Second)}, 1)
 	d.sweep(ctx, false)
 	if spawned != 1 {
 		t.Fatalf("cut off %d times, want once", spawned)

@@ -44,6 +44,13 @@ func rec(t *Turn, rev uint64) *lifecycle.Rec {
 	return r
 }
 
+func (e turnEnv) Cached(key string) *lifecycle.Rec {
+	if t, rev := e.d.gather.cached(protocol.TurnKey(key)); t != nil {
+		return rec(t, rev)
+	}
+	return nil
+}
+
 func (e turnEnv) Load(ctx context.Context, key string) (*lifecycle.Rec, error) {
 	t, rev, err := e.d.turns.get(ctx, protocol.TurnKey(key))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -52,6 +59,7 @@ func (e turnEnv) Load(ctx context.Context, key string) (*lifecycle.Rec, error) {
 	if err != nil {
 		return nil, err
 	}
+	e.d.gather.replace(t, rev)
 	return rec(t, rev), nil
 }
 
@@ -89,6 +97,7 @@ func (e turnEnv) Write(ctx context.Context, r *lifecycle.Rec) (uint64, error) {
 	}
 	if err == nil {
 		r.Body = t
+		e.d.gather.replace(t, rev)
 		if r.Lease.Owner == e.d.instance && r.State == TurnSubmitting && r.Lease.Epoch > 1 {
 			e.d.tel.takenOver.Add(ctx, 1)
 		}
@@ -123,7 +132,7 @@ func (e turnEnv) Missing(ctx context.Context, r *lifecycle.Rec) ([]string, error
 func (e turnEnv) Prepare(ctx context.Context, r *lifecycle.Rec) error {
 	d := e.d
 	t := r.Body.(*Turn)
-	st := d.gather.track(t)
+	st := d.gather.track(t, r.Rev)
 	if d.gather.outputsOf(st) != nil {
 		return nil
 	}
@@ -144,7 +153,7 @@ func (e turnEnv) Prepare(ctx context.Context, r *lifecycle.Rec) error {
 func (e turnEnv) Submit(ctx context.Context, r *lifecycle.Rec, keep func() bool) (any, error) {
 	d := e.d
 	t := r.Body.(*Turn)
-	st := d.gather.track(t)
+	st := d.gather.track(t, r.Rev)
 	outputs := d.gather.outputsOf(st)
 	ctx, span := d.tel.tracer.Start(d.tel.turnContext(ctx, t), d.tel.submitNames.Get(string(t.Ref.Platform), ""), otelconv.ClientSpan...)
 	defer span.End()

@@ -23,11 +23,17 @@ type Env interface {
 	// Sleep waits for d; false if ctx ended first.
 	Sleep(ctx context.Context, d time.Duration) bool
 
-	// Load reads a turn's record (ErrNotFound if there is none).
+	// Cached returns the record of a turn as this process last read or
+	// wrote it, if it keeps it (the turns it gathers for): the engine keeps
+	// nothing of a turn between its events.
+	Cached(key string) *Rec
+	// Load reads a turn's record (ErrNotFound if there is none), and
+	// keeps it as the one Cached returns.
 	Load(ctx context.Context, key string) (*Rec, error)
 	// Write stores r at revision r.Rev by compare-and-set and returns the
 	// new revision: ErrConflict if the record moved, and any other error
-	// when the write may or may not be stored.
+	// when the write may or may not be stored. Stored, it is the record
+	// Cached returns.
 	Write(ctx context.Context, r *Rec) (uint64, error)
 	// Complete reports whether every call of r has a recorded result.
 	Complete(ctx context.Context, r *Rec) (bool, error)
@@ -66,12 +72,14 @@ type Engine struct {
 	turns map[string]*turn
 }
 
-// turn is one turn as this process works on it.
+// turn is one turn as this process works on it, from an event until its
+// events are handled: it is kept longer only while a wake-up is armed or
+// an outcome waits to be recorded.
 type turn struct {
 	key   string
 	queue []event
-	// running is set while a goroutine handles the queue; rec and wake
-	// are that goroutine's alone.
+	// running is set while a goroutine handles the queue; rec, wake and
+	// ended are that goroutine's alone.
 	running bool
 	rec     *Rec
 	wake    func() bool
@@ -82,7 +90,6 @@ type turn struct {
 
 type event struct {
 	kind  eventKind
-	rec   *Rec
 	reply func(bool)
 	why   string
 }
@@ -90,8 +97,8 @@ type event struct {
 type eventKind int
 
 const (
-	evSeen eventKind = iota + 1
-	evClose
+	evClose eventKind = iota + 1
+	evWake
 	evDue
 	evCancel
 	evRelease
@@ -123,17 +130,6 @@ func (e *Engine) IntakeLease(deadline time.Time) Lease {
 // be created with a lease.
 const MinLead = LeaseFor + Skew + 5*time.Second
 
-// Took tells the engine of r, just created or read: it is the record
-// every later event of its turn starts from, unless one is known.
-func (e *Engine) Took(r *Rec) { e.send(r.Key, event{kind: evSeen, rec: r}) }
-
-// Known reports a turn this process has its record of.
-func (e *Engine) Known(key string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.turns[key] != nil
-}
-
 // Close looks at a turn: it is submitted if its results are all in or
 // its deadline has come, by this process if it holds the lease or may
 // take it; otherwise its owner is told, and the turn looked at again
@@ -153,17 +149,17 @@ func (e *Engine) Cancel(key, why string, reply func(bool)) {
 // Forget drops a turn this process no longer works on.
 func (e *Engine) Forget(key string) { e.send(key, event{kind: evForget}) }
 
-// Release gives up, at shutdown, the leases this process holds on the
-// turns it knows, each once the events before are handled. [Engine.Idle]
-// tells when they all are.
-func (e *Engine) Release() {
+// Release gives up, at shutdown, this process's leases on the turns keys
+// (those it gathers for) and on those it works on now, each once the
+// events before are handled. [Engine.Idle] tells when they all are.
+func (e *Engine) Release(keys []string) {
 	e.mu.Lock()
-	keys := make([]string, 0, len(e.turns))
 	for k := range e.turns {
 		keys = append(keys, k)
 	}
 	e.mu.Unlock()
 	slices.Sort(keys) // one order, for the simulation
+	keys = slices.Compact(keys)
 	for _, k := range keys {
 		e.send(k, event{kind: evRelease})
 	}
@@ -207,6 +203,10 @@ func (e *Engine) run(ctx context.Context, t *turn) {
 		e.mu.Lock()
 		if len(t.queue) == 0 {
 			t.running = false
+			if t.wake == nil && t.ended == nil && e.turns[t.key] == t {
+				delete(e.turns, t.key) // its record stays with the Env
+				t.rec = nil
+			}
 			e.mu.Unlock()
 			return
 		}
@@ -227,13 +227,13 @@ func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
 		e.drop(t)
 		return false
 	}
-	if ev.rec != nil && (t.rec == nil || ev.rec.Rev > t.rec.Rev) {
-		t.rec = ev.rec
+	if t.rec == nil {
+		t.rec = e.env.Cached(t.key)
 	}
 	if t.rec == nil {
 		r, err := e.env.Load(ctx, t.key)
 		if err != nil {
-			if !errors.Is(err, ErrNotFound) && (ev.kind == evClose || ev.kind == evDue) {
+			if !errors.Is(err, ErrNotFound) && (ev.kind == evClose || ev.kind == evWake || ev.kind == evDue) {
 				e.wakeIn(t, time.Second)
 			}
 			e.log.Debug("reading a turn failed", "turn", t.key, "err", err)
@@ -245,10 +245,9 @@ func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
 		t.rec = r
 	}
 	switch ev.kind {
-	case evSeen:
-		if t.rec.State.Closed() {
-			e.closed(t, false)
-		}
+	case evWake:
+		t.wake = nil
+		e.close(ctx, t)
 	case evDue:
 		if now := e.env.Now(); t.rec.State == Collecting && now.Before(t.rec.Deadline) {
 			e.wakeIn(t, t.rec.Deadline.Sub(now))
@@ -575,5 +574,5 @@ func (e *Engine) wakeIn(t *turn, d time.Duration) {
 		t.wake()
 	}
 	key := t.key
-	t.wake = e.env.After(max(d, 0), func() { e.Close(key) })
+	t.wake = e.env.After(max(d, 0), func() { e.send(key, event{kind: evWake}) })
 }

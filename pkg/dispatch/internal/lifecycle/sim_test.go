@@ -185,6 +185,8 @@ type proc struct {
 	ctx                context.Context
 	cancel             context.CancelFunc
 	local              map[string]map[int]bool
+	// cache is each turn's record as the process last read or wrote it.
+	cache map[string]*Rec
 }
 
 var simStart = time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
@@ -245,7 +247,7 @@ func (w *world) violate(format string, args ...any) {
 // start starts a process, with a new instance name, and sweeps at once.
 func (w *world) start() *proc {
 	w.insts++
-	p := &proc{w: w, inst: fmt.Sprintf("p%d", w.insts), liveFrom: w.now, local: map[string]map[int]bool{}}
+	p := &proc{w: w, inst: fmt.Sprintf("p%d", w.insts), liveFrom: w.now, local: map[string]map[int]bool{}, cache: map[string]*Rec{}}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	var out io.Writer = io.Discard
 	if w.tracing {
@@ -334,7 +336,13 @@ func (w *world) stop(p *proc) {
 	p.stopped = true
 	p.cancel()
 	w.wakeSleepers(p)
-	p.eng.Release()
+	var mine []string
+	for k, r := range p.cache {
+		if r.Lease.Owner == p.inst {
+			mine = append(mine, k)
+		}
+	}
+	p.eng.Release(mine)
 	w.at(w.now.Add(2*time.Second), nil, func() {
 		if !p.dead {
 			p.dead, p.deadFrom = true, w.now
@@ -371,7 +379,6 @@ func (w *world) intake(sp *spec) {
 		switch {
 		case err == nil:
 			r.Rev = rev
-			p.eng.Took(r)
 			w.publish(sp)
 		case errors.Is(err, ErrConflict):
 			w.publish(sp) // a repeat publishes the calls again
@@ -418,13 +425,11 @@ func (w *world) deliver(key string, i int) {
 		return
 	}
 	w.spawn(p, func(ctx context.Context) {
-		if !p.eng.Known(key) {
-			r, err := p.Load(ctx, key)
-			if err != nil {
+		if p.cache[key] == nil {
+			if _, err := p.Load(ctx, key); err != nil {
 				w.at(w.now.Add(time.Second), nil, func() { w.deliver(key, i) }) // not acknowledged
 				return
 			}
-			p.eng.Took(r)
 		}
 		if p.local[key] == nil {
 			p.local[key] = map[int]bool{}
@@ -469,9 +474,6 @@ func (p *proc) sweep(ctx context.Context) {
 		if r.Lease.Owner == p.inst || r.Lease.Free(w.now) {
 			if w.now.Sub(sp.created) > LeaseFor {
 				w.publish(sp)
-			}
-			if !p.eng.Known(sp.key) {
-				p.eng.Took(r)
 			}
 			p.eng.Close(sp.key)
 		}
@@ -521,12 +523,20 @@ func (p *proc) Sleep(ctx context.Context, d time.Duration) bool {
 	return p.w.sleep(d)
 }
 
+func (p *proc) Cached(key string) *Rec {
+	if r := p.cache[key]; r != nil {
+		return r.Clone()
+	}
+	return nil
+}
+
 func (p *proc) Load(ctx context.Context, key string) (*Rec, error) {
 	p.w.step(p)
 	r := p.w.store[key]
 	if r == nil {
 		return nil, ErrNotFound
 	}
+	p.cache[key] = r.Clone()
 	return r.Clone(), nil
 }
 
@@ -563,6 +573,7 @@ func (p *proc) Write(ctx context.Context, r *Rec) (uint64, error) {
 		return 0, errNoAnswer // stored, its answer lost
 	}
 	w.step(p)
+	p.cache[r.Key] = stored.Clone()
 	return rev, nil
 }
 
@@ -701,6 +712,7 @@ func (p *proc) Tell(owner, key string) {
 
 func (p *proc) Closed(r *Rec, here bool) {
 	delete(p.local, r.Key)
+	delete(p.cache, r.Key)
 	if here {
 		p.w.tracef("%s closed %s: %s", p.inst, r.Key, r.State)
 	}
