@@ -64,7 +64,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	crashpoint.Set(nil)
 
 	// The turn is held by the first replica, which could not release
-	// it: the second takes it once the hold is stuckAfter (15 s) old.
+	// it: the second takes it once the hold is sweepAfter (15 s) old.
 	d2, _ := e.dispatcher(dispatch.Options{RunTTL: 10 * time.Minute})
 	w = awaitWatch(t, d2, w.ID, 30*time.Second)
 	if !strings.Contains(w.Answer, `"type":"unknown_function"`) || !strings.Contains(w.Answer, "no_such_function") {
@@ -413,7 +413,7 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 	if turn, err := d2.Intake(context.Background(), req); err != nil || turn.State != dispatch.TurnCollecting {
 		t.Fatalf("the repeat = %+v, %v; want the turn still collecting", turn, err)
 	}
-	// Within stuckAfter (15 s) of intake, so that only the timer, and not
+	// Within sweepAfter (15 s) of intake, so that only the timer, and not
 	// a sweep's look at a turn missing from the index, can have cut it off.
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		turn, err := d2.Turn(context.Background(), req.Key())

@@ -37,10 +37,10 @@ import (
 // (scheduled, then fired) exist from intake until it is submitted or
 // failed.
 const (
-	// stuckAfter is how old an open turn must be before the sweep touches
+	// sweepAfter is how old an open turn must be before the sweep touches
 	// it: a healthy turn is closed by its owner long before. It is the
 	// lease taken at intake, after which another replica may take it.
-	stuckAfter = lifecycle.LeaseFor
+	sweepAfter = lifecycle.LeaseFor
 	// watchStaleAfter is how long a driver may stay silent (drivers save
 	// every watchSaveEvery) before another replica drives its watch.
 	watchStaleAfter = time.Minute
@@ -68,7 +68,7 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	// sweep's memory stays what the listing's page takes.
 	var cut map[protocol.TurnKey]bool // young turns cut off: a turn may be listed twice
 	keys, listed, err := d.openTurns(ctx, func(t *Turn) bool {
-		if startup || now.Sub(t.CreatedAt) > stuckAfter {
+		if startup || now.Sub(t.CreatedAt) > sweepAfter {
 			return false
 		}
 		if !cut[t.Key] && d.sweepYoung(t, now) {
@@ -103,15 +103,15 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 }
 
 // sweepYoung sweeps a turn this replica gathers for and took in less than
-// stuckAfter ago, as it knows it: nothing about it can be stuck yet (a
-// replica submitting it has been for less than stuckAfter), so its record
+// sweepAfter ago, as it knows it: nothing about it can be stuck yet (a
+// replica submitting it has been for less than sweepAfter), so its record
 // is not read. Under load most open turns are young, and reading each
 // one's record every sweep was most of the sweep's cost. It reports
 // whether it cut the turn off: a turn may be listed twice (both timer
 // subjects, or pages that overlap), and two cut-offs of one turn in one
 // replica would race each other.
 func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) (cutOff bool) {
-	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than stuckAfter
+	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than sweepAfter
 		d.cutOffLate(t.Key, "sweep: turn past its deadline; cutting it off")
 		return true
 	}
@@ -125,7 +125,7 @@ func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) (cutOff bool) {
 // off at its deadline, as its timer would have.
 func (d *Dispatcher) sweepUnlisted(ctx context.Context, listed map[protocol.TurnKey]bool, now time.Time) {
 	for _, t := range d.gather.trackedTurns() {
-		if now.Sub(t.CreatedAt) <= stuckAfter || listed[t.Key] || ctx.Err() != nil {
+		if now.Sub(t.CreatedAt) <= sweepAfter || listed[t.Key] || ctx.Err() != nil {
 			continue // too young to be missing from the listing for long (and not in listed), or open
 		}
 		key := t.Key
@@ -363,7 +363,7 @@ func skipSpace(b []byte, i int) int {
 
 // recheckDue reports whether a turn this replica gathers for, open for
 // age and last swept sinceLast ago, is due a re-check of its results (a
-// stream-info request each): when its age passes stuckAfter,
+// stream-info request each): when its age passes sweepAfter,
 // then twice that, four times... until the gap is recheckEvery, and every
 // recheckEvery after. A turn open for long is read a few times a
 // quarter hour, not every sweep; the price is that a turn whose last
@@ -371,7 +371,7 @@ func skipSpace(b []byte, i int) int {
 // recheckEvery to be closed (before the deadline, which would close it
 // with that result too).
 func recheckDue(age, sinceLast time.Duration) bool {
-	for at := stuckAfter; at <= age; at = min(2*at, at+recheckEvery) {
+	for at := sweepAfter; at <= age; at = min(2*at, at+recheckEvery) {
 		if age-sinceLast < at {
 			return true
 		}
@@ -390,7 +390,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		// way right now, so only old timers are dropped). A timer that
 		// cannot be read is left for the next sweep.
 		m, gerr := d.timers.GetLastMsgForSubject(ctx, timerScheduleSubject(key))
-		if errors.Is(gerr, jetstream.ErrMsgNotFound) || gerr == nil && time.Since(m.Time) > stuckAfter {
+		if errors.Is(gerr, jetstream.ErrMsgNotFound) || gerr == nil && time.Since(m.Time) > sweepAfter {
 			d.unindex(key, true)
 		}
 		return
@@ -416,7 +416,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		switch {
 		case now.After(t.Deadline.Add(timerGrace)):
 			d.cutOffLate(key, "sweep: turn past its deadline; cutting it off")
-		case startup || age > stuckAfter:
+		case startup || age > sweepAfter:
 			if !d.gather.tracking(key) || startup {
 				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))
 				d.resumeTurn(ctx, t, rev)

@@ -21,7 +21,7 @@ import (
 )
 
 // A turn this replica gathers for is re-checked when its age passes
-// stuckAfter, 2×, 4×... that, then every recheckEvery: a few times in a
+// sweepAfter, 2×, 4×... that, then every recheckEvery: a few times in a
 // turn's life, however often the sweep runs, and never twice for one mark.
 func TestRecheckDueOnAgesThatDouble(t *testing.T) {
 	const every = 3 * time.Second // about how often the sweep runs
@@ -42,9 +42,9 @@ func TestRecheckDueOnAgesThatDouble(t *testing.T) {
 		}
 	}
 	// The first sweep after a restart of the loop (sinceLast unknown, so
-	// large) re-checks every turn past stuckAfter once.
+	// large) re-checks every turn past sweepAfter once.
 	if !recheckDue(7*time.Minute, time.Hour) || recheckDue(10*time.Second, time.Hour) {
-		t.Error("a first sweep should re-check the turns older than stuckAfter, and only those")
+		t.Error("a first sweep should re-check the turns older than sweepAfter, and only those")
 	}
 }
 
