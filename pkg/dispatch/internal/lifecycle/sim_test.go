@@ -84,9 +84,9 @@ func TestSimulation(t *testing.T) {
 		}
 		sum.add(r)
 	}
-	t.Logf("%d seeds: %d turns, %d submissions (%d taken over, %d cut off), %d kills, %d stops, %d pauses, %d lost answers; "+
+	t.Logf("%d seeds: %d turns (%d created with no lease, %d cancelled), %d submissions (%d taken over, %d cut off), %d kills, %d stops, %d pauses, %d lost answers; "+
 		"repeats on a keep-every-submission platform from the documented windows: %d after a pause past the lease, %d after an answer lost, %d after a takeover",
-		n, sum.turns, sum.arrivals, sum.takeovers, sum.cutOffs, sum.kills, sum.stops, sum.pauses, sum.lostAnswers, sum.residualPause, sum.residualAmbiguous, sum.residualTakeover)
+		n, sum.turns, sum.unleased, sum.cancelled, sum.arrivals, sum.takeovers, sum.cutOffs, sum.kills, sum.stops, sum.pauses, sum.lostAnswers, sum.residualPause, sum.residualAmbiguous, sum.residualTakeover)
 }
 
 // TestSimulationFindsBugs re-introduces two bugs that review found in the
@@ -119,6 +119,7 @@ func TestSimulationFindsBugs(t *testing.T) {
 type simReport struct {
 	violations, trace                                                      []string
 	turns, arrivals, takeovers, cutOffs, kills, stops, pauses, lostAnswers int
+	cancelled, unleased                                                    int
 	residualPause, residualAmbiguous, residualTakeover                     int
 }
 
@@ -131,6 +132,8 @@ func (r *simReport) add(o simReport) {
 	r.stops += o.stops
 	r.pauses += o.pauses
 	r.lostAnswers += o.lostAnswers
+	r.cancelled += o.cancelled
+	r.unleased += o.unleased
 	r.residualPause += o.residualPause
 	r.residualAmbiguous += o.residualAmbiguous
 	r.residualTakeover += o.residualTakeover
@@ -200,13 +203,19 @@ func simulate(seed uint64, cfg simConfig, tracing bool) simReport {
 	}
 	var last time.Time
 	for i := range cfg.turns {
-		life := time.Duration(60+w.rng.IntN(90)) * time.Second
+		// Some runs are short: their deadline is less than MinLead away at
+		// intake, and they are created with no lease.
+		life := time.Duration(40+w.rng.IntN(110)) * time.Second
 		created := simStart.Add(time.Duration(w.rng.IntN(40_000)) * time.Millisecond)
 		sp := &spec{key: fmt.Sprintf("turn%d", i), calls: 1 + w.rng.IntN(3), created: created,
 			expires: created.Add(life), deadline: created.Add(life - 30*time.Second), strict: w.rng.IntN(2) == 0}
 		w.specs = append(w.specs, sp)
 		w.at(created, nil, func() { w.intake(sp) })
 		w.at(sp.deadline, nil, func() { w.fire(sp) })
+		if w.rng.IntN(6) == 0 {
+			// The platform ends the run: some process cancels the turn.
+			w.at(created.Add(time.Duration(w.rng.Int64N(int64(life)))), nil, func() { w.cancel(sp) })
+		}
 		if sp.expires.After(last) {
 			last = sp.expires
 		}
@@ -379,6 +388,9 @@ func (w *world) intake(sp *spec) {
 		switch {
 		case err == nil:
 			r.Rev = rev
+			if r.Lease.Owner == "" {
+				w.report.unleased++
+			}
 			w.publish(sp)
 		case errors.Is(err, ErrConflict):
 			w.publish(sp) // a repeat publishes the calls again
@@ -441,6 +453,15 @@ func (w *world) deliver(key string, i int) {
 		}
 		w.at(w.now.Add(25*time.Millisecond), p, func() { p.eng.Close(key) }) // the re-check
 	})
+}
+
+// cancel has some process cancel sp, as a watch whose run the platform
+// ended does.
+func (w *world) cancel(sp *spec) {
+	if p := w.any(); p != nil {
+		w.tracef("%s: cancel %s", p.inst, sp.key)
+		p.eng.Cancel(sp.key, "cancelled: the platform ended the run", nil)
+	}
 }
 
 // fire delivers sp's deadline timer to some process.
@@ -730,6 +751,9 @@ func (w *world) check() {
 		case !r.State.Closed():
 			w.violate("%s is still %s (lease %s) after the faults stopped", sp.key, r.State, r.Lease)
 			continue
+		}
+		if strings.HasPrefix(r.Error, "cancelled") {
+			w.report.cancelled++
 		}
 		arr := w.arrivals[sp.key]
 		if r.State == Submitted && len(arr) == 0 {
