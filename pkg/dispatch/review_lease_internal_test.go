@@ -1,0 +1,150 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+// repeatPlatform records, per submission, whether the dispatcher told the
+// adapter the submission may be a repeat (Repeated(ctx)), which is what
+// makes the Responses adapter look for an earlier continuation.
+type repeatPlatform struct {
+	idlePlatform
+	mu       sync.Mutex
+	repeated []bool
+	epochs   []uint64
+}
+
+func (p *repeatPlatform) Submit(ctx context.Context, t *Turn, _ []Output) (*Submission, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.repeated = append(p.repeated, Repeated(ctx))
+	p.epochs = append(p.epochs, t.lease.Epoch)
+	return &Submission{}, nil
+}
+
+func (p *repeatPlatform) seen() ([]bool, []uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]bool(nil), p.repeated...), append([]uint64(nil), p.epochs...)
+}
+
+// storeAsPreviousVersion writes turn as a replica of the version before
+// the lease wrote it: this version's encoding without the "lease" field
+// (which that version neither reads nor writes back).
+func storeAsPreviousVersion(t *testing.T, d *Dispatcher, turn *Turn) {
+	t.Helper()
+	b, err := appendTurn(nil, turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	delete(m, "lease")
+	b, _ = json.Marshal(m)
+	if _, err := d.turns.kv.Create(t.Context(), string(turn.Key), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// REVIEW (rolling upgrade): a replica of the version before the lease
+// claimed a turn (state submitting, owner, submitting_since), may have
+// submitted it, and died. This version takes the turn over once the claim
+// lapses and submits it again; that repeat must be marked Repeated, so
+// that the Responses adapter looks in the conversation for the first
+// continuation instead of continuing it a second time. It is not: the
+// claim reads as a lease of epoch 0, the take-over writes epoch 1, and
+// turnEnv.Submit marks a repeat only from epoch 2 on.
+func TestReviewTakeOverOfPreviousVersionClaimIsMarkedRepeated(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &repeatPlatform{}
+	d := replicaOn(t, js, "new", p)
+	key := protocol.TurnKey("0123456789abcdef0123456789abcde1")
+	now := time.Now().UTC()
+	turn := &Turn{Version: protocol.Version, Key: key,
+		Ref:   Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_1", Conversation: "conv_1"},
+		State: TurnSubmitting, CreatedAt: now.Add(-40 * time.Second), ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
+		out: &TurnOutcome{Owner: "old-replica", SubmittingSince: now.Add(-20 * time.Second)}}
+	storeAsPreviousVersion(t, d, turn)
+	have, rev, err := d.turns.get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read back: state %s, lease %s", have.State, have.lease)
+	d.gather.track(have, rev)
+	d.engine.Close(string(key))
+	closedRecord(t, d, key)
+	rep, epochs := p.seen()
+	if len(rep) != 1 {
+		t.Fatalf("%d submissions, want 1", len(rep))
+	}
+	if !rep[0] {
+		t.Errorf("the take-over of a previous version's claim (which may have reached the platform) was submitted "+
+			"without Repeated: lease epoch %d; the Responses adapter continues the conversation a second time", epochs[0])
+	}
+}
+
+// REVIEW (rolling upgrade): the same for a previous version's hold (state
+// submitting, held, holder): its holder submits without a claim within
+// holdFor of intake, so a holder that died may have reached the platform.
+func TestReviewTakeOverOfPreviousVersionHoldIsMarkedRepeated(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &repeatPlatform{}
+	d := replicaOn(t, js, "new", p)
+	key := protocol.TurnKey("0123456789abcdef0123456789abcde2")
+	now := time.Now().UTC()
+	// This version writes a collecting turn under a lease as the previous
+	// version's hold; that version's own hold looks the same on the wire
+	// without the "lease" field.
+	turn := &Turn{Version: protocol.Version, Key: key,
+		Ref:   Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_2", Conversation: "conv_2"},
+		State: TurnCollecting, CreatedAt: now.Add(-40 * time.Second), ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
+		lease: lifecycle.Lease{Owner: "old-replica/holder1", Until: now.Add(-25 * time.Second), Epoch: 1}}
+	storeAsPreviousVersion(t, d, turn)
+	have, rev, err := d.turns.get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read back: state %s, lease %s", have.State, have.lease)
+	d.gather.track(have, rev)
+	d.engine.Close(string(key))
+	closedRecord(t, d, key)
+	rep, epochs := p.seen()
+	if len(rep) != 1 {
+		t.Fatalf("%d submissions, want 1", len(rep))
+	}
+	if !rep[0] {
+		t.Errorf("the take-over of a previous version's hold was submitted without Repeated (lease epoch %d)", epochs[0])
+	}
+}
+
+// REVIEW (rolling upgrade): record.go and docs/turns.md say a turn this
+// version writes in the claim form is taken over by the previous version
+// "at the same moment this one would": Skew after the lease lapses. The
+// previous version takes a claim over once now-submitting_since >=
+// stuckAfter (15 s): at Until, Skew (2 s) earlier, so beside it the pause
+// window this version's owner is fenced for shrinks from Ahead+Skew (7 s)
+// to Ahead (5 s).
+func TestReviewPreviousVersionTakesClaimOverNoEarlierThanThisOne(t *testing.T) {
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	l := lifecycle.Lease{Owner: "new/abc", Until: now.Add(lifecycle.LeaseFor), Epoch: 3}
+	turn := &Turn{Version: protocol.Version, Key: "0123456789abcdef0123456789abcde3", State: TurnSubmitting,
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), Deadline: now.Add(time.Hour), lease: l}
+	w := turn.wire()
+	const previousStuckAfter = 15 * time.Second // 79eb6c0:pkg/dispatch/sweep.go:41, submit.go:162
+	oldTakesAt := w.SubmittingSince.Add(previousStuckAfter)
+	thisTakesAt := l.Until.Add(lifecycle.Skew)
+	if oldTakesAt.Before(thisTakesAt) {
+		t.Errorf("the previous version takes this claim over at %s, %s before this version would (%s)",
+			oldTakesAt.Format(time.RFC3339Nano), thisTakesAt.Sub(oldTakesAt), thisTakesAt.Format(time.RFC3339Nano))
+	}
+}
