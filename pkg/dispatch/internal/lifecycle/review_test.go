@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,5 +130,94 @@ func TestReviewReleaseThenQueuedEventLeavesLeaseFree(t *testing.T) {
 	env.wg.Wait()
 	if r := env.stored("t1"); r.Lease.Owner != "" {
 		t.Errorf("after Release and a later event, the stopping process holds %s (record %s), %d submissions", r.Lease, r.State, env.submits)
+	}
+}
+
+// flakyEnv is reviewEnv whose writes can be made to go unanswered (not
+// stored), as JetStream does in a leader election.
+type flakyEnv struct {
+	reviewEnv
+	fail bool
+}
+
+func (e *flakyEnv) Write(ctx context.Context, r *Rec) (uint64, error) {
+	e.mu.Lock()
+	fail := e.fail
+	e.mu.Unlock()
+	if fail {
+		return 0, context.DeadlineExceeded // may or may not be stored: here, not
+	}
+	return e.reviewEnv.Write(ctx, r)
+}
+
+func (e *flakyEnv) setFail(v bool) {
+	e.mu.Lock()
+	e.fail = v
+	e.mu.Unlock()
+}
+
+// REVIEW: the owner submits a turn whose results are all in (the direct
+// path: no write before, the record stays collecting); the platform takes
+// it; recording the outcome fails for a while (finish keeps it in
+// t.ended, "recorded, not submitted again, by the next event"). The next
+// event is a cancellation (the watch's run ended, an MCP client cancels):
+// cancel() never looks at t.ended, sees the stale record still
+// collecting under its own lease, and writes the turn failed ("not
+// submitted: ...") and answers true, so cancelTurn tells the executors
+// to cancel: a turn the platform took is recorded as never submitted.
+func TestReviewCancelAfterUnrecordedSubmissionKeepsTheSubmission(t *testing.T) {
+	env := &flakyEnv{reviewEnv: reviewEnv{ctx: context.Background(), now: simStart, store: map[string]*Rec{}, rev: 10}}
+	env.store["t1"] = &Rec{Key: "t1", State: Collecting, Deadline: simStart.Add(time.Minute), Rev: 10,
+		Lease: Lease{Owner: "me", Until: simStart.Add(LeaseFor), Epoch: 1}}
+	e := New("me", env, nil)
+	// Writes fail from the submission on: the platform takes the turn and
+	// its outcome cannot be recorded.
+	env.reviewEnv.mu.Lock()
+	env.reviewEnv.submits = 0
+	env.reviewEnv.mu.Unlock()
+	sub := &submitHook{flakyEnv: env}
+	e.env = sub
+	e.Close("t1")
+	env.wg.Wait()
+	if env.submits != 1 {
+		t.Fatalf("%d submissions, want 1", env.submits)
+	}
+	env.setFail(false) // the store answers again
+	var cancelled bool
+	e.Cancel("t1", "not submitted: run cancelled", func(ok bool) { cancelled = ok })
+	env.wg.Wait()
+	r := env.stored("t1")
+	if r.State != Submitted || cancelled {
+		t.Errorf("the platform took the turn, then a cancellation recorded it %s (%q) and reported cancelled=%v",
+			r.State, r.Error, cancelled)
+	}
+}
+
+// submitHook makes writes fail once the submission was made.
+type submitHook struct{ *flakyEnv }
+
+func (h *submitHook) Submit(ctx context.Context, r *Rec, keep func() bool) (any, error) {
+	out, err := h.flakyEnv.Submit(ctx, r, keep)
+	h.setFail(true)
+	return out, err
+}
+
+// REVIEW: the simulation never injects a cancellation (Engine.Cancel),
+// which production sends (driver.go cancelTurn: a run the platform ended,
+// an MCP client's cancel). With cancellations injected, a turn the
+// platform received ends recorded as cancelled, "not submitted".
+func TestReviewSimulationWithCancels(t *testing.T) {
+	for seed := uint64(1); seed <= uint64(*simSeeds); seed++ {
+		if *simSeed != 0 && seed != *simSeed {
+			continue
+		}
+		r := simulate(seed, simConfig{procs: 3, turns: 6, cancels: true}, testing.Verbose())
+		if len(r.violations) > 0 {
+			msg := strings.Join(r.violations, "\n")
+			if testing.Verbose() {
+				msg += "\n\ntrace:\n" + strings.Join(r.trace, "\n")
+			}
+			t.Fatalf("seed %d (cancellations injected):\n%s", seed, msg)
+		}
 	}
 }
