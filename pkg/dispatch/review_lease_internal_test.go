@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -146,5 +147,102 @@ func TestReviewPreviousVersionTakesClaimOverNoEarlierThanThisOne(t *testing.T) {
 	if oldTakesAt.Before(thisTakesAt) {
 		t.Errorf("the previous version takes this claim over at %s, %s before this version would (%s)",
 			oldTakesAt.Format(time.RFC3339Nano), thisTakesAt.Sub(oldTakesAt), thisTakesAt.Format(time.RFC3339Nano))
+	}
+}
+
+// acceptingPlatform takes a submission (the platform has it) and then does
+// not answer until the attempt's context ends; it polls as done (the run
+// went on with the outputs it took and finished).
+type acceptingPlatform struct {
+	idlePlatform
+	mu       sync.Mutex
+	accepted int
+	got      chan struct{}
+}
+
+func (p *acceptingPlatform) Submit(ctx context.Context, t *Turn, _ []Output) (*Submission, error) {
+	p.mu.Lock()
+	p.accepted++
+	first := p.accepted == 1
+	p.mu.Unlock()
+	if first {
+		close(p.got)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return &Submission{}, nil
+}
+
+func (p *acceptingPlatform) Poll(context.Context, Ref) (*Observation, error) {
+	return &Observation{State: ObjectDone}, nil
+}
+
+func (p *acceptingPlatform) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
+}
+
+// startReplica is replicaOn with the stop in the test's hands.
+func startReplica(t *testing.T, d *Dispatcher) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	return func() { cancel(); <-done }
+}
+
+// REVIEW: the owner of a turn whose results are all in submits it with no
+// write before (the direct path), so while the platform has the outputs
+// and the owner has not recorded the answer, the record says collecting.
+// Stop the owner then (a routine SIGTERM whose ShutdownTimeout cuts the
+// unanswered attempt off; a kill -9 leaves the same record with its lease
+// lapsing): the record is collecting with a free lease. driver.go's
+// awaitClosed reads exactly that as "a turn nobody began to submit", and
+// on a finished run reports the platform finished it "without the calls'
+// results": the watch driver then cancels the turn (failed, "not
+// submitted", executors told to cancel) and fails the watch, though the
+// platform took the outputs. The version before wrote the claim
+// (submitting) first, which awaitClosed waits for.
+func TestReviewDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &acceptingPlatform{got: make(chan struct{})}
+	owner, err := New(js, []Platform{p}, Options{Name: "owner", Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond,
+		ShutdownTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOwner := startReplica(t, owner)
+	other := replicaOn(t, js, "other", p)
+	key := protocol.TurnKey("0123456789abcdef0123456789abcde4")
+	turn, rev := leasedTurn(t, owner, key, lifecycle.Lease{Owner: owner.instance, Until: time.Now().Add(lifecycle.LeaseFor), Epoch: 1})
+	owner.gather.track(turn, rev)
+	owner.engine.Close(string(key))
+	select {
+	case <-p.got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the owner did not submit")
+	}
+	if r, _, err := owner.turns.get(t.Context(), key); err == nil {
+		t.Logf("while the platform has the outputs: record %s, lease %s", r.State, r.lease)
+	}
+	stopOwner()
+	r, _, err := other.turns.get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after the owner stopped: record %s, lease %s (free: %v)", r.State, r.lease, r.lease.Free(time.Now()))
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	final, _, ended, err := other.awaitClosed(ctx, key, p, turn.Ref, nil)
+	if ended != nil {
+		t.Errorf("the platform took the turn's outputs, yet the watch driver concludes %q (and cancels the turn); accepted submissions: %d",
+			ended.Reason, p.count())
+	} else if err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("closed: %s", final.State)
 	}
 }
