@@ -246,3 +246,50 @@ func TestReviewDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
 		t.Logf("closed: %s", final.State)
 	}
 }
+
+// REVIEW (rolling upgrade): the previous version dates a hold by the
+// turn's created_at, not by the submitting_since this version writes into
+// it (79eb6c0:pkg/dispatch/hold.go:137-147, "a hold is taken at intake, so
+// it is dated by the turn's CreatedAt"), and takes a hold older than
+// stuckAfter (15 s) for a turn whose holder died: it claims it by
+// compare-and-set and submits (hold.go:125). This version stamps
+// CreatedAt before resolving the calls (intake.go:40-43; each unserved
+// call waits ServeGrace, 3 s, in turn, longer when its executor lapsed
+// lately) and computes the intake lease after (intake.go:75): the lease
+// runs until CreatedAt + resolve time + LeaseFor. With the resolve taking
+// 6 s (two unserved calls), the previous version takes the hold over 6 s
+// before this one's lease even lapses, while this version's owner still
+// holds it with more than Ahead left and submits with no write before
+// (the direct path): nothing in the record makes the previous version's
+// claim lose, and both submit.
+func TestReviewPreviousVersionLeavesAHoldAloneWhileItsLeaseHolds(t *testing.T) {
+	created := time.Now().UTC().Truncate(time.Millisecond)
+	resolve := 2 * DefaultServeGrace // two calls whose function nobody serves
+	leased := created.Add(resolve)
+	l := lifecycle.Lease{Owner: "new/abc", Until: leased.Add(lifecycle.LeaseFor), Epoch: 1}
+	turn := &Turn{Version: protocol.Version, Key: "0123456789abcdef0123456789abcde5", State: TurnCollecting,
+		CreatedAt: created, ExpiresAt: created.Add(10 * time.Minute), Deadline: created.Add(9 * time.Minute), lease: l}
+	b, err := appendTurn(nil, turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var onWire struct {
+		State     string    `json:"state"`
+		Held      bool      `json:"held"`
+		CreatedAt time.Time `json:"created_at"`
+	}
+	if err := json.Unmarshal(b, &onWire); err != nil {
+		t.Fatal(err)
+	}
+	if onWire.State != "submitting" || !onWire.Held {
+		t.Fatalf("not written as a hold: %s", b)
+	}
+	const previousStuckAfter = 15 * time.Second
+	oldTakesAt := onWire.CreatedAt.Add(previousStuckAfter) // the previous version's take-over of a hold
+	// The last moment this version's owner submits with no write: HeldBy.
+	lastDirect := l.Until.Add(-lifecycle.Ahead)
+	if !oldTakesAt.After(lastDirect) {
+		t.Errorf("the previous version takes this hold over at created+%s, while this version's owner may still submit it "+
+			"with no write until created+%s (lease until created+%s): both submit", oldTakesAt.Sub(created), lastDirect.Sub(created), l.Until.Sub(created))
+	}
+}
