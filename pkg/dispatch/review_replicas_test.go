@@ -4,9 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -68,5 +73,48 @@ func TestReviewReplicasSubmitEachTurnOnce(t *testing.T) {
 	t.Logf("stats: %+v", st)
 	if st.ResponseReplays != 0 || st.FunctionCallOutputs != 2*runs {
 		t.Errorf("continuations replayed %d, function_call_outputs %d (want 0, %d)", st.ResponseReplays, st.FunctionCallOutputs, 2*runs)
+	}
+}
+
+// REVIEW: a slow platform (answers 20 s after taking a continuation, past
+// LeaseFor) while two other replicas sweep every 200 ms and the deadline
+// timers fire: the owner keeps its lease while it waits, nobody else
+// submits.
+func TestReviewSlowPlatformIsNotSubmittedTwice(t *testing.T) {
+	const runs = 3
+	e := newEnv(t, weatherScenario("slow", "slow weather", `{"location":"Oslo"}`))
+	e.register("geo", "get_weather", weatherSchema)
+	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
+	slow := openai.NewClient(option.WithBaseURL(e.simURL+"/v1"), option.WithAPIKey("sk-test"),
+		option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+			res, err := next(r)
+			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/responses") {
+				time.Sleep(20 * time.Second) // taken; the answer is slow
+			}
+			return res, err
+		}))
+	opts := dispatch.Options{SweepInterval: 200 * time.Millisecond}
+	d1, _ := e.dispatcherOn(slow, opts)
+	d2, _ := e.dispatcherOn(slow, opts)
+	d3, _ := e.dispatcherOn(slow, opts)
+	ds := []*dispatch.Dispatcher{d1, d2, d3}
+	var ids []string
+	for i := range runs {
+		w, err := ds[i].Watch(context.Background(), e.response("slow weather "+fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, w.ID)
+	}
+	for _, id := range ids {
+		w := awaitWatch(t, d2, id, 120*time.Second)
+		if w.State != dispatch.WatchCompleted {
+			t.Errorf("watch %s: %s %s", id, w.State, w.Error)
+		}
+	}
+	st := e.sim.Stats()
+	t.Logf("stats: %+v", st)
+	if st.ResponseReplays != 0 || st.FunctionCallOutputs != runs {
+		t.Errorf("continuations replayed %d, function_call_outputs %d (want 0, %d)", st.ResponseReplays, st.FunctionCallOutputs, runs)
 	}
 }
