@@ -207,10 +207,14 @@ func (h *submitHook) Submit(ctx context.Context, r *Rec, keep func() bool) (any,
 // an MCP client's cancel). With cancellations injected, a turn the
 // platform received ends recorded as cancelled, "not submitted".
 func TestReviewSimulationWithCancels(t *testing.T) {
-	for seed := uint64(1); seed <= uint64(*simSeeds); seed++ {
-		if *simSeed != 0 && seed != *simSeed {
-			continue
-		}
+	// Seeds 18400..18450 by default (18419: the owner killed after the
+	// platform took the turn, the cancellation recorded it "not
+	// submitted"); -seed N replays one with a trace (-v).
+	from, to := uint64(18400), uint64(18450)
+	if *simSeed != 0 {
+		from, to = *simSeed, *simSeed
+	}
+	for seed := from; seed <= to; seed++ {
 		r := simulate(seed, simConfig{procs: 3, turns: 6, cancels: true}, testing.Verbose())
 		if len(r.violations) > 0 {
 			msg := strings.Join(r.violations, "\n")
