@@ -293,3 +293,51 @@ func TestReviewPreviousVersionLeavesAHoldAloneWhileItsLeaseHolds(t *testing.T) {
 			"with no write until created+%s (lease until created+%s): both submit", oldTakesAt.Sub(created), lastDirect.Sub(created), l.Until.Sub(created))
 	}
 }
+
+// REVIEW: the engine-level finding (lifecycle review_test.go,
+// TestReviewStoppingEngineDoesNotRetakeReleasedLease) in a dispatcher: a
+// replica stops (SIGTERM) while its platform has not answered a turn's
+// submission; releaseAll queues the turn's release behind the attempt and
+// keeps hearing tells meanwhile (dispatcher.go: stopTells after
+// releaseAll). Another replica tells it of the turn then. The drain cuts
+// the attempt off, the release frees the lease, and the tell's Close
+// right after takes it back (epoch up) with a context that allows no
+// attempt: the stopped replica leaves the turn under its own lease, and
+// the others wait LeaseFor+Skew for a process that is gone.
+func TestReviewStoppedReplicaLeavesNoLeaseBehind(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	p := &acceptingPlatform{got: make(chan struct{})}
+	owner, err := New(js, []Platform{p}, Options{Name: "owner", Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond,
+		ShutdownTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOwner := startReplica(t, owner)
+	key := protocol.TurnKey("0123456789abcdef0123456789abcde6")
+	turn, rev := leasedTurn(t, owner, key, lifecycle.Lease{Owner: owner.instance, Until: time.Now().Add(lifecycle.LeaseFor), Epoch: 1})
+	owner.gather.track(turn, rev)
+	owner.engine.Close(string(key))
+	select {
+	case <-p.got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the owner did not submit")
+	}
+	stopped := make(chan struct{})
+	go func() { stopOwner(); close(stopped) }()
+	time.Sleep(500 * time.Millisecond) // releaseAll waits for the busy turn, hearing tells
+	// What another replica with a result of the turn does (turnEnv.Tell).
+	if err := js.Conn().Publish(tellSubject(leaseInstance(owner.instance)), []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	<-stopped
+	r, _, err := owner.turns.get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.lease.Owner == owner.instance && !r.lease.Free(time.Now()) {
+		t.Errorf("after its clean stop the replica still holds the turn: record %s, lease %s (free for the others only in %s)",
+			r.State, r.lease, time.Until(r.lease.Until.Add(lifecycle.Skew)).Round(time.Second))
+	} else {
+		t.Logf("record %s, lease %s", r.State, r.lease)
+	}
+}
