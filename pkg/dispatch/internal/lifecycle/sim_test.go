@@ -47,6 +47,10 @@ type simConfig struct {
 	procs, turns int
 	fenceOnce    bool // the pause window: the lease looked at once per submission
 	twoWriters   bool // two goroutines of a process acting on one turn
+	// cancels (review): some turns are cancelled, as the watch driver
+	// does when the platform ends a run or an MCP client cancels, at a
+	// random moment of their life on a random process.
+	cancels bool
 }
 
 func TestSimulation(t *testing.T) {
@@ -173,6 +177,7 @@ type arrival struct {
 	at        time.Time
 	outputs   string
 	ambiguous bool // accepted, its answer lost
+	fenced    bool // (review) made under the lease, not in the pause window
 }
 
 type proc struct {
@@ -212,9 +217,9 @@ func simulate(seed uint64, cfg simConfig, tracing bool) simReport {
 		w.specs = append(w.specs, sp)
 		w.at(created, nil, func() { w.intake(sp) })
 		w.at(sp.deadline, nil, func() { w.fire(sp) })
-		if w.rng.IntN(6) == 0 {
+		if n := w.rng.IntN(6); n == 0 || (cfg.cancels && n < 2) {
 			// The platform ends the run: some process cancels the turn.
-			w.at(created.Add(time.Duration(w.rng.Int64N(int64(life)))), nil, func() { w.cancel(sp) })
+			w.at(created.Add(time.Duration(w.rng.Int64N(int64(life)))), nil, func() { w.cancelTurn(sp) })
 		}
 		if sp.expires.After(last) {
 			last = sp.expires
@@ -455,15 +460,6 @@ func (w *world) deliver(key string, i int) {
 	})
 }
 
-// cancel has some process cancel sp, as a watch whose run the platform
-// ended does.
-func (w *world) cancel(sp *spec) {
-	if p := w.any(); p != nil {
-		w.tracef("%s: cancel %s", p.inst, sp.key)
-		p.eng.Cancel(sp.key, "cancelled: the platform ended the run", nil)
-	}
-}
-
 // fire delivers sp's deadline timer to some process.
 func (w *world) fire(sp *spec) {
 	p := w.any()
@@ -694,7 +690,7 @@ func (w *world) arrive(p *proc, r *Rec, paused time.Duration, ambiguous bool) *a
 			w.violate("%s submitted %s with call %d's result, which is not recorded", p.inst, r.Key, i)
 		}
 	}
-	a := &arrival{inst: p.inst, epoch: r.Lease.Epoch, at: w.now, outputs: strings.Join(outs, ","), ambiguous: ambiguous}
+	a := &arrival{inst: p.inst, epoch: r.Lease.Epoch, at: w.now, outputs: strings.Join(outs, ","), ambiguous: ambiguous, fenced: fenced}
 	w.report.arrivals++
 	w.tracef("%s submits %s (epoch %d, fenced %v, outputs %s, paused %s, rec rev %d lease %s)", p.inst, r.Key, a.epoch, fenced, a.outputs, paused, r.Rev, r.Lease)
 	prev := w.arrivals[r.Key]
@@ -752,10 +748,15 @@ func (w *world) check() {
 			w.violate("%s is still %s (lease %s) after the faults stopped", sp.key, r.State, r.Lease)
 			continue
 		}
-		if strings.HasPrefix(r.Error, "cancelled") {
+		if r.Error == simCancelled {
 			w.report.cancelled++
 		}
 		arr := w.arrivals[sp.key]
+		if i := slices.IndexFunc(arr, func(a *arrival) bool { return a.fenced }); r.State == Failed && r.Error == simCancelled && i >= 0 {
+			arr := arr[i:]
+			w.violate("%s is recorded cancelled (never submitted), and the platform received it from %s (epoch %d) at %s",
+				sp.key, arr[0].inst, arr[0].epoch, arr[0].at.Sub(simStart))
+		}
 		if r.State == Submitted && len(arr) == 0 {
 			w.violate("%s is recorded submitted, and the platform received nothing", sp.key)
 		}
@@ -800,4 +801,21 @@ func (w *world) livedThrough(a, b time.Time) bool {
 		}
 	}
 	return false
+}
+
+// simCancelled is the error a simulated cancellation records.
+const simCancelled = "sim: cancelled"
+
+// cancelTurn cancels sp on some process (review).
+func (w *world) cancelTurn(sp *spec) {
+	p := w.any()
+	if p == nil || !w.faults {
+		return
+	}
+	w.tracef("%s: cancel %s", p.inst, sp.key)
+	p.eng.Cancel(sp.key, simCancelled, func(ok bool) {
+		if ok {
+			w.tracef("%s cancelled %s", p.inst, sp.key)
+		}
+	})
 }
