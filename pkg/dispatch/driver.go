@@ -325,10 +325,16 @@ func (d *Dispatcher) awaitClosed(ctx context.Context, key protocol.TurnKey, p Pl
 				switch {
 				case err == nil && closedTurn(t):
 					return t, nil, nil, nil
-				case err == nil && t.State == TurnCollecting && t.lease.Free(time.Now()):
-					// (A turn whose lease holds may be being submitted
-					// by its owner.)
+				case err == nil && t.State == TurnCollecting && t.lease.Owner == "" && t.lease.Epoch == 0:
+					// Created with no lease, and nobody began to submit it:
+					// the run finished without the calls' results.
 					return nil, nil, &Observation{State: ObjectFailed, Reason: "the platform finished the run without the calls' results"}, nil
+				case err == nil && t.lease.Free(time.Now()):
+					// Its owner went, maybe after submitting it with no
+					// write (docs/turns.md): the engine takes it over and
+					// submits it again, which the platform, done with the
+					// run, answers as already submitted.
+					d.engine.Close(string(key))
 				}
 			}
 			poll.Reset(polls.Next())

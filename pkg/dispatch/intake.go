@@ -72,7 +72,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	}
 	// Owned from the start by this replica (docs/turns.md), which then
 	// submits it with no write between its last result and its platform.
-	t.lease = d.engine.IntakeLease(t.Deadline)
+	t.lease = d.engine.IntakeLease(t.CreatedAt, t.Deadline)
 	tctx, span := d.tel.startTurn(ctx, t)
 	rev, err := d.record(ctx, t)
 	if errors.Is(err, errConflict) {

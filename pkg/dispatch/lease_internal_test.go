@@ -167,11 +167,11 @@ func TestRecordsOfTheVersionBeforeTheLease(t *testing.T) {
 		lease        lifecycle.Lease
 	}{
 		{"a hold", `{"v":1,"key":"0123456789abcdef0123456789abcdef","state":"submitting","owner":"old-1","holder":"h1","held":true,"submitting_since":"2026-12-05T12:09:15Z","created_at":"2026-12-05T12:00:00Z","deadline":"2026-12-05T12:09:30Z"}`,
-			TurnCollecting, lifecycle.Lease{Owner: "old:old-1/h1", Until: created.Add(lifecycle.LeaseFor)}},
+			TurnCollecting, lifecycle.Lease{Owner: "old:old-1/h1", Until: created.Add(lifecycle.LeaseFor), Epoch: 1}},
 		{"a claim", `{"v":1,"key":"0123456789abcdef0123456789abcdef","state":"submitting","owner":"old-1","submitting_since":"2026-12-05T12:01:00Z","created_at":"2026-12-05T12:00:00Z"}`,
-			TurnSubmitting, lifecycle.Lease{Owner: "old:old-1", Until: created.Add(time.Minute + lifecycle.LeaseFor)}},
+			TurnSubmitting, lifecycle.Lease{Owner: "old:old-1", Until: created.Add(time.Minute + lifecycle.LeaseFor), Epoch: 1}},
 		{"a claim released", `{"v":1,"key":"0123456789abcdef0123456789abcdef","state":"submitting","created_at":"2026-12-05T12:00:00Z"}`,
-			TurnSubmitting, lifecycle.Lease{}},
+			TurnSubmitting, lifecycle.Lease{Epoch: 1}},
 		{"a turn collecting", `{"v":1,"key":"0123456789abcdef0123456789abcdef","state":"collecting","created_at":"2026-12-05T12:00:00Z"}`,
 			TurnCollecting, lifecycle.Lease{}},
 	} {

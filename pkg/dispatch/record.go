@@ -27,9 +27,12 @@ import (
 //     LeaseFor before the deadline (it takes a hold over only once it is
 //     LeaseFor old, and then as a turn collecting);
 //   - any other turn with an owner is written as its claim: owner, and
-//     submitting_since LeaseFor before the lease lapses.
+//     submitting_since LeaseFor - Skew before the lease lapses (that
+//     version takes a claim over once it is LeaseFor old: when this one
+//     would).
 // A record that version wrote has no "lease": recordWire.turn reads its
-// hold or claim as a lease of a process named "old:...".
+// hold or claim as a lease of a process named "old:...", at epoch 1, so
+// that a take-over of it counts as a repeat (dispatch.Repeated).
 
 // recordWire is a turn's record as stored.
 type recordWire struct {
@@ -71,7 +74,9 @@ func (t *Turn) wire() recordWire {
 		w.Held, w.Holder = true, leaseInstance(l.Owner)
 		w.SubmittingSince = t.Deadline.Add(-lifecycle.LeaseFor)
 	default:
-		w.SubmittingSince = l.Until.Add(-lifecycle.LeaseFor)
+		// That version takes a claim over LeaseFor after it; this one
+		// Skew after the lease lapses: the same moment.
+		w.SubmittingSince = l.Until.Add(lifecycle.Skew - lifecycle.LeaseFor)
 	}
 	return w
 }
@@ -86,9 +91,13 @@ func (w *recordWire) turn(t *Turn) {
 	case w.Lease != nil:
 		t.lease = lifecycle.Lease{Owner: w.Lease.Owner, Until: w.Lease.Until, Epoch: w.Lease.Epoch}
 	case w.Held && t.State == TurnSubmitting:
-		t.lease = lifecycle.Lease{Owner: "old:" + o.Owner + "/" + w.Holder, Until: t.CreatedAt.Add(lifecycle.LeaseFor)}
+		t.lease = lifecycle.Lease{Owner: "old:" + o.Owner + "/" + w.Holder, Until: t.CreatedAt.Add(lifecycle.LeaseFor), Epoch: 1}
 	case t.State == TurnSubmitting && o.Owner != "":
-		t.lease = lifecycle.Lease{Owner: "old:" + o.Owner, Until: o.SubmittingSince.Add(lifecycle.LeaseFor)}
+		t.lease = lifecycle.Lease{Owner: "old:" + o.Owner, Until: o.SubmittingSince.Add(lifecycle.LeaseFor), Epoch: 1}
+	case t.State == TurnSubmitting:
+		// A claim that version released: its submission may have gone
+		// out, so whoever takes it repeats one (epoch 2 on).
+		t.lease = lifecycle.Lease{Epoch: 1}
 	}
 	if w.Held && t.State == TurnSubmitting {
 		t.State = TurnCollecting

@@ -70,6 +70,8 @@ type Engine struct {
 
 	mu    sync.Mutex
 	turns map[string]*turn
+	// stopping is set by Release: the process takes no lease any more.
+	stopping bool
 }
 
 // turn is one turn as this process works on it, from an event until its
@@ -113,17 +115,19 @@ func New(self string, env Env, log *slog.Logger) *Engine {
 // Self is the process instance the engine acts as: the owner it writes.
 func (e *Engine) Self() string { return e.self }
 
-// IntakeLease is the lease a turn taken in now, due at deadline, is
-// created with: this process's for LeaseFor. A turn due sooner than
-// MinLead is created with none, and closed by whichever process first
-// writes it: waiting out a lease of a process that died would cost it its
-// deadline.
-func (e *Engine) IntakeLease(deadline time.Time) Lease {
-	now := e.env.Now()
-	if deadline.Sub(now) < MinLead {
+// IntakeLease is the lease a turn taken in at the instant at (its record's
+// creation time), due at deadline, is created with: this process's for
+// LeaseFor from at, however long the intake took since, so that the
+// version before the lease, which dates a hold by the turn's creation,
+// never takes over a turn this process may still submit with no write
+// (docs/turns.md). A turn due sooner than MinLead is created with none, and
+// closed by whichever process first writes it: waiting out a lease of a
+// process that died would cost it its deadline.
+func (e *Engine) IntakeLease(at, deadline time.Time) Lease {
+	if deadline.Sub(at) < MinLead {
 		return Lease{}
 	}
-	return Lease{}.next(e.self, now)
+	return Lease{}.next(e.self, at)
 }
 
 // MinLead is how far a turn's deadline must be at intake for the turn to
@@ -154,6 +158,7 @@ func (e *Engine) Forget(key string) { e.send(key, event{kind: evForget}) }
 // events before are handled. [Engine.Idle] tells when they all are.
 func (e *Engine) Release(keys []string) {
 	e.mu.Lock()
+	e.stopping = true
 	for k := range e.turns {
 		keys = append(keys, k)
 	}
@@ -271,6 +276,9 @@ func (e *Engine) close(ctx context.Context, t *turn) {
 		e.finish(ctx, t, t.ended.Outcome, t.ended.Error)
 		return
 	}
+	if e.isStopping(ctx) {
+		return // its lease released, the turn is the others'
+	}
 	for range maxRounds {
 		r := t.rec
 		if r.State.Closed() {
@@ -344,14 +352,14 @@ const (
 
 // own makes sure this process holds t's lease with Ahead left, writing
 // the record (as submitting, with change applied) if it does not, or if
-// change is not nil.
+// change is not nil. A stopping process takes and renews no lease.
 func (e *Engine) own(ctx context.Context, t *turn, change func(*Rec)) ownership {
 	r := t.rec
 	now := e.env.Now()
 	if change == nil && r.Lease.HeldBy(e.self, now) {
 		return owned
 	}
-	if r.State.Closed() || (r.Lease.Owner != e.self && !r.Lease.Free(now)) {
+	if r.State.Closed() || (r.Lease.Owner != e.self && !r.Lease.Free(now)) || e.isStopping(ctx) {
 		return lost
 	}
 	next := r.Clone()
@@ -491,6 +499,12 @@ func (e *Engine) finish(ctx context.Context, t *turn, out any, why string) {
 // a turn another process owns is handed to it, and cancelled here if its
 // lease lapses.
 func (e *Engine) cancel(ctx context.Context, t *turn, why string) bool {
+	if t.ended != nil {
+		// Submitted, its outcome not yet recorded: that is recorded, and the
+		// turn is not cancelled.
+		e.finish(ctx, t, t.ended.Outcome, t.ended.Error)
+		return false
+	}
 	for range maxRounds {
 		r := t.rec
 		if r.State != Collecting {
@@ -511,8 +525,14 @@ func (e *Engine) cancel(ctx context.Context, t *turn, why string) bool {
 		}
 		next := r.Clone()
 		next.State, next.Error = Failed, why
+		if r.Lease.Owner != "" && r.Lease.Owner != e.self {
+			// Its owner let the lease lapse: it may have submitted the turn
+			// with no write before it went (docs/turns.md). The record says
+			// so rather than that nothing went out.
+			next.Error += MaybeSubmitted
+		}
 		next.Lease = Lease{Epoch: r.Lease.Epoch}
-		switch e.write(ctx, t, next, func(cur *Rec) bool { return cur.State == Failed && cur.Error == why }) {
+		switch e.write(ctx, t, next, func(cur *Rec) bool { return cur.State == Failed && cur.Error == next.Error }) {
 		case owned:
 			e.closed(t, true)
 			return true
@@ -528,6 +548,10 @@ func (e *Engine) cancel(ctx context.Context, t *turn, why string) bool {
 	return false
 }
 
+// MaybeSubmitted ends the error of a turn cancelled after its owner let
+// its lease lapse: the owner may have submitted it first.
+const MaybeSubmitted = " (its owner went without recording it; it may have submitted the turn first)"
+
 // release gives up this process's lease on t, so that another process may
 // take the turn at once.
 func (e *Engine) release(ctx context.Context, t *turn) {
@@ -536,6 +560,10 @@ func (e *Engine) release(ctx context.Context, t *turn) {
 		if t.rec == nil {
 			return // recorded
 		}
+	}
+	if t.wake != nil {
+		t.wake()
+		t.wake = nil
 	}
 	r := t.rec
 	if r.State.Closed() || r.Lease.Owner != e.self {
@@ -546,6 +574,17 @@ func (e *Engine) release(ctx context.Context, t *turn) {
 	if e.write(ctx, t, next, func(cur *Rec) bool { return cur.Lease.Equal(next.Lease) }) != owned {
 		e.log.Debug("releasing a turn's lease failed; it lapses", "turn", t.key)
 	}
+}
+
+// isStopping reports whether the process stops: it released its leases,
+// or its goroutines' context ended.
+func (e *Engine) isStopping(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stopping
 }
 
 // closed ends t here.

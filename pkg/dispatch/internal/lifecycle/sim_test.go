@@ -388,7 +388,7 @@ func (w *world) intake(sp *spec) {
 		}
 	})
 	w.spawn(p, func(ctx context.Context) {
-		r := &Rec{Key: sp.key, Deadline: sp.deadline, State: Collecting, Lease: p.eng.IntakeLease(sp.deadline)}
+		r := &Rec{Key: sp.key, Deadline: sp.deadline, State: Collecting, Lease: p.eng.IntakeLease(w.now, sp.deadline)}
 		rev, err := p.Write(ctx, r)
 		switch {
 		case err == nil:

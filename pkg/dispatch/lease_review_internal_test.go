@@ -57,7 +57,7 @@ func storeAsPreviousVersion(t *testing.T, d *Dispatcher, turn *Turn) {
 	}
 }
 
-// REVIEW (rolling upgrade): a replica of the version before the lease
+// Found by review (rolling upgrade), failing before its fix: a replica of the version before the lease
 // claimed a turn (state submitting, owner, submitting_since), may have
 // submitted it, and died. This version takes the turn over once the claim
 // lapses and submits it again; that repeat must be marked Repeated, so
@@ -65,7 +65,7 @@ func storeAsPreviousVersion(t *testing.T, d *Dispatcher, turn *Turn) {
 // continuation instead of continuing it a second time. It is not: the
 // claim reads as a lease of epoch 0, the take-over writes epoch 1, and
 // turnEnv.Submit marks a repeat only from epoch 2 on.
-func TestReviewTakeOverOfPreviousVersionClaimIsMarkedRepeated(t *testing.T) {
+func TestLeaseTakeOverOfPreviousVersionClaimIsMarkedRepeated(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &repeatPlatform{}
 	d := replicaOn(t, js, "new", p)
@@ -94,10 +94,10 @@ func TestReviewTakeOverOfPreviousVersionClaimIsMarkedRepeated(t *testing.T) {
 	}
 }
 
-// REVIEW (rolling upgrade): the same for a previous version's hold (state
+// Found by review (rolling upgrade), failing before its fix: the same for a previous version's hold (state
 // submitting, held, holder): its holder submits without a claim within
 // holdFor of intake, so a holder that died may have reached the platform.
-func TestReviewTakeOverOfPreviousVersionHoldIsMarkedRepeated(t *testing.T) {
+func TestLeaseTakeOverOfPreviousVersionHoldIsMarkedRepeated(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &repeatPlatform{}
 	d := replicaOn(t, js, "new", p)
@@ -128,14 +128,14 @@ func TestReviewTakeOverOfPreviousVersionHoldIsMarkedRepeated(t *testing.T) {
 	}
 }
 
-// REVIEW (rolling upgrade): record.go and docs/turns.md say a turn this
+// Found by review (rolling upgrade), failing before its fix: record.go and docs/turns.md say a turn this
 // version writes in the claim form is taken over by the previous version
 // "at the same moment this one would": Skew after the lease lapses. The
 // previous version takes a claim over once now-submitting_since >=
 // stuckAfter (15 s): at Until, Skew (2 s) earlier, so beside it the pause
 // window this version's owner is fenced for shrinks from Ahead+Skew (7 s)
 // to Ahead (5 s).
-func TestReviewPreviousVersionTakesClaimOverNoEarlierThanThisOne(t *testing.T) {
+func TestLeasePreviousVersionTakesClaimOverNoEarlierThanThisOne(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	l := lifecycle.Lease{Owner: "new/abc", Until: now.Add(lifecycle.LeaseFor), Epoch: 3}
 	turn := &Turn{Version: protocol.Version, Key: "0123456789abcdef0123456789abcde3", State: TurnSubmitting,
@@ -194,7 +194,7 @@ func startReplica(t *testing.T, d *Dispatcher) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-// REVIEW: the owner of a turn whose results are all in submits it with no
+// Found by review, failing before its fix: the owner of a turn whose results are all in submits it with no
 // write before (the direct path), so while the platform has the outputs
 // and the owner has not recorded the answer, the record says collecting.
 // Stop the owner then (a routine SIGTERM whose ShutdownTimeout cuts the
@@ -206,7 +206,7 @@ func startReplica(t *testing.T, d *Dispatcher) (stop func()) {
 // submitted", executors told to cancel) and fails the watch, though the
 // platform took the outputs. The version before wrote the claim
 // (submitting) first, which awaitClosed waits for.
-func TestReviewDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
+func TestLeaseDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &acceptingPlatform{got: make(chan struct{})}
 	owner, err := New(js, []Platform{p}, Options{Name: "owner", Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond,
@@ -247,7 +247,7 @@ func TestReviewDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
 	}
 }
 
-// REVIEW (rolling upgrade): the previous version dates a hold by the
+// Found by review (rolling upgrade), failing before its fix: the previous version dates a hold by the
 // turn's created_at, not by the submitting_since this version writes into
 // it (79eb6c0:pkg/dispatch/hold.go:137-147, "a hold is taken at intake, so
 // it is dated by the turn's CreatedAt"), and takes a hold older than
@@ -262,11 +262,12 @@ func TestReviewDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
 // holds it with more than Ahead left and submits with no write before
 // (the direct path): nothing in the record makes the previous version's
 // claim lose, and both submit.
-func TestReviewPreviousVersionLeavesAHoldAloneWhileItsLeaseHolds(t *testing.T) {
+func TestLeasePreviousVersionLeavesAHoldAloneWhileItsLeaseHolds(t *testing.T) {
 	created := time.Now().UTC().Truncate(time.Millisecond)
-	resolve := 2 * DefaultServeGrace // two calls whose function nobody serves
-	leased := created.Add(resolve)
-	l := lifecycle.Lease{Owner: "new/abc", Until: leased.Add(lifecycle.LeaseFor), Epoch: 1}
+	// Intake may take a while after the turn's creation (two calls whose
+	// function nobody serves wait ServeGrace each): the lease is dated by
+	// the creation all the same.
+	l := lifecycle.New("new/abc", nil, nil).IntakeLease(created, created.Add(9*time.Minute))
 	turn := &Turn{Version: protocol.Version, Key: "0123456789abcdef0123456789abcde5", State: TurnCollecting,
 		CreatedAt: created, ExpiresAt: created.Add(10 * time.Minute), Deadline: created.Add(9 * time.Minute), lease: l}
 	b, err := appendTurn(nil, turn)
@@ -294,7 +295,7 @@ func TestReviewPreviousVersionLeavesAHoldAloneWhileItsLeaseHolds(t *testing.T) {
 	}
 }
 
-// REVIEW: the engine-level finding (lifecycle review_test.go,
+// Found by review, failing before its fix: the engine-level finding (lifecycle review_test.go,
 // TestReviewStoppingEngineDoesNotRetakeReleasedLease) in a dispatcher: a
 // replica stops (SIGTERM) while its platform has not answered a turn's
 // submission; releaseAll queues the turn's release behind the attempt and
@@ -304,7 +305,7 @@ func TestReviewPreviousVersionLeavesAHoldAloneWhileItsLeaseHolds(t *testing.T) {
 // right after takes it back (epoch up) with a context that allows no
 // attempt: the stopped replica leaves the turn under its own lease, and
 // the others wait LeaseFor+Skew for a process that is gone.
-func TestReviewStoppedReplicaLeavesNoLeaseBehind(t *testing.T) {
+func TestLeaseStoppedReplicaLeavesNoLeaseBehind(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	p := &acceptingPlatform{got: make(chan struct{})}
 	owner, err := New(js, []Platform{p}, Options{Name: "owner", Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond,

@@ -83,7 +83,7 @@ func stoppingEngine(t *testing.T, r *Rec) (*Engine, *reviewEnv) {
 	return New("me", env, nil), env
 }
 
-// REVIEW: a stopping process (its context done) that gets an event of a
+// Found by review, failing before its fix: a stopping process (its context done) that gets an event of a
 // turn after it released the turn's lease — a tell from another replica
 // (serveTells runs until after releaseAll), a deadline timer (the timers'
 // consumer is stopped only after releaseAll: dispatcher.go's defers), a
@@ -93,7 +93,7 @@ func stoppingEngine(t *testing.T, r *Rec) (*Engine, *reviewEnv) {
 // LeaseFor+Skew (17 s) by a process that is gone: a clean stop costs what
 // a kill -9 costs, against docs/turns.md ("the others take those turns at
 // once"), and it uses up the submit margin's one owner failure.
-func TestReviewStoppingEngineDoesNotRetakeReleasedLease(t *testing.T) {
+func TestEngineStoppingEngineDoesNotRetakeReleasedLease(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		send func(e *Engine, key string)
@@ -120,9 +120,9 @@ func TestReviewStoppingEngineDoesNotRetakeReleasedLease(t *testing.T) {
 	}
 }
 
-// REVIEW: the same, in one engine's own queue: Release then an event that
+// Found by review, failing before its fix: the same, in one engine's own queue: Release then an event that
 // was on its way (the Release is not the last event of the turn).
-func TestReviewReleaseThenQueuedEventLeavesLeaseFree(t *testing.T) {
+func TestEngineReleaseThenQueuedEventLeavesLeaseFree(t *testing.T) {
 	e, env := stoppingEngine(t, &Rec{Key: "t1", State: Collecting, Deadline: simStart.Add(time.Minute),
 		Lease: Lease{Owner: "me", Until: simStart.Add(10 * time.Second), Epoch: 1}})
 	e.Release([]string{"t1"})
@@ -156,7 +156,7 @@ func (e *flakyEnv) setFail(v bool) {
 	e.mu.Unlock()
 }
 
-// REVIEW: the owner submits a turn whose results are all in (the direct
+// Found by review, failing before its fix: the owner submits a turn whose results are all in (the direct
 // path: no write before, the record stays collecting); the platform takes
 // it; recording the outcome fails for a while (finish keeps it in
 // t.ended, "recorded, not submitted again, by the next event"). The next
@@ -165,7 +165,7 @@ func (e *flakyEnv) setFail(v bool) {
 // collecting under its own lease, and writes the turn failed ("not
 // submitted: ...") and answers true, so cancelTurn tells the executors
 // to cancel: a turn the platform took is recorded as never submitted.
-func TestReviewCancelAfterUnrecordedSubmissionKeepsTheSubmission(t *testing.T) {
+func TestEngineCancelAfterUnrecordedSubmissionKeepsTheSubmission(t *testing.T) {
 	env := &flakyEnv{reviewEnv: reviewEnv{ctx: context.Background(), now: simStart, store: map[string]*Rec{}, rev: 10}}
 	env.store["t1"] = &Rec{Key: "t1", State: Collecting, Deadline: simStart.Add(time.Minute), Rev: 10,
 		Lease: Lease{Owner: "me", Until: simStart.Add(LeaseFor), Epoch: 1}}
@@ -202,11 +202,11 @@ func (h *submitHook) Submit(ctx context.Context, r *Rec, keep func() bool) (any,
 	return out, err
 }
 
-// REVIEW: the simulation never injects a cancellation (Engine.Cancel),
+// Found by review, failing before its fix: the simulation never injects a cancellation (Engine.Cancel),
 // which production sends (driver.go cancelTurn: a run the platform ended,
 // an MCP client's cancel). With cancellations injected, a turn the
 // platform received ends recorded as cancelled, "not submitted".
-func TestReviewSimulationWithCancels(t *testing.T) {
+func TestEngineSimulationWithCancels(t *testing.T) {
 	// Seeds 18400..18450 by default (18419: the owner killed after the
 	// platform took the turn, the cancellation recorded it "not
 	// submitted"); -seed N replays one with a trace (-v).

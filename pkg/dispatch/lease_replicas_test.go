@@ -18,14 +18,14 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// REVIEW: three replicas on one JetStream, Responses runs chained by
+// From the hostile review of the lease (it held): three replicas on one JetStream, Responses runs chained by
 // previous_response_id (a repeat is a second continuation: the strict
 // platform), two parallel calls per turn whose results land on whichever
 // replica the shared consumer hands them to, at random moments; one
 // replica stopped cleanly (SIGTERM) mid-way and another started. Every
 // watch must complete, each turn submitted once: no replay of a
 // continuation and exactly two outputs per turn.
-func TestReviewReplicasSubmitEachTurnOnce(t *testing.T) {
+func TestLeaseReplicasSubmitEachTurnOnce(t *testing.T) {
 	const runs = 24
 	sc := platformsim.Scenario{Name: "pair", Prompt: "pair weather",
 		Steps: []platformsim.Step{{
@@ -76,11 +76,11 @@ func TestReviewReplicasSubmitEachTurnOnce(t *testing.T) {
 	}
 }
 
-// REVIEW: a slow platform (answers 20 s after taking a continuation, past
+// From the hostile review of the lease (it held): a slow platform (answers 20 s after taking a continuation, past
 // LeaseFor) while two other replicas sweep every 200 ms and the deadline
 // timers fire: the owner keeps its lease while it waits, nobody else
 // submits.
-func TestReviewSlowPlatformIsNotSubmittedTwice(t *testing.T) {
+func TestLeaseSlowPlatformIsNotSubmittedTwice(t *testing.T) {
 	const runs = 3
 	e := newEnv(t, weatherScenario("slow", "slow weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
