@@ -104,7 +104,6 @@ const (
 	evDue
 	evCancel
 	evRelease
-	evForget
 )
 
 // New returns the engine of the process instance self.
@@ -150,9 +149,6 @@ func (e *Engine) Cancel(key, why string, reply func(bool)) {
 	e.send(key, event{kind: evCancel, why: why, reply: reply})
 }
 
-// Forget drops a turn this process no longer works on.
-func (e *Engine) Forget(key string) { e.send(key, event{kind: evForget}) }
-
 // Release gives up, at shutdown, this process's leases on the turns keys
 // (those it gathers for) and on those it works on now, each once the
 // events before are handled. [Engine.Idle] tells when they all are.
@@ -186,10 +182,6 @@ func (e *Engine) send(key string, ev event) {
 	e.mu.Lock()
 	t := e.turns[key]
 	if t == nil {
-		if ev.kind == evForget {
-			e.mu.Unlock()
-			return
-		}
 		t = &turn{key: key}
 		e.turns[key] = t
 	}
@@ -228,11 +220,9 @@ func (e *Engine) run(ctx context.Context, t *turn) {
 // handle runs one event of t; it reports whether a cancellation failed
 // the turn.
 func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
-	if ev.kind == evForget {
-		e.drop(t)
-		return false
-	}
-	if t.rec == nil {
+	if ev.kind == evWake {
+		t.rec = nil // looked at again: as it is now, not as this process last saw it
+	} else if t.rec == nil {
 		t.rec = e.env.Cached(t.key)
 	}
 	if t.rec == nil {
@@ -315,6 +305,9 @@ func (e *Engine) close(ctx context.Context, t *turn) {
 		if !direct {
 			switch e.own(ctx, t, change) {
 			case lost:
+				if e.isStopping(ctx) {
+					return
+				}
 				continue // as the record now is
 			case unknown:
 				e.wakeIn(t, time.Second)
