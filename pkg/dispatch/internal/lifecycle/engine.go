@@ -88,6 +88,9 @@ type turn struct {
 	// ended is a submission's end not yet recorded: recorded, not
 	// submitted again, by the next event.
 	ended *Rec
+	// sent is set once an attempt went out from here whose end is not
+	// recorded: the platform may have the outputs.
+	sent bool
 }
 
 type event struct {
@@ -200,7 +203,7 @@ func (e *Engine) run(ctx context.Context, t *turn) {
 		e.mu.Lock()
 		if len(t.queue) == 0 {
 			t.running = false
-			if t.wake == nil && t.ended == nil && e.turns[t.key] == t {
+			if t.wake == nil && t.ended == nil && !t.sent && e.turns[t.key] == t {
 				delete(e.turns, t.key) // its record stays with the Env
 				t.rec = nil
 			}
@@ -423,11 +426,13 @@ func (e *Engine) submit(ctx context.Context, t *turn) {
 				return
 			}
 		}
+		t.sent = true
 		out, err := e.env.Submit(ctx, t.rec, keep)
 		if t.rec.Lease.Owner != e.self || t.rec.State.Closed() {
 			// Lost while the platform answered: the new owner submits
 			// again, with the same ids, and records the outcome.
 			e.log.Warn("the turn was taken over while its submission was under way; leaving it to its new owner", "turn", t.key, "lease", t.rec.Lease)
+			t.sent = false
 			if t.rec.State.Closed() {
 				e.closed(t, false)
 			}
@@ -476,7 +481,7 @@ func (e *Engine) finish(ctx context.Context, t *turn, out any, why string) {
 			if t.rec.Lease.Owner != e.self {
 				// Taken over while the platform answered: the new owner
 				// submits again, with the same ids, and records it.
-				t.ended = nil
+				t.ended, t.sent = nil, false
 				e.log.Warn("the turn was taken over before its outcome was recorded; its new owner records it", "turn", t.key, "lease", t.rec.Lease)
 				return
 			}
@@ -518,10 +523,11 @@ func (e *Engine) cancel(ctx context.Context, t *turn, why string) bool {
 		}
 		next := r.Clone()
 		next.State, next.Error = Failed, why
-		if r.Lease.Owner != "" && r.Lease.Owner != e.self {
-			// Its owner let the lease lapse: it may have submitted the turn
-			// with no write before it went (docs/turns.md). The record says
-			// so rather than that nothing went out.
+		if t.sent || (r.Lease.Owner != "" && r.Lease.Owner != e.self) {
+			// An attempt of this process's went out unanswered, or its owner
+			// let the lease lapse, maybe after submitting it with no write
+			// (docs/turns.md): the record says the platform may have it
+			// rather than that nothing went out.
 			next.Error += MaybeSubmitted
 		}
 		next.Lease = Lease{Epoch: r.Lease.Epoch}
@@ -541,9 +547,9 @@ func (e *Engine) cancel(ctx context.Context, t *turn, why string) bool {
 	return false
 }
 
-// MaybeSubmitted ends the error of a turn cancelled after its owner let
-// its lease lapse: the owner may have submitted it first.
-const MaybeSubmitted = " (its owner went without recording it; it may have submitted the turn first)"
+// MaybeSubmitted ends the error of a turn cancelled when a submission of
+// it may have reached the platform first.
+const MaybeSubmitted = " (a submission of it may have reached the platform first)"
 
 // release gives up this process's lease on t, so that another process may
 // take the turn at once.
@@ -588,6 +594,7 @@ func (e *Engine) closed(t *turn, here bool) {
 
 // drop forgets t: events still queued read its record again.
 func (e *Engine) drop(t *turn) {
+	t.sent = false
 	if t.wake != nil {
 		t.wake()
 		t.wake = nil
