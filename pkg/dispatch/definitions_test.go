@@ -34,7 +34,7 @@ func TestADefinitionChangeIsRecorded(t *testing.T) {
 		spec := protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Description: description,
 			Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}
 		k, err := lease.Declare(t.Context(), e.js.Conn(), "geo", []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
-			Instance: uuid.NewString(), Executor: "geo-exec", StartedAt: time.Now()}}, nil)
+			Instance: uuid.NewString(), Executor: "geo-exec", StartedAt: time.Now()}}, testutil.Logger(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestDefinitionApproval(t *testing.T) {
 		spec := protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Description: description,
 			Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}
 		k, err := lease.Declare(t.Context(), e.js.Conn(), "geo", []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
-			Instance: uuid.NewString(), Executor: "geo-exec", StartedAt: time.Now()}}, nil)
+			Instance: uuid.NewString(), Executor: "geo-exec", StartedAt: time.Now()}}, testutil.Logger(t))
 		if err != nil {
 			t.Fatal(err)
 		}

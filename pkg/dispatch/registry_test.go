@@ -197,7 +197,7 @@ func TestAFunctionWhoseLeaseLapsedIsWaitedFor(t *testing.T) {
 	ctx := context.Background()
 	decl := &protocol.Declaration{Version: protocol.Version, Instance: "cut-off", Executor: "exec-cut-off", StartedAt: time.Now(),
 		Spec: protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}}
-	keeper, err := lease.Declare(ctx, e.js.Conn(), "geo", []*protocol.Declaration{decl}, nil)
+	keeper, err := lease.Declare(ctx, e.js.Conn(), "geo", []*protocol.Declaration{decl}, testutil.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +277,7 @@ func TestDispatcherRefusesPoisonedToolText(t *testing.T) {
 
 	// The executors' own library says which limit, and that it is not a
 	// name owned by another team.
-	_, err = lease.Declare(t.Context(), e.js.Conn(), "orders", []*protocol.Declaration{&req.Declarations[0]}, nil)
+	_, err = lease.Declare(t.Context(), e.js.Conn(), "orders", []*protocol.Declaration{&req.Declarations[0]}, testutil.Logger(t))
 	var refused *lease.RefusedError
 	if !errors.As(err, &refused) || refused.Owned() || !strings.Contains(err.Error(), "MaxDescriptionSize") {
 		t.Fatalf("lease.Declare of the poisoned declaration: %v, want a refusal naming MaxDescriptionSize, not ownership", err)
