@@ -107,7 +107,7 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 	if opts.Logger == nil {
 		opts.Logger = testutil.Logger(e.t)
 	}
-	_, js := e.srv.Connect(e.t)
+	nc, js := e.srv.Connect(e.t)
 	if opts.Webhooks == nil {
 		opts.Webhooks = openaiplatform.Webhooks(testWebhookSecret)
 	}
@@ -128,6 +128,10 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 		if err := <-done; err != nil {
 			e.t.Errorf("dispatcher Run: %v", err)
 		}
+		// Run has dropped its subscriptions; once the server has too, a
+		// withdrawal sent after this stop hears at once that nobody
+		// answers, instead of waiting its 2 s for this replica.
+		_ = nc.Flush()
 	}
 	e.t.Cleanup(stop)
 	testutil.WaitFor(e.t, 10*time.Second, d.Ready)
