@@ -29,6 +29,7 @@ func weatherScenario(name, prompt, args string) platformsim.Scenario {
 }
 
 func TestEachPlatformIsSubmittedOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.SeedScenarios()...)
 	seeds := []string{"get_customer", "get_weather", "get_horoscope", "getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"}
 	for _, fn := range seeds {
@@ -66,6 +67,7 @@ func TestEachPlatformIsSubmittedOnce(t *testing.T) {
 }
 
 func TestBadCallsFailAtOnceWithoutRunning(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t,
 		weatherScenario("schema", "schema violation", `{"location":5}`),
 		platformsim.Scenario{Name: "unknown", Prompt: "unknown function",
@@ -96,6 +98,7 @@ func TestBadCallsFailAtOnceWithoutRunning(t *testing.T) {
 }
 
 func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("slow", "slow weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	release := make(chan *protocol.Call, 1)
@@ -152,6 +155,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 }
 
 func TestReplicasSubmitEachTurnOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.FavoriteCityScenario)
 	city := []string{"getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"}
 	for _, fn := range city {
@@ -220,6 +224,7 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 }
 
 func TestIntakeIsIdempotent(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -293,6 +298,7 @@ func TestIntakeIsIdempotent(t *testing.T) {
 }
 
 func TestResumeAfterRestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("resume", "resume weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	release := make(chan struct{})
@@ -326,6 +332,7 @@ func TestResumeAfterRestart(t *testing.T) {
 }
 
 func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("orphan", "orphan weather", `{"location":"Oslo"}`))
 	d, _ := e.dispatcher(dispatch.Options{ServeGrace: 200 * time.Millisecond})
 	// Claimed by geo's executor, which is gone again.
@@ -344,6 +351,7 @@ func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
 // together) fail their call at intake with a reason the model can act on;
 // the turn's other calls run, and nothing is retried for ever.
 func TestOversizedArgumentsFailAtIntake(t *testing.T) {
+	t.Parallel()
 	pad := func(kib int) string { return `{"pad":"` + strings.Repeat("x", kib<<10) + `"}` }
 	e := newEnv(t,
 		platformsim.Scenario{Name: "one", Prompt: "one huge call",
@@ -385,6 +393,7 @@ func TestOversizedArgumentsFailAtIntake(t *testing.T) {
 // webhook retried, a restarted driver's poll), the remaining calls are the
 // step already taken in, not a new turn that runs them again.
 func TestTheRestOfAnAgentsStepIsNotANewTurn(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -441,7 +450,9 @@ func TestARepeatAfterAServerRestartRunsNoCallAgain(t *testing.T) {
 	e.register("geo", "get_forecast", weatherSchema)
 	ran := e.serve("geo", []string{"get_weather"}, func(*protocol.Call) (string, bool) { return "sunny", false })
 	e.serve("geo", []string{"get_forecast"}, func(*protocol.Call) (string, bool) { return "", false }) // keeps the turn open
-	d, _ := e.dispatcher(dispatch.Options{})
+	// A request in flight as the server goes down can go unanswered for
+	// good; stopping need not wait the default 10 s for it.
+	d, _ := e.dispatcher(dispatch.Options{ShutdownTimeout: 500 * time.Millisecond})
 	testutil.WaitFor(t, 10*time.Second, func() bool {
 		return dispatch.LiveSchemas(d, "get_weather") == 1 && dispatch.LiveSchemas(d, "get_forecast") == 1
 	})
