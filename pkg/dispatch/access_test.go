@@ -97,6 +97,7 @@ func writeFile(t *testing.T, path, content string) {
 // calls none of its functions. Changes to the file take effect without a
 // restart; a malformed change is refused and the last good tokens stay.
 func TestAPITokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.Scenario{Name: "two teams", Prompt: "order and invoice",
 		Steps:  []platformsim.Step{{{Name: "get_order"}, {Name: "get_invoice"}}},
 		Answer: "order {{out \"get_order\"}}, invoice {{out \"get_invoice\"}}"})
@@ -294,6 +295,7 @@ func mustJSON(t *testing.T, v any) []byte {
 // Without an Authenticator, /v1 serves loopback clients only, judged by
 // the connection's address, not by headers the client sends.
 func TestAPIServesLoopbackOnlyWithoutTokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
 	h := d.Handler()

@@ -22,6 +22,7 @@ import (
 // submission, say) is heard by the subscription too, and must not be
 // taken for the turn's outcome.
 func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	d := replicaOn(t, js, "one", idlePlatform{})

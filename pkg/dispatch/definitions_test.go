@@ -26,6 +26,7 @@ import (
 // changed and what it was before. The old version's renewals during a
 // rolling deploy do not count as changes back.
 func TestADefinitionChangeIsRecorded(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	reader := sdkmetric.NewManualReader()
 	d, _ := e.dispatcher(dispatch.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
@@ -92,6 +93,7 @@ func TestADefinitionChangeIsRecorded(t *testing.T) {
 // declares; once an admin accepts it, agents read it, and the change is
 // counted and shown.
 func TestDefinitionApproval(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	path := filepath.Join(t.TempDir(), "tokens.txt")
 	tokens := tokensFile(t, path, "admin", "geo")

@@ -57,6 +57,7 @@ func scaleDispatcher(tb testing.TB, n int) (string, jetstream.KeyValue) {
 // asserted: BenchmarkInspectTurns measures properly), and checks the
 // answer is whole and in deadline order.
 func TestInspectTurnsAt10k(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("writes 10,000 turn records")
 	}

@@ -39,6 +39,7 @@ func getAs(t testing.TB, url, token string, v any) int {
 // teams' calls redacted. A replica started later finds the closed turn in
 // the bucket; event streams end when their dispatcher stops.
 func TestInspectionAPI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.Scenario{Name: "two teams", Prompt: "order and invoice",
 		Steps:  []platformsim.Step{{{Name: "get_order"}, {Name: "get_invoice"}}},
 		Answer: "order {{out \"get_order\"}}, invoice {{out \"get_invoice\"}}"})

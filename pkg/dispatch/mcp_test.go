@@ -249,6 +249,7 @@ func text(res *mcp.CallToolResult) string {
 // live registry's with their schemas and annotations, and calls succeed
 // whichever replica takes them and whichever gathers their results.
 func TestMCPListAndCallAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 2, dispatch.Options{})
 	for _, version := range protocolVersions {
 		t.Run(version.String(), func(t *testing.T) { f.listAndCall(t, version) })
@@ -332,6 +333,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // in, whichever replica its result reaches; the request's replica learns
 // the outcome from the turn record.
 func TestMCPConcurrentCalls(t *testing.T) {
+	t.Parallel()
 	metrics := sdkmetric.NewManualReader()
 	f := newMCPFleet(t, 2, dispatch.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))})
 	ctx := t.Context()
@@ -379,6 +381,7 @@ func TestMCPConcurrentCalls(t *testing.T) {
 // the platforms get, and the command never runs. A function's own timeout
 // bounds the call.
 func TestMCPFailedCalls(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 1, dispatch.Options{})
 	ctx := t.Context()
 	s := connect(t, ctx, &roundRobin{urls: f.urls}, nil)
@@ -417,6 +420,7 @@ func TestMCPFailedCalls(t *testing.T) {
 // executor stops, it leaves tools/list, and a call of it (a name still
 // owned) fails at once as unavailable, without a JSON-RPC error.
 func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 1, dispatch.Options{ServeGrace: 100 * time.Millisecond})
 	stop := f.executor(t, "reports", exec.Function{Name: "report", Description: "A report.",
 		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"ok"`), nil })})
@@ -446,6 +450,7 @@ func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
 // A client that gives up on a call cancels it on its executor: the
 // command's process is killed. Progress is reported while it runs.
 func TestMCPCancelKillsTheCommand(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 2, dispatch.Options{})
 	for _, version := range protocolVersions {
 		t.Run(version.String(), func(t *testing.T) { f.cancelKillsTheCommand(t, version) })
@@ -500,6 +505,7 @@ func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) 
 // in _meta or as an HTTP header, from the MCP server span through the
 // turn to the executor's run.
 func TestMCPTraceJoinsTheClients(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 1, dispatch.Options{})
 	client := sdktrace.NewTracerProvider().Tracer("client")
 	for _, via := range []string{"_meta", "header"} {
@@ -548,6 +554,7 @@ func TestMCPTraceJoinsTheClients(t *testing.T) {
 // "reverse proxy" on the same host (a public Host on a loopback address),
 // which a token makes acceptable.
 func TestMCPTeamTokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	path := filepath.Join(t.TempDir(), "tokens.txt")
 	tokens := tokensFile(t, path, "orders")

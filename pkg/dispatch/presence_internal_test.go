@@ -69,6 +69,7 @@ func storedWatch(t *testing.T, d *Dispatcher, id string) (*Watch, uint64) {
 // startup sweep, and each was then driven by both, polling the platform
 // twice, for good.
 func TestARestartLeavesTheWatchesARunningReplicaDrives(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	one := replica(t, js, "one")
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_driven"})
@@ -89,6 +90,7 @@ func TestARestartLeavesTheWatchesARunningReplicaDrives(t *testing.T) {
 // taken at the next sweep of another replica once a save is missed, not a
 // minute later: nothing answers on the dead replica's presence subject.
 func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	two := replica(t, js, "two")
 	// Saved 26 s ago: past its driver's save period (so it missed one), not
@@ -115,6 +117,7 @@ func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
 // steps aside at its next save instead of driving beside the new driver,
 // and leaves the record as the new driver wrote it.
 func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	one := replicaOn(t, js, "one", idlePlatform{}, func(d *Dispatcher) { d.watchSaveEvery = 20 * time.Millisecond })
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_taken"})
@@ -131,6 +134,7 @@ func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 // A driver whose watch another replica finished steps aside too, and its
 // keep-alive does not write its stale copy back over the outcome.
 func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	one := replicaOn(t, js, "one", idlePlatform{}, func(d *Dispatcher) { d.watchSaveEvery = 20 * time.Millisecond })
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_finished"})
@@ -163,6 +167,7 @@ func (p *endingPlatform) Poll(context.Context, Ref) (*Observation, error) {
 // object end, leaves the record to the replica that took it: it used to
 // write its outcome with a plain put, naming itself the driver again.
 func TestAStaleDriverDoesNotWriteOverTheWatchItLost(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &endingPlatform{}
 	one := replicaOn(t, js, "one", p, func(d *Dispatcher) { d.watchSaveEvery = time.Hour }) // it notices the claim only by its own save

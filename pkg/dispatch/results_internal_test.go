@@ -17,6 +17,7 @@ import (
 // that failed half-way again (JetStream away while a replica restarts),
 // and a stream the first try set up must not be left without a consumer.
 func TestResultsAreConsumedAgainAfterAStop(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
 	if err != nil {

@@ -80,6 +80,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 // not after the minute a silent driver is given: a rolling restart does not
 // hold up the conversations in flight.
 func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("handover", "handover weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	release := make(chan struct{})
@@ -170,6 +171,7 @@ func (p *stopOnAction) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Ob
 // no failure for a call it could not finish resolving: nothing failed, and
 // the restart takes the turn in and runs its call.
 func TestStoppingMidIntakeLogsNoError(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("stop", "stop weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -214,6 +216,7 @@ func (p *blockSubmit) Submit(ctx context.Context, turn *dispatch.Turn, outputs [
 // without an error logged and without marking the turn failed: the turn
 // stays in submitting, and the restart submits it again.
 func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("hang", "hang weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -249,6 +252,7 @@ func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
 // is stopping) records nothing: a call it could not finish resolving must
 // not be stored as rejected, or the restart would fail a call that can run.
 func TestIntakeCancelledWhileResolvingRecordsNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	d, _ := e.dispatcher(dispatch.Options{})

@@ -23,6 +23,7 @@ import (
 // timers' consumer as if a deadline had fired. Under load every sweep
 // used to do that for each turn closed in the last second.
 func TestTheSweepLeavesTheMarkersOfClosedTurnsAlone(t *testing.T) {
+	t.Parallel()
 	var scenarios []platformsim.Scenario
 	for i := range 5 {
 		scenarios = append(scenarios, weatherScenario("w"+strconv.Itoa(i), "weather "+strconv.Itoa(i), `{"location":"Oslo"}`))
@@ -71,6 +72,7 @@ func TestTheSweepLeavesTheMarkersOfClosedTurnsAlone(t *testing.T) {
 // will never see leaves the index of open turns; the sweep must still let
 // this replica forget it, or every such turn stays in memory for good.
 func TestTheSweepForgetsATurnClosedElsewhere(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", `{"type":"object"}`)
 	e.serve("geo", []string{"get_weather"}, func(*protocol.Call) (string, bool) { return "", false }) // never answers

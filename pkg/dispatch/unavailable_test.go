@@ -62,6 +62,7 @@ func (idlePlatform) Submit(context.Context, *Turn, []Output) (*Submission, error
 // With JetStream gone, POST /v1/watch answers 503 with Retry-After once the
 // wait for a failover is over, not 500: the caller's retry will succeed.
 func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})

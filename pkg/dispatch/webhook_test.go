@@ -56,6 +56,7 @@ func (e *env) sessionAnswer(id string) string {
 }
 
 func TestSignedWebhookDrivesTheTurn(t *testing.T) {
+	t.Parallel()
 	e, ran := customerEnv(t, platformsim.Options{})
 	d, _ := e.dispatcher(dispatch.Options{})
 	e.webhooksTo(d)
@@ -89,6 +90,7 @@ func post(t *testing.T, d *dispatch.Dispatcher, body []byte, h http.Header) (int
 }
 
 func TestForgedStaleAndReplayedWebhooks(t *testing.T) {
+	t.Parallel()
 	e, ran := customerEnv(t, platformsim.Options{})
 	d, _ := e.dispatcher(dispatch.Options{}) // webhooks are not routed: the test sends them
 	ref := e.session("customer 123")
@@ -136,6 +138,7 @@ func TestForgedStaleAndReplayedWebhooks(t *testing.T) {
 }
 
 func TestOneActionByWebhookStreamAndWatchIsOneTurn(t *testing.T) {
+	t.Parallel()
 	e, ran := customerEnv(t, platformsim.Options{ModelLatency: 20 * time.Millisecond})
 	d, _ := e.dispatcher(dispatch.Options{PollInterval: 5 * time.Millisecond})
 	e.webhooksTo(d)
@@ -160,6 +163,7 @@ func TestOneActionByWebhookStreamAndWatchIsOneTurn(t *testing.T) {
 }
 
 func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, platformsim.Options{APIKey: "entra-token"}, platformsim.HoroscopeScenario)
 	e.register("demo", "get_horoscope", `{"type":"object","properties":{"sign":{"type":"string"}},"required":["sign"]}`)
 	e.serve("demo", []string{"get_horoscope"}, func(c *protocol.Call) (string, bool) { return "Aquarius: otters", false })
@@ -193,6 +197,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 }
 
 func TestWatchOverNATSRequestReply(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.HoroscopeScenario)
 	e.register("demo", "get_horoscope", `{"type":"object"}`)
 	e.serve("demo", []string{"get_horoscope"}, func(c *protocol.Call) (string, bool) { return "otters", false })
@@ -226,6 +231,7 @@ func takenIn(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
 }
 
 func TestEventStreamTakesTheTurnIn(t *testing.T) {
+	t.Parallel()
 	e, _ := customerEnv(t, platformsim.Options{ModelLatency: 200 * time.Millisecond})
 	reader := sdkmetric.NewManualReader()
 	// Polls are far apart and no webhook is routed: only the session's
