@@ -184,7 +184,7 @@ func TestAPITokens(t *testing.T) {
 		}
 		return got, w, raw
 	}
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "the watch to end", func() bool {
 		_, w, _ := report(tokens["admin"])
 		return w.State != "" && w.State != string(dispatch.WatchActive)
 	})
@@ -249,7 +249,7 @@ func TestAPITokens(t *testing.T) {
 	t.Run("a changed file takes effect", func(t *testing.T) {
 		old := tokens
 		tokens = tokensFile(t, path, "admin", "billing")
-		testutil.WaitFor(t, 10*time.Second, func() bool {
+		testutil.WaitForWhat(t, 10*time.Second, "the billing token to be known", func() bool {
 			got, _, _ := report(tokens["billing"])
 			return got.status == http.StatusOK
 		})
@@ -270,7 +270,7 @@ func TestAPITokens(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeFile(t, path, entry.String()+"\nbilling teams:billing\n")
-		testutil.WaitFor(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), path+":2:") })
+		testutil.WaitForWhat(t, 10*time.Second, "the malformed line to be logged", func() bool { return strings.Contains(logs.String(), path+":2:") })
 		if got, _, _ := report(tokens["admin"]); got.status != http.StatusOK {
 			t.Errorf("the last good admin token: %d, want 200", got.status)
 		}

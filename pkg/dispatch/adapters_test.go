@@ -21,7 +21,7 @@ import (
 func awaitAction(t *testing.T, p dispatch.Platform, ref dispatch.Ref, after *dispatch.Turn) *dispatch.Turn {
 	t.Helper()
 	var turn *dispatch.Turn
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the platform to require action on a new turn", func() bool {
 		obs, err := p.Poll(context.Background(), ref)
 		if err != nil || obs.State != dispatch.ObjectRequiresAction {
 			return false

@@ -134,7 +134,7 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 		_ = nc.Flush()
 	}
 	e.t.Cleanup(stop)
-	testutil.WaitFor(e.t, 10*time.Second, d.Ready)
+	testutil.WaitForWhat(e.t, 10*time.Second, "the dispatcher to be ready", d.Ready)
 	e.redeclare()
 	return d, stop
 }
@@ -321,7 +321,7 @@ func finish(t *testing.T, d *dispatch.Dispatcher, ref dispatch.Ref, within time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, within, func() bool {
+	testutil.WaitForWhat(t, within, "watch "+w.ID+" to end", func() bool {
 		w, err = d.WatchStatus(context.Background(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})

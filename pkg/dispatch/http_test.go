@@ -129,7 +129,7 @@ func TestWatchReportShowsEachResult(t *testing.T) {
 		t.Fatalf("POST /v1/watch: %d %v; want 202 with a status_url", status, reply)
 	}
 	var w watchJSON
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "GET status_url to say the watch ended", func() bool {
 		if code := getJSON(t, hs.URL+reply["status_url"].(string), &w); code != http.StatusOK {
 			t.Fatalf("GET %s: %d", reply["status_url"], code)
 		}
@@ -280,7 +280,7 @@ func TestWatchAcceptedWhileThePlatformFails(t *testing.T) {
 	}
 	failing.Store(false)
 	var w watchJSON
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "GET status_url to say the watch ended", func() bool {
 		getJSON(t, hs.URL+reply["status_url"].(string), &w)
 		return w.State != string(dispatch.WatchActive)
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func scaleDispatcher(tb testing.TB, n int) (string, jetstream.KeyValue) {
 	hs := httptest.NewServer(d.Handler())
 	tb.Cleanup(hs.Close)
 	var list dispatch.TurnList
-	testutil.WaitFor(tb, 30*time.Second, func() bool {
+	testutil.WaitForWhat(tb, 30*time.Second, "the index to count "+strconv.Itoa(n)+" open turns", func() bool {
 		return getAs(tb, hs.URL+"/v1/turns?open=1&limit=1", "", &list) == http.StatusOK && list.OpenTotal == n
 	})
 	kv, err := js.KeyValue(context.Background(), provision.TurnBucket)

@@ -137,7 +137,7 @@ func TestATurnRecordedAsRunReturnsStillGetsItsTimer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { // the turn is recorded
+	testutil.WaitForWhat(t, 10*time.Second, "the turn to be recorded", func() bool { // the turn is recorded
 		_, err := turns.Get(ctx, string(req.Key()))
 		return err == nil
 	})

@@ -158,7 +158,7 @@ func (f *mcpFleet) executor(t *testing.T, team string, fns ...exec.Function) (st
 		})
 	}
 	t.Cleanup(stop)
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, team+"'s functions to be served", func() bool {
 		specs, err := dispatch.Functions(context.Background(), js)
 		served := 0
 		for _, s := range specs {
@@ -365,7 +365,7 @@ func TestMCPConcurrentCalls(t *testing.T) {
 	}
 	// A turn is reported submitted just after its record says so, which
 	// is what released its request.
-	testutil.WaitFor(t, 5*time.Second, func() bool { _, total := f.handedOver(); return total == n })
+	testutil.WaitForWhat(t, 5*time.Second, "every turn to be reported submitted", func() bool { _, total := f.handedOver(); return total == n })
 	handed, total := f.handedOver()
 	switch {
 	case total != n:
@@ -437,7 +437,7 @@ func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
 		t.Fatal("a served function is not listed")
 	}
 	stop()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return !listed() })
+	testutil.WaitForWhat(t, 10*time.Second, "report to leave tools/list", func() bool { return !listed() })
 	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "report", Arguments: map[string]any{}})
 	if err != nil {
 		t.Fatalf("a call of a function nobody serves now: %v; want an isError result", err)
@@ -478,7 +478,7 @@ func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) 
 	pidFile := filepath.Join(f.marks, "sleepy.pid")
 	t.Cleanup(func() { _ = os.Remove(pidFile) })
 	var pid int
-	testutil.WaitFor(t, 15*time.Second, func() bool {
+	testutil.WaitForWhat(t, 15*time.Second, "the sleepy command to write its pid", func() bool {
 		b, err := os.ReadFile(pidFile)
 		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err == nil && pid > 0
@@ -498,7 +498,7 @@ func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) 
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled call: %v", err)
 	}
-	testutil.WaitFor(t, 15*time.Second, func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
 }
 
 // The call's spans join the client's trace, whether the traceparent comes
@@ -528,7 +528,7 @@ func TestMCPTraceJoinsTheClients(t *testing.T) {
 			}
 			want := span.SpanContext().TraceID()
 			var server trace.SpanContext
-			testutil.WaitFor(t, 5*time.Second, func() bool {
+			testutil.WaitForWhat(t, 5*time.Second, "the server, turn and executor spans of the client's trace", func() bool {
 				var names []string
 				for _, s := range f.rec.Ended() {
 					if s.SpanContext().TraceID() != want {

@@ -131,7 +131,7 @@ func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { // delivered while its turn is unknown
+	testutil.WaitForWhat(t, 10*time.Second, "the result to be delivered", func() bool { // delivered while its turn is unknown
 		info, err := cons.Info(t.Context())
 		return err == nil && info.Delivered.Consumer >= 1
 	})
@@ -141,7 +141,7 @@ func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
 	if _, err := d.turns.create(t.Context(), turn); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the turn to be submitted", func() bool {
 		have, _, err := d.turns.get(t.Context(), key)
 		return err == nil && have.State == TurnSubmitted
 	})

@@ -35,7 +35,7 @@ func replicaOn(t testing.TB, js jetstream.JetStream, name string, p Platform, tu
 	done := make(chan struct{})
 	go func() { _ = d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 30*time.Second, "replica "+name+" to be ready", d.Ready)
 	return d
 }
 
@@ -107,7 +107,7 @@ func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
 	two.sweepWatches(t.Context(), false)
 	// Taken: the replica's own sweep may be the one that takes it, and be
 	// starting the driver as this one returns.
-	testutil.WaitFor(t, 5*time.Second, func() bool { return two.driving(orphan.ID) })
+	testutil.WaitForWhat(t, 5*time.Second, "replica two to drive the orphaned watch", func() bool { return two.driving(orphan.ID) })
 	if have, _ := storedWatch(t, two, orphan.ID); have.Driver != "two" {
 		t.Fatalf("watch driver %q after the take, want two", have.Driver)
 	}
@@ -125,7 +125,7 @@ func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	rewriteWatch(t, one, w.ID, func(have *Watch) { have.Driver, have.UpdatedAt = "two", time.Now().UTC() })
-	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	testutil.WaitForWhat(t, 15*time.Second, "replica one to step aside from the watch two took", func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.Driver != "two" || after.Released || after.State != WatchActive {
 		t.Fatalf("after stepping aside the record says driver %q, released %v, state %s; want two's, not released, active", after.Driver, after.Released, after.State)
 	}
@@ -144,7 +144,7 @@ func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
 	rewriteWatch(t, one, w.ID, func(have *Watch) {
 		have.Driver, have.State, have.Answer, have.UpdatedAt = "two", WatchCompleted, "done by two", time.Now().UTC()
 	})
-	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	testutil.WaitForWhat(t, 15*time.Second, "replica one to step aside from the watch two finished", func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.State != WatchCompleted || after.Answer != "done by two" {
 		t.Fatalf("after stepping aside the record says %s %q; want two's completed answer", after.State, after.Answer)
 	}
@@ -177,7 +177,7 @@ func TestAStaleDriverDoesNotWriteOverTheWatchItLost(t *testing.T) {
 	}
 	rewriteWatch(t, one, w.ID, func(have *Watch) { have.Driver, have.UpdatedAt = "two", time.Now().UTC() })
 	p.ended.Store(true)
-	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	testutil.WaitForWhat(t, 15*time.Second, "replica one to step aside from the watch two took", func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.Driver != "two" || after.State != WatchActive {
 		t.Fatalf("the record says driver %q, state %s; want two's, still active", after.Driver, after.State)
 	}

@@ -61,7 +61,7 @@ func TestRegistryFollowsTheLiveFleet(t *testing.T) {
 
 	// v2 starts beside v1 (a later process: the newer declaration).
 	stopV2 := e.declare("geo", "get_weather", weatherV2, "exec-v2", "instance-v2")
-	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 2 })
+	testutil.WaitForWhat(t, 5*time.Second, "two live schemas of get_weather", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 2 })
 	fns, err := dispatch.Registry(context.Background(), e.js)
 	if err != nil || len(fns) != 1 || fns[0].Schemas != 2 || len(fns[0].Executors) != 2 ||
 		fns[0].Executors[0].Executor != "exec-v2" || string(fns[0].Spec.Parameters) != weatherV2 {
@@ -72,7 +72,7 @@ func TestRegistryFollowsTheLiveFleet(t *testing.T) {
 
 	// v2 stops: its schema goes with it.
 	stopV2()
-	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	testutil.WaitForWhat(t, 5*time.Second, "one live schema of get_weather", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
 	failed("v2 args after v2 stopped", "invalid_arguments", "location")
 	ok("v1 args after v2 stopped")
 	if n := ran.Load(); n != 4 {
@@ -81,7 +81,7 @@ func TestRegistryFollowsTheLiveFleet(t *testing.T) {
 
 	// v1 stops too: nothing serves get_weather, which fails fast.
 	stopV1()
-	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 0 })
+	testutil.WaitForWhat(t, 5*time.Second, "no live schema of get_weather", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 0 })
 	if specs, err := dispatch.Functions(context.Background(), e.js); err != nil || len(specs) != 0 {
 		t.Fatalf("served functions = %v (%v); want none", specs, err)
 	}
@@ -155,7 +155,7 @@ func TestACallNamesTheSchemaItsArgumentsMatched(t *testing.T) {
 	e.declare("geo", "get_weather", weatherV1, "exec-v1", "instance-v1")
 	e.declare("geo", "get_weather", weatherV2, "exec-v2", "instance-v2")
 	d, _ := e.dispatcher(dispatch.Options{})
-	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 2 })
+	testutil.WaitForWhat(t, 5*time.Second, "two live schemas of get_weather", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 2 })
 	ctx := context.Background()
 	calls, err := provision.Stream(ctx, e.js, provision.CallStreamConfig("geo", provision.Options{}))
 	if err != nil {
@@ -205,7 +205,7 @@ func TestAFunctionWhoseLeaseLapsedIsWaitedFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	testutil.WaitForWhat(t, 5*time.Second, "one live schema of get_weather", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
 
 	// The server's marker for an expired lease, as the watchers read it.
 	decls, err := e.js.KeyValue(ctx, protocol.DeclarationBucket)
@@ -215,7 +215,7 @@ func TestAFunctionWhoseLeaseLapsedIsWaitedFor(t *testing.T) {
 	if err := decls.Purge(ctx, decl.Key()); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 5*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 0 })
+	testutil.WaitForWhat(t, 5*time.Second, "the purged lease to leave get_weather unserved", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 0 })
 
 	// The executor is heard from again well after the serve grace.
 	renewed := make(chan error, 1)

@@ -43,5 +43,5 @@ func TestResultsAreConsumedAgainAfterAStop(t *testing.T) {
 	if _, err := js.Publish(t.Context(), protocol.ResultSubject(protocol.SystemTeam, key), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return got.Load() == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the result to be consumed", func() bool { return got.Load() == 1 })
 }

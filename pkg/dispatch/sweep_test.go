@@ -45,7 +45,7 @@ func TestTheSweepLeavesTheMarkersOfClosedTurnsAlone(t *testing.T) {
 	// Sweeps run every 50 ms while the markers live (a second or two);
 	// poll until they are gone, checking that no sweep wrote on a fired
 	// timer's subject or woke the timers' consumer.
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the closed turns' roll-up markers to expire", func() bool {
 		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(provision.TimerSubjectPrefix+".fire.>"))
 		if err != nil {
 			t.Fatal(err)
@@ -115,5 +115,5 @@ func TestTheSweepForgetsATurnClosedElsewhere(t *testing.T) {
 	}
 	// Once the turn is older than a stuck one would be (15 s), the sweep
 	// looks it up and forgets it.
-	testutil.WaitFor(t, 30*time.Second, func() bool { return !dispatch.Tracking(d, turn.Key) })
+	testutil.WaitForWhat(t, 30*time.Second, "the sweep to forget the turn", func() bool { return !dispatch.Tracking(d, turn.Key) })
 }

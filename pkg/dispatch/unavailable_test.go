@@ -78,7 +78,7 @@ func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 30*time.Second, "the dispatcher to be ready", d.Ready)
 	hs := httptest.NewServer(d.Handler())
 	t.Cleanup(hs.Close)
 
