@@ -225,7 +225,7 @@ func TestBuiltBinariesOnAClusterSurviveAServerKill(t *testing.T) {
 
 	// The killed server comes back on its own data and catches up.
 	c.run(leader)
-	testutil.WaitFor(t, 60*time.Second, func() bool {
+	testutil.WaitForWhat(t, 60*time.Second, "the restarted server's result-stream replica to catch up", func() bool {
 		info, err := results.Info(ctx)
 		if err != nil || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
 			return false

@@ -52,7 +52,7 @@ func TestBuiltDevLoop(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join(dir, "dev.log"))
 		return string(b)
 	}
-	testutil.WaitFor(t, 60*time.Second, func() bool { return strings.Contains(log(), "answer: refund of 500 cents issued") })
+	testutil.WaitForWhat(t, 60*time.Second, "the dev loop to print the refund's answer", func() bool { return strings.Contains(log(), "answer: refund of 500 cents issued") })
 	for _, want := range []string{"answer: Order A-1001 is shipped with ups, arriving 2026-12-03.", "answer: A-1001 is shipped; A-1002 is packing.", "trace "} {
 		if !strings.Contains(log(), want) {
 			t.Errorf("dev output lacks %q", want)
@@ -68,7 +68,7 @@ func TestBuiltDevLoop(t *testing.T) {
 	if m == nil {
 		t.Fatalf("call printed no trace ID: %q", errOut)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return strings.Contains(log(), "[mcp] get_order_status answered") })
+	testutil.WaitForWhat(t, 10*time.Second, "the dev loop to print the MCP call's answer", func() bool { return strings.Contains(log(), "[mcp] get_order_status answered") })
 	if !strings.Contains(log(), "trace "+m[1]) {
 		t.Errorf("the dev loop's turn of the call is not in trace %s:\n%s", m[1], tail(log(), 1000))
 	}

@@ -62,7 +62,7 @@ func TestInspectionCommands(t *testing.T) {
 	thread, runID := w.assistantsRun("favorite city", nil)
 	id := watchWith(t, d, admin, `{"platform":"assistants","thread_id":"`+thread+`","run_id":"`+runID+`"}`)
 	var list dispatch.TurnList
-	testutil.WaitFor(t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(t, 30*time.Second, "the run's two turns to be listed as recent, none open", func() bool {
 		if err := json.Unmarshal([]byte(inspect(t, "turns", "-addr", addr, "-json")), &list); err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestInspectionCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(inspect(t, "functions", "-addr", addr, "-json")), &fj); err != nil || len(fj.Functions) != 6 {
 		t.Errorf("functions -json: %v, %d functions; want the 6 seeds", err, len(fj.Functions))
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "inspect watches to list the watch completed", func() bool {
 		return strings.Contains(inspect(t, "watches", "-addr", addr), "completed")
 	})
 	if ws := inspect(t, "watches", "-addr", addr); !strings.Contains(ws, id) || !strings.Contains(ws, "Emerald City") || !strings.Contains(ws, "2/16") {

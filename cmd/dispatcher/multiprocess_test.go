@@ -145,7 +145,7 @@ func (w *world) dispatcherOf(bin, name string, env ...string) *proc {
 		"OPENAI_BASE_URL=" + w.simURL, "OPENAI_API_KEY=sk-mp", "TOOLRELAY_HTTP_ADDR=" + addr,
 	}, env...)...)
 	p.addr = addr
-	testutil.WaitFor(w.t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(w.t, 30*time.Second, "dispatcher "+name+" to answer /readyz with 200", func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return false
@@ -164,7 +164,7 @@ func (w *world) dispatcherOf(bin, name string, env ...string) *proc {
 func (w *world) executor(name string, args ...string) *proc {
 	w.t.Helper()
 	p := w.start(name, bins["executor"], args, "TOOLRELAY_EXECUTOR_NAME="+name)
-	testutil.WaitFor(w.t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(w.t, 30*time.Second, "executor "+name+" to log that it is serving", func() bool {
 		b, _ := os.ReadFile(filepath.Join(w.dir, name+".log"))
 		return strings.Contains(string(b), `"msg":"executor serving"`)
 	})
@@ -186,7 +186,7 @@ func (w *world) waitServed() {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	testutil.WaitFor(w.t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(w.t, 30*time.Second, "every function with waiting consumers to be served in the registry", func() bool {
 		fns, err := dispatch.Registry(ctx, js)
 		if err != nil {
 			return false
@@ -267,7 +267,7 @@ func status(p *proc, id string) (*watchStatus, error) {
 func awaitWatch(t *testing.T, p *proc, id string, within time.Duration) *watchStatus {
 	t.Helper()
 	var st *watchStatus
-	testutil.WaitFor(t, within, func() bool {
+	testutil.WaitForWhat(t, within, "watch "+id+" to end", func() bool {
 		var err error
 		st, err = status(p, id)
 		return err == nil && st.State != "watching"
@@ -317,7 +317,7 @@ func TestDispatcherKilledAtEachStageSubmitsOnce(t *testing.T) {
 			// Every turn ends submitted, including one the crashed replica
 			// submitted without marking: another replica takes it over, and
 			// the platform's "no longer waiting" counts as success.
-			testutil.WaitFor(t, 60*time.Second, func() bool {
+			testutil.WaitForWhat(t, 60*time.Second, "both turns of the watch to be submitted", func() bool {
 				st, err := status(b, id)
 				if err != nil || len(st.TurnDetails) != 2 {
 					return false
@@ -475,7 +475,7 @@ func TestBuiltDispatcherTakesSignedWebhooksAndRefusesForgedOnes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the session to require action", func() bool {
 		got, err := w.client.Beta.Agents.Sessions.Get(context.Background(), s.ID)
 		return err == nil && got.Status == "requires_action"
 	})
@@ -504,7 +504,7 @@ func TestBuiltDispatcherTakesSignedWebhooksAndRefusesForgedOnes(t *testing.T) {
 	if code := send(good); code != http.StatusOK {
 		t.Fatalf("signed webhook: %d", code)
 	}
-	testutil.WaitFor(t, 20*time.Second, func() bool { return w.sim.Stats().ToolResults == 2 })
+	testutil.WaitForWhat(t, 20*time.Second, "the platform to take both tool results", func() bool { return w.sim.Stats().ToolResults == 2 })
 	if code := send(good); code != http.StatusOK {
 		t.Errorf("replayed webhook: %d, want 200", code)
 	}

@@ -57,7 +57,7 @@ func TestShortLivedExecutorsSchemaDiesWithIt(t *testing.T) {
 	other := searchDocsConfig(t, w.dir, "q")
 	stopped := w.start("exec-q-stopped", bins["executor"], []string{"-config", other}, "TOOLRELAY_EXECUTOR_NAME=exec-q-stopped")
 	killed := w.start("exec-q-killed", bins["executor"], []string{"-config", other}, "TOOLRELAY_EXECUTOR_NAME=exec-q-killed")
-	testutil.WaitFor(t, 30*time.Second, func() bool { return len(executors()) == 3 })
+	testutil.WaitForWhat(t, 30*time.Second, "three executors of get_weather to be registered", func() bool { return len(executors()) == 3 })
 	out := toolsStatus(t, w)
 	if !strings.Contains(out, "executors disagree on the schema") {
 		t.Errorf("tools -status while the schemas differ:\n%s", out)
@@ -69,7 +69,7 @@ func TestShortLivedExecutorsSchemaDiesWithIt(t *testing.T) {
 		t.Fatalf("exec-q-stopped exited %d after SIGTERM, want 0", code)
 	}
 	// The stopped one withdrew at once; the killed one lapses with its lease.
-	testutil.WaitFor(t, protocol.LeaseTTL+10*time.Second, func() bool {
+	testutil.WaitForWhat(t, protocol.LeaseTTL+10*time.Second, "only exec-v1 to be left, the stopped and the killed executors gone", func() bool {
 		ex := executors()
 		return len(ex) == 1 && ex[0].Executor == "exec-v1"
 	})

@@ -32,7 +32,7 @@ exit 3
 `, script)))
 	c.waitServing("billing", "charge_card")
 	c.call("billing", "charge_card")
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "billing's failed call to be dead-lettered", func() bool {
 		dls, err := exec.NewDeadLetters(c.js).List(context.Background(), "billing")
 		return err == nil && len(dls) == 1
 	})

@@ -54,7 +54,7 @@ func (c *cluster) executor(name, cfg string) *osexec.Cmd {
 
 func (c *cluster) waitServing(team, fn string) {
 	c.t.Helper()
-	testutil.WaitFor(c.t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(c.t, 20*time.Second, team+"'s consumer of "+fn+" to exist", func() bool {
 		s, err := c.js.Stream(context.Background(), protocol.CallStream(team))
 		if err != nil {
 			return false
@@ -83,7 +83,7 @@ func (c *cluster) call(team, fn string) *protocol.Call {
 func (c *cluster) result(call *protocol.Call) *protocol.Result {
 	c.t.Helper()
 	var res *protocol.Result
-	testutil.WaitFor(c.t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(c.t, 30*time.Second, "the result of call "+string(call.Key)+" to be recorded", func() bool {
 		s, err := c.js.Stream(context.Background(), protocol.ResultStream(call.Team))
 		if err != nil {
 			return false
@@ -137,7 +137,7 @@ func TestKilledExecutorsCallIsRedeliveredAndAnsweredOnce(t *testing.T) {
 	a := c.executor("exec-a", cfg)
 	c.waitServing("ops", "slow_job")
 	call := c.call("ops", "slow_job")
-	testutil.WaitFor(t, 10*time.Second, func() bool { return lines(t, marker) == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the slow job to start", func() bool { return lines(t, marker) == 1 })
 	if err := a.Process.Kill(); err != nil { // SIGKILL mid-call
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestKilledExecutorsSideEffectIsNotRepeated(t *testing.T) {
 	a := c.executor("exec-a", cfg)
 	c.waitServing("ops", "slow_job")
 	call := c.call("ops", "slow_job")
-	testutil.WaitFor(t, 10*time.Second, func() bool { return lines(t, marker) == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the slow job to start", func() bool { return lines(t, marker) == 1 })
 	if err := a.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func TestKilledExecutorsCommandProcessesDieWithIt(t *testing.T) {
 	c.call("ops", "long_effect")
 
 	var child, grandchild int
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the command and its child to write their pids", func() bool {
 		child, grandchild = readPID(childFile), readPID(grandchildFile)
 		return child > 0 && grandchild > 0
 	})
@@ -56,7 +56,7 @@ func TestKilledExecutorsCommandProcessesDieWithIt(t *testing.T) {
 	_ = a.Wait()
 	// Well before the 3s timeout could matter, and far before the sleep
 	// would end by itself.
-	testutil.WaitFor(t, 10*time.Second, func() bool { return !alive(child) && !alive(grandchild) })
+	testutil.WaitForWhat(t, 10*time.Second, "the command and its child to be gone", func() bool { return !alive(child) && !alive(grandchild) })
 }
 
 // readPID returns the pid written to path, or 0 if there is none yet.

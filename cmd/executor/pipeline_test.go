@@ -87,7 +87,7 @@ func newPipeline(t *testing.T, config string, scenarios ...platformsim.Scenario)
 
 func (p *pipeline) waitServing(t *testing.T, functions int) {
 	t.Helper()
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the dispatcher to be ready and the functions served", func() bool {
 		specs, _ := dispatch.Functions(context.Background(), p.js)
 		return p.d.Ready() && len(specs) == functions
 	})
@@ -99,7 +99,7 @@ func (p *pipeline) finish(t *testing.T, ref dispatch.Ref) *dispatch.Watch {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(t, 30*time.Second, "watch "+w.ID+" to end", func() bool {
 		w, err = p.d.WatchStatus(context.Background(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})
@@ -164,7 +164,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	var turn *dispatch.Turn
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the watch's turn to be recorded", func() bool {
 		w, _ = p.d.WatchStatus(ctx, w.ID)
 		if len(w.Turns) != 1 {
 			return false
@@ -173,7 +173,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 		return err == nil
 	})
 	p.sim.CancelRun(run.ID) // the user cancels the run while the report runs
-	testutil.WaitFor(t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(t, 30*time.Second, "the cancelled run's watch to end", func() bool {
 		w, _ = p.d.WatchStatus(ctx, w.ID)
 		return w.State != dispatch.WatchActive
 	})
@@ -183,7 +183,7 @@ func TestCancelledRunStopsItsCalls(t *testing.T) {
 	// The executor stopped the running command and recorded why.
 	s, _ := p.js.Stream(ctx, protocol.ResultStream("reports"))
 	var res *protocol.Result
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the stopped report's result to be recorded", func() bool {
 		m, err := s.GetLastMsgForSubject(ctx, protocol.ResultSubject("reports", turn.Calls[0].Key))
 		if err != nil {
 			return false

@@ -124,7 +124,7 @@ func TestControlPlaneReadsATeamsDeadLettersAndQueue(t *testing.T) {
 	call := x.callTarot(`{"card":"the fool"}`)
 	t.Run("dead letters are listed and replayed", func(t *testing.T) {
 		var letters []console.DeadLetter
-		testutil.WaitFor(t, 20*time.Second, func() bool { letters = deadLetters(); return len(letters) == 1 })
+		testutil.WaitForWhat(t, 20*time.Second, "billing's failed call to be listed as a dead letter", func() bool { letters = deadLetters(); return len(letters) == 1 })
 		if dl := letters[0]; dl.Key != call.Key || dl.Team != "billing" || dl.Function != "get_tarot" ||
 			dl.Reason != protocol.ReasonPermanent || !strings.Contains(dl.Error, "missing its cards") {
 			t.Fatalf("dead letter = %+v; want billing's failed get_tarot call", dl)
@@ -135,7 +135,7 @@ func TestControlPlaneReadsATeamsDeadLettersAndQueue(t *testing.T) {
 		if len(replayed.Replays) != 1 || replayed.Replays[0].Replay != 1 {
 			t.Fatalf("replay = %+v; want replay 1 queued (its publish acknowledged across the import)", replayed.Replays)
 		}
-		testutil.WaitFor(t, 20*time.Second, func() bool { letters = deadLetters(); return len(letters) == 1 && letters[0].LastReplay != nil })
+		testutil.WaitForWhat(t, 20*time.Second, "the dead letter to show its replay's outcome", func() bool { letters = deadLetters(); return len(letters) == 1 && letters[0].LastReplay != nil })
 		if r := letters[0].LastReplay; r.N != 1 || r.Outcome != "ok" || r.Output != secretOutput {
 			t.Errorf("replay outcome = %+v; want #1 ok with billing's output", r)
 		}
@@ -147,7 +147,7 @@ func TestControlPlaneReadsATeamsDeadLettersAndQueue(t *testing.T) {
 		x.callTarot(`{"card":"hold"}`)
 		defer x.release()
 		var q *dispatch.FunctionQueue
-		testutil.WaitFor(t, 20*time.Second, func() bool { // the figures are read every few seconds
+		testutil.WaitForWhat(t, 20*time.Second, "get_tarot's queue figures to show 1 in flight, 1 queued, 1 dead letter", func() bool { // the figures are read every few seconds
 			var body struct{ Functions []dispatch.FunctionView }
 			api(t, url+"/v1/functions", "", &body)
 			for _, f := range body.Functions {

@@ -129,7 +129,7 @@ func deploy(t *testing.T) *deployment {
 		t.Fatal(err)
 	}
 	wg.Go(func() { _ = x.d.Run(ctx) })
-	testutil.WaitFor(t, 20*time.Second, x.d.Ready)
+	testutil.WaitForWhat(t, 20*time.Second, "the dispatcher to be ready", x.d.Ready)
 
 	_, bjs := x.connect("billing")
 	x.serve(ctx, &wg, bjs, "billing",
@@ -223,7 +223,7 @@ func (x *deployment) serve(ctx context.Context, wg *sync.WaitGroup, js jetstream
 	}
 	runErr := make(chan error, 1)
 	wg.Go(func() { runErr <- ex.Run(ctx) })
-	testutil.WaitFor(x.t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(x.t, 20*time.Second, team+"'s functions to be served", func() bool {
 		select {
 		case err := <-runErr:
 			x.t.Fatalf("%s's executor could not start under the generated configuration: %v", team, err)
@@ -494,7 +494,7 @@ func TestTeamsCannotReachEachOther(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testutil.WaitFor(t, 20*time.Second, func() bool { _, err := dls.Get(t.Context(), call.Key); return err == nil })
+		testutil.WaitForWhat(t, 20*time.Second, "the dead letter to be stored", func() bool { _, err := dls.Get(t.Context(), call.Key); return err == nil })
 
 		// Orders has no import of them, under any team's prefix: nobody
 		// answers but its own listener above, which answers nothing.

@@ -188,25 +188,25 @@ func TestRunFollowsTheFile(t *testing.T) {
 	known := func(tok apiauth.Token) bool { _, ok := f.Authenticate(string(tok)); return ok }
 
 	write(t, path, second+"\n")
-	testutil.WaitFor(t, 5*time.Second, func() bool { return known(secondTok) })
+	testutil.WaitForWhat(t, 5*time.Second, "the second token to be known", func() bool { return known(secondTok) })
 	if known(firstTok) {
 		t.Error("the token taken out of the file still works")
 	}
 
 	write(t, path, second+"\nbroken line\n")
-	testutil.WaitFor(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), path+":2:") })
+	testutil.WaitForWhat(t, 5*time.Second, "the malformed line to be logged", func() bool { return strings.Contains(logs.String(), path+":2:") })
 	if !known(secondTok) {
 		t.Error("a malformed file dropped the last good tokens")
 	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "no such file") })
+	testutil.WaitForWhat(t, 5*time.Second, "the removed file to be logged", func() bool { return strings.Contains(logs.String(), "no such file") })
 	if !known(secondTok) {
 		t.Error("a removed file dropped the last good tokens")
 	}
 	write(t, path, first+"\n"+second+"\n")
-	testutil.WaitFor(t, 5*time.Second, func() bool { return known(firstTok) })
+	testutil.WaitForWhat(t, 5*time.Second, "the first token to be known again", func() bool { return known(firstTok) })
 	if n := strings.Count(logs.String(), path+":2:"); n != 1 {
 		t.Errorf("the malformed file was reported %d times, want once:\n%s", n, logs.String())
 	}

@@ -70,7 +70,7 @@ func TestExecutorOnTheContractAlone(t *testing.T) {
 			t.Errorf("dispatcher Run: %v", err)
 		}
 	})
-	testutil.WaitFor(t, 10*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 10*time.Second, "the dispatcher to be ready", d.Ready)
 
 	nc, js := srv.Connect(t)
 	x := &executor{t: t, nc: nc, js: js, instance: uuid.NewString(), deliveries: map[string][]int{}}
@@ -94,7 +94,7 @@ func TestExecutorOnTheContractAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(t, 30*time.Second, "watch "+w.ID+" to end", func() bool {
 		w, err = d.WatchStatus(t.Context(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})

@@ -207,7 +207,7 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// Dead letters: replay one from the page and see how it went.
 	s.session(t, "export the ledger")
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "the ledger export's dead letter to be listed", func() bool {
 		_, letters := s.deadLetters(t, s.tokens["admin"])
 		return len(letters) == 1
 	})

@@ -91,7 +91,7 @@ func TestConsoleHTTP(t *testing.T) {
 	t.Run("dead letters: listed by team, replayed with the console's header", func(t *testing.T) {
 		w := s.session(t, "export the ledger")
 		var letters []console.DeadLetter
-		testutil.WaitFor(t, 20*time.Second, func() bool {
+		testutil.WaitForWhat(t, 20*time.Second, "the ledger export's dead letter to be listed", func() bool {
 			_, letters = s.deadLetters(t, s.tokens["admin"])
 			return len(letters) == 1
 		})
@@ -123,7 +123,7 @@ func TestConsoleHTTP(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &out); status != http.StatusOK || err != nil || len(out.Replays) != 1 || out.Replays[0].Replay != 1 {
 			t.Fatalf("replay by the reports team: %d %s; want replay 1", status, body)
 		}
-		testutil.WaitFor(t, 20*time.Second, func() bool {
+		testutil.WaitForWhat(t, 20*time.Second, "the dead letter to show its replay", func() bool {
 			_, letters = s.deadLetters(t, s.tokens[reportsTeam])
 			return len(letters) == 1 && letters[0].LastReplay != nil
 		})

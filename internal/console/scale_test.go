@@ -56,7 +56,7 @@ func consoleOver(tb testing.TB, n int) string {
 	ui.Mount(mux)
 	hs := httptest.NewServer(mux)
 	tb.Cleanup(hs.Close)
-	testutil.WaitFor(tb, 30*time.Second, func() bool {
+	testutil.WaitForWhat(tb, 30*time.Second, "the dispatcher to count every open turn", func() bool {
 		list, err := d.InspectTurns(context.Background(), dispatch.Caller{Admin: true}, dispatch.TurnQuery{OpenOnly: true, Limit: 1})
 		return err == nil && list.OpenTotal == n
 	})

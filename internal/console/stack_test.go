@@ -161,7 +161,7 @@ func newStack(t *testing.T) *stack {
 		}
 	})
 	admin := dispatch.Caller{Name: "test", Admin: true}
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "the dispatcher to be ready with every function served", func() bool {
 		if !d.Ready() {
 			return false
 		}

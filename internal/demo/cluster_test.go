@@ -54,7 +54,7 @@ func TestClusterSurvivesANodeLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Go(func() { _ = d.Run(ctx) })
-	testutil.WaitFor(t, 60*time.Second, func() bool { return d.Ready() && registered(context.Background(), js) })
+	testutil.WaitForWhat(t, 60*time.Second, "the dispatcher to be ready and the demo functions registered", func() bool { return d.Ready() && registered(context.Background(), js) })
 
 	// Every stream toolrelay created is replicated three times.
 	names := js.StreamNames(context.Background())
@@ -86,7 +86,7 @@ func TestClusterSurvivesANodeLoss(t *testing.T) {
 	}
 	for _, w := range watches {
 		id := w.ID
-		testutil.WaitFor(t, 90*time.Second, func() bool {
+		testutil.WaitForWhat(t, 90*time.Second, "watch "+id+" to end", func() bool {
 			got, err := d.WatchStatus(context.Background(), id)
 			if err != nil || got.State == dispatch.WatchActive {
 				return false

@@ -135,7 +135,7 @@ func TestDevReloadsTheFunctionsFile(t *testing.T) {
 	if err := os.WriteFile(paths[0], []byte(bad), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return strings.Contains(out.String(), "not valid") })
+	testutil.WaitForWhat(t, 10*time.Second, "the dev loop to refuse the invalid change", func() bool { return strings.Contains(out.String(), "not valid") })
 	if got := out.String(); !strings.Contains(got, paths[0]) || !strings.Contains(got, "colour") {
 		t.Errorf("the refused change's error does not name the file and the field:\n%s", got)
 	}
@@ -152,7 +152,7 @@ func TestDevReloadsTheFunctionsFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every scenario plays again, the first with the new output.
-	testutil.WaitFor(t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(t, 30*time.Second, "every scenario to play again, the first with the new output", func() bool {
 		got := out.String()[mark:]
 		return strings.Contains(got, "answer: Order A-1001 is delivered with ups") && strings.Contains(got, "answer: refund of 500 cents issued")
 	})

@@ -293,7 +293,7 @@ func TestMetricsMoveWithTurns(t *testing.T) {
 	}
 	// A closed turn leaves the index of open turns within a second (its
 	// timer's roll-up marker expires).
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "toolrelay_turns_open to read 0", func() bool {
 		m := scrape(t, s.metrics.URL)
 		return hasMetric(m, "toolrelay_turns_open") && sum(m, "toolrelay_turns_open") == 0
 	})

@@ -103,7 +103,7 @@ func TestGetAnswersAsJetStreamDoes(t *testing.T) {
 		check(s.name)
 	}
 	// The TTL runs out: the server leaves a marker on the key.
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the key's TTL to run out", func() bool {
 		_, err := kv.Get(ctx, "ttl")
 		return errors.Is(err, jetstream.ErrKeyNotFound)
 	})

@@ -310,7 +310,7 @@ func TestResponsesMCPToolInTheBackground(t *testing.T) {
 	if err != nil || r.Status != "queued" {
 		t.Fatalf("background response: %v %v; want queued", r, err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the background response to complete", func() bool {
 		r, err = c.Responses.Get(ctx, r.ID, responses.ResponseGetParams{})
 		return err == nil && r.Status == "completed"
 	})

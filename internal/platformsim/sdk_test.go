@@ -130,7 +130,7 @@ func TestAgentsRequiredActionsAndToolResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got *openai.AgentSession
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the session to require action", func() bool {
 		got, err = c.Beta.Agents.Sessions.Get(ctx, sess.ID)
 		return err == nil && got.Status == "requires_action"
 	})
@@ -182,7 +182,7 @@ func TestAgentsRequiredActionsAndToolResults(t *testing.T) {
 	err = c.Beta.Agents.Sessions.Events.New(ctx, sess.ID, late)
 	apiError(t, err, 400, "Unknown pending tool call: "+got.RequiredActions[0].CallID)
 
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the session to be idle", func() bool {
 		s, err := c.Beta.Agents.Sessions.Get(ctx, sess.ID)
 		return err == nil && s.Status == "idle"
 	})
@@ -228,7 +228,7 @@ func TestAssistantsRunsAndSubmitToolOutputs(t *testing.T) {
 	}
 	poll := func(status openai.RunStatus) *openai.Run {
 		var r *openai.Run
-		testutil.WaitFor(t, 5*time.Second, func() bool {
+		testutil.WaitForWhat(t, 5*time.Second, "the run to be "+string(status), func() bool {
 			r, err = c.Beta.Threads.Runs.Get(ctx, run.ThreadID, run.ID)
 			return err == nil && r.Status == status
 		})
@@ -300,7 +300,7 @@ func TestAssistantsRunExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r *openai.Run
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the run to expire", func() bool {
 		r, err = c.Beta.Threads.Runs.Get(ctx, run.ThreadID, run.ID)
 		return err == nil && r.Status == "expired"
 	})
@@ -376,7 +376,7 @@ func TestResponsesBackgroundAndConversation(t *testing.T) {
 	if resp.Status != "queued" {
 		t.Fatalf("background response status = %s, want queued", resp.Status)
 	}
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the background response to complete", func() bool {
 		resp, err = c.Responses.Get(ctx, resp.ID, responses.ResponseGetParams{})
 		return err == nil && resp.Status == "completed"
 	})

@@ -8,20 +8,9 @@ import (
 	"time"
 )
 
-// WaitFor polls cond every 10ms until it holds, failing the test if it does
-// not within the given time. Tests wait on conditions, never on fixed sleeps.
-func WaitFor(t testing.TB, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// WaitForWhat is WaitFor saying, when it fails, what it waited for.
+// WaitForWhat polls cond every 10ms until it holds, failing the test with
+// what it waited for (what completes "waited 10s for ...") if it does not
+// within the given time. Tests wait on conditions, never on fixed sleeps.
 func WaitForWhat(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)

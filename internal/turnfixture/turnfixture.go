@@ -86,7 +86,7 @@ func Dispatcher(tb testing.TB, n int) (*dispatch.Dispatcher, jetstream.JetStream
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	tb.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(tb, 20*time.Second, d.Ready) // provisioned: the records can be written
+	testutil.WaitForWhat(tb, 20*time.Second, "the dispatcher to be ready", d.Ready) // provisioned: the records can be written
 	Open(tb, js, n)
 	return d, js
 }

@@ -97,6 +97,7 @@ func writeFile(t *testing.T, path, content string) {
 // calls none of its functions. Changes to the file take effect without a
 // restart; a malformed change is refused and the last good tokens stay.
 func TestAPITokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.Scenario{Name: "two teams", Prompt: "order and invoice",
 		Steps:  []platformsim.Step{{{Name: "get_order"}, {Name: "get_invoice"}}},
 		Answer: "order {{out \"get_order\"}}, invoice {{out \"get_invoice\"}}"})
@@ -183,7 +184,7 @@ func TestAPITokens(t *testing.T) {
 		}
 		return got, w, raw
 	}
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "the watch to end", func() bool {
 		_, w, _ := report(tokens["admin"])
 		return w.State != "" && w.State != string(dispatch.WatchActive)
 	})
@@ -248,7 +249,7 @@ func TestAPITokens(t *testing.T) {
 	t.Run("a changed file takes effect", func(t *testing.T) {
 		old := tokens
 		tokens = tokensFile(t, path, "admin", "billing")
-		testutil.WaitFor(t, 10*time.Second, func() bool {
+		testutil.WaitForWhat(t, 10*time.Second, "the billing token to be known", func() bool {
 			got, _, _ := report(tokens["billing"])
 			return got.status == http.StatusOK
 		})
@@ -269,7 +270,7 @@ func TestAPITokens(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeFile(t, path, entry.String()+"\nbilling teams:billing\n")
-		testutil.WaitFor(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), path+":2:") })
+		testutil.WaitForWhat(t, 10*time.Second, "the malformed line to be logged", func() bool { return strings.Contains(logs.String(), path+":2:") })
 		if got, _, _ := report(tokens["admin"]); got.status != http.StatusOK {
 			t.Errorf("the last good admin token: %d, want 200", got.status)
 		}
@@ -294,6 +295,7 @@ func mustJSON(t *testing.T, v any) []byte {
 // Without an Authenticator, /v1 serves loopback clients only, judged by
 // the connection's address, not by headers the client sends.
 func TestAPIServesLoopbackOnlyWithoutTokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
 	h := d.Handler()

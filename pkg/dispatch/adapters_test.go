@@ -21,7 +21,7 @@ import (
 func awaitAction(t *testing.T, p dispatch.Platform, ref dispatch.Ref, after *dispatch.Turn) *dispatch.Turn {
 	t.Helper()
 	var turn *dispatch.Turn
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the platform to require action on a new turn", func() bool {
 		obs, err := p.Poll(context.Background(), ref)
 		if err != nil || obs.State != dispatch.ObjectRequiresAction {
 			return false
@@ -50,6 +50,7 @@ func outputsOf(turn *dispatch.Turn) []dispatch.Output {
 // replica that took over a turn stuck in "submitting" after a failover
 // must not fail the run. An incomplete submission still fails.
 func TestRepeatedSubmissionAfterThePlatformMovedOnCountsAsDone(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.FavoriteCityScenario)
 	for _, tc := range []struct {
 		name string
@@ -89,6 +90,7 @@ func TestRepeatedSubmissionAfterThePlatformMovedOnCountsAsDone(t *testing.T) {
 // watch follows the conversation, instead of continuing it a second time
 // (docs/turns.md). A repeat whose outputs are not there submits.
 func TestARepeatedConversationSubmissionLooksFirst(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.FavoriteCityScenario)
 	ctx := context.Background()
 	p := openaiplatform.NewResponses(e.client)

@@ -22,6 +22,7 @@ import (
 // submission, say) is heard by the subscription too, and must not be
 // taken for the turn's outcome.
 func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	d := replicaOn(t, js, "one", idlePlatform{})
@@ -53,7 +54,7 @@ func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
 		t, _, _, err := d.awaitClosed(t.Context(), key, nil, Ref{}, nil)
 		got <- outcome{t, err}
 	}()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return recordSubs() > subs })
+	testutil.WaitForWhat(t, 10*time.Second, "the wait's subscription to the record", func() bool { return recordSubs() > subs })
 
 	forged := turn.clone()
 	forged.State = TurnSubmitted
@@ -83,7 +84,7 @@ func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the wait did not end on the stored close")
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return recordSubs() == subs })
+	testutil.WaitForWhat(t, 10*time.Second, "the wait's subscription to be dropped", func() bool { return recordSubs() == subs })
 }
 
 // A turn closed here reaches each of its waiters once, with its outputs;

@@ -29,6 +29,7 @@ func weatherScenario(name, prompt, args string) platformsim.Scenario {
 }
 
 func TestEachPlatformIsSubmittedOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.SeedScenarios()...)
 	seeds := []string{"get_customer", "get_weather", "get_horoscope", "getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"}
 	for _, fn := range seeds {
@@ -66,6 +67,7 @@ func TestEachPlatformIsSubmittedOnce(t *testing.T) {
 }
 
 func TestBadCallsFailAtOnceWithoutRunning(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t,
 		weatherScenario("schema", "schema violation", `{"location":5}`),
 		platformsim.Scenario{Name: "unknown", Prompt: "unknown function",
@@ -96,6 +98,7 @@ func TestBadCallsFailAtOnceWithoutRunning(t *testing.T) {
 }
 
 func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("slow", "slow weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	release := make(chan *protocol.Call, 1)
@@ -131,7 +134,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 	}
 	// Wait until the dispatcher has taken the result in and judged it late:
 	// whatever it would do with it, it has decided by then.
-	testutil.WaitFor(t, 10*time.Second, func() bool { return counter(t, reader, "toolrelay.results.late") == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the late result to be counted", func() bool { return counter(t, reader, "toolrelay.results.late") == 1 })
 	if after := e.sim.Stats().FunctionCallOutputs; after != before {
 		t.Errorf("late result was submitted: outputs %d -> %d", before, after)
 	}
@@ -152,6 +155,7 @@ func TestDeadlineSubmitsTimeoutsAndLateResultsAreNotSubmitted(t *testing.T) {
 }
 
 func TestReplicasSubmitEachTurnOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.FavoriteCityScenario)
 	city := []string{"getUserFavoriteCity", "getCityNickname", "getCurrentWeatherAtLocation"}
 	for _, fn := range city {
@@ -202,7 +206,7 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 30*time.Second, func() bool {
+	testutil.WaitForWhat(t, 30*time.Second, "every turn to be submitted and out of the timer index", func() bool {
 		for _, key := range turns {
 			if turn, err := ds[0].Turn(ctx, key); err != nil || turn.State != dispatch.TurnSubmitted {
 				return false
@@ -220,6 +224,7 @@ func TestReplicasSubmitEachTurnOnce(t *testing.T) {
 }
 
 func TestIntakeIsIdempotent(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -257,7 +262,7 @@ func TestIntakeIsIdempotent(t *testing.T) {
 	// and the executor has run and acknowledged every call stored: a second
 	// publication would have run by then.
 	ctx := context.Background()
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the turn to be closed", func() bool {
 		turn, err := d1.Turn(ctx, keys[0])
 		return err == nil && !turn.Open()
 	})
@@ -272,7 +277,7 @@ func TestIntakeIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the executor to have run and acknowledged every stored call", func() bool {
 		ci, err := calls.Consumer(ctx, "get_weather")
 		if err != nil {
 			return false
@@ -293,6 +298,7 @@ func TestIntakeIsIdempotent(t *testing.T) {
 }
 
 func TestResumeAfterRestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("resume", "resume weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	release := make(chan struct{})
@@ -305,7 +311,7 @@ func TestResumeAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the watch to list its turn", func() bool {
 		w, err = d1.WatchStatus(context.Background(), w.ID)
 		return err == nil && len(w.Turns) == 1
 	})
@@ -313,7 +319,7 @@ func TestResumeAfterRestart(t *testing.T) {
 	close(release)
 
 	d2, _ := e.dispatcher(dispatch.Options{})
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "the second replica to end the watch", func() bool {
 		w, err = d2.WatchStatus(context.Background(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})
@@ -326,6 +332,7 @@ func TestResumeAfterRestart(t *testing.T) {
 }
 
 func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("orphan", "orphan weather", `{"location":"Oslo"}`))
 	d, _ := e.dispatcher(dispatch.Options{ServeGrace: 200 * time.Millisecond})
 	// Claimed by geo's executor, which is gone again.
@@ -344,6 +351,7 @@ func TestFunctionNobodyServesFailsAtOnce(t *testing.T) {
 // together) fail their call at intake with a reason the model can act on;
 // the turn's other calls run, and nothing is retried for ever.
 func TestOversizedArgumentsFailAtIntake(t *testing.T) {
+	t.Parallel()
 	pad := func(kib int) string { return `{"pad":"` + strings.Repeat("x", kib<<10) + `"}` }
 	e := newEnv(t,
 		platformsim.Scenario{Name: "one", Prompt: "one huge call",
@@ -385,6 +393,7 @@ func TestOversizedArgumentsFailAtIntake(t *testing.T) {
 // webhook retried, a restarted driver's poll), the remaining calls are the
 // step already taken in, not a new turn that runs them again.
 func TestTheRestOfAnAgentsStepIsNotANewTurn(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	ran := e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -416,7 +425,7 @@ func TestTheRestOfAnAgentsStepIsNotANewTurn(t *testing.T) {
 	if next.Key == step.Key {
 		t.Error("the next step of the session turn was taken for the first")
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return ran.Load() >= 3 })
+	testutil.WaitForWhat(t, 10*time.Second, "three calls to run", func() bool { return ran.Load() >= 3 })
 	calls, err := e.js.Stream(ctx, protocol.CallStream("geo"))
 	if err != nil {
 		t.Fatal(err)
@@ -441,8 +450,10 @@ func TestARepeatAfterAServerRestartRunsNoCallAgain(t *testing.T) {
 	e.register("geo", "get_forecast", weatherSchema)
 	ran := e.serve("geo", []string{"get_weather"}, func(*protocol.Call) (string, bool) { return "sunny", false })
 	e.serve("geo", []string{"get_forecast"}, func(*protocol.Call) (string, bool) { return "", false }) // keeps the turn open
-	d, _ := e.dispatcher(dispatch.Options{})
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	// A request in flight as the server goes down can go unanswered for
+	// good; stopping need not wait the default 10 s for it.
+	d, _ := e.dispatcher(dispatch.Options{ShutdownTimeout: 500 * time.Millisecond})
+	testutil.WaitForWhat(t, 10*time.Second, "get_weather and get_forecast to be served", func() bool {
 		return dispatch.LiveSchemas(d, "get_weather") == 1 && dispatch.LiveSchemas(d, "get_forecast") == 1
 	})
 	ctx := context.Background()
@@ -461,12 +472,12 @@ func TestARepeatAfterAServerRestartRunsNoCallAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	// call_1 ran and was acknowledged (so deleted); call_2 waits, stored.
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "call_1 to run and be deleted, call_2 to wait stored", func() bool {
 		info, err := calls.Info(ctx)
 		return err == nil && ran.Load() == 1 && info.State.Msgs == 1
 	})
 	e.srv.Restart(t)
-	testutil.WaitFor(t, 10*time.Second, func() bool { return e.js.Conn().IsConnected() && d.Ready() })
+	testutil.WaitForWhat(t, 10*time.Second, "the restarted server to be reconnected and the dispatcher ready", func() bool { return e.js.Conn().IsConnected() && d.Ready() })
 	turn, err := d.Intake(ctx, req)
 	if err != nil {
 		t.Fatal(err)

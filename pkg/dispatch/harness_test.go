@@ -107,7 +107,7 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 	if opts.Logger == nil {
 		opts.Logger = testutil.Logger(e.t)
 	}
-	_, js := e.srv.Connect(e.t)
+	nc, js := e.srv.Connect(e.t)
 	if opts.Webhooks == nil {
 		opts.Webhooks = openaiplatform.Webhooks(testWebhookSecret)
 	}
@@ -128,9 +128,13 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 		if err := <-done; err != nil {
 			e.t.Errorf("dispatcher Run: %v", err)
 		}
+		// Run has dropped its subscriptions; once the server has too, a
+		// withdrawal sent after this stop hears at once that nobody
+		// answers, instead of waiting its 2 s for this replica.
+		_ = nc.Flush()
 	}
 	e.t.Cleanup(stop)
-	testutil.WaitFor(e.t, 10*time.Second, d.Ready)
+	testutil.WaitForWhat(e.t, 10*time.Second, "the dispatcher to be ready", d.Ready)
 	e.redeclare()
 	return d, stop
 }
@@ -166,7 +170,7 @@ func (e *env) declare(team, name, schema, executor, instance string) (stop func(
 		Version: protocol.Version, Name: name, Team: team, Parameters: json.RawMessage(schema), UpdatedAt: time.Now(),
 	}
 	keeper, err := lease.Declare(ctx, e.js.Conn(), team, []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
-		Instance: instance, Executor: executor, StartedAt: time.Now()}}, nil)
+		Instance: instance, Executor: executor, StartedAt: time.Now()}}, testutil.Logger(e.t))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -317,7 +321,7 @@ func finish(t *testing.T, d *dispatch.Dispatcher, ref dispatch.Ref, within time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, within, func() bool {
+	testutil.WaitForWhat(t, within, "watch "+w.ID+" to end", func() bool {
 		w, err = d.WatchStatus(context.Background(), w.ID)
 		return err == nil && w.State != dispatch.WatchActive
 	})

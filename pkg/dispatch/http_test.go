@@ -89,6 +89,7 @@ func postWatch(t *testing.T, base, body string) (int, map[string]any) {
 // large one by its size and first KiB, an error, which executor recorded
 // it, on which attempt, and how long that attempt ran.
 func TestWatchReportShowsEachResult(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.Scenario{Name: "report", Prompt: "full report",
 		Steps:  []platformsim.Step{{{Name: "small"}, {Name: "big"}, {Name: "broken"}, {Name: "empty"}}},
 		Answer: "reported"})
@@ -128,7 +129,7 @@ func TestWatchReportShowsEachResult(t *testing.T) {
 		t.Fatalf("POST /v1/watch: %d %v; want 202 with a status_url", status, reply)
 	}
 	var w watchJSON
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "GET status_url to say the watch ended", func() bool {
 		if code := getJSON(t, hs.URL+reply["status_url"].(string), &w); code != http.StatusOK {
 			t.Fatalf("GET %s: %d", reply["status_url"], code)
 		}
@@ -172,6 +173,7 @@ func TestWatchReportShowsEachResult(t *testing.T) {
 // naming the field, over HTTP and over NATS alike, and records nothing;
 // watching a real object twice still gives one watch.
 func TestWatchOfAnUnknownObjectIs404(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
 	hs := httptest.NewServer(d.Handler())
@@ -249,6 +251,7 @@ func TestWatchOfAnUnknownObjectIs404(t *testing.T) {
 // watch is accepted, not refused with 404, and completes once the platform
 // answers again.
 func TestWatchAcceptedWhileThePlatformFails(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var failing atomic.Bool
 	var failed atomic.Int32
@@ -277,7 +280,7 @@ func TestWatchAcceptedWhileThePlatformFails(t *testing.T) {
 	}
 	failing.Store(false)
 	var w watchJSON
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "GET status_url to say the watch ended", func() bool {
 		getJSON(t, hs.URL+reply["status_url"].(string), &w)
 		return w.State != string(dispatch.WatchActive)
 	})
@@ -289,6 +292,7 @@ func TestWatchAcceptedWhileThePlatformFails(t *testing.T) {
 // A watch request over the size limit is told so (413), not that its
 // JSON is truncated.
 func TestWatchBodyOverTheLimitIs413(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
 	hs := httptest.NewServer(d.Handler())

@@ -39,6 +39,7 @@ func getAs(t testing.TB, url, token string, v any) int {
 // teams' calls redacted. A replica started later finds the closed turn in
 // the bucket; event streams end when their dispatcher stops.
 func TestInspectionAPI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.Scenario{Name: "two teams", Prompt: "order and invoice",
 		Steps:  []platformsim.Step{{{Name: "get_order"}, {Name: "get_invoice"}}},
 		Answer: "order {{out \"get_order\"}}, invoice {{out \"get_invoice\"}}"})
@@ -72,7 +73,7 @@ func TestInspectionAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	var open dispatch.TurnList
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "GET /v1/turns?open=1 to list one open turn", func() bool {
 		return getAs(t, hs.URL+"/v1/turns?open=1", tokens["admin"], &open) == http.StatusOK && len(open.Open) == 1
 	})
 	turn := open.Open[0]
@@ -128,7 +129,7 @@ func TestInspectionAPI(t *testing.T) {
 
 	close(release)
 	var list dispatch.TurnList
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "GET /v1/turns to list the turn as recent, none open", func() bool {
 		return getAs(t, hs.URL+"/v1/turns", tokens["admin"], &list) == http.StatusOK && len(list.Open) == 0 && len(list.Recent) == 1
 	})
 	done := list.Recent[0]
@@ -184,7 +185,7 @@ func TestInspectionAPI(t *testing.T) {
 
 	t.Run("watches", func(t *testing.T) {
 		var ws struct{ Watches []dispatch.WatchView }
-		testutil.WaitFor(t, 10*time.Second, func() bool {
+		testutil.WaitForWhat(t, 10*time.Second, "GET /v1/watches to list the watch completed", func() bool {
 			return getAs(t, hs.URL+"/v1/watches", tokens["admin"], &ws) == http.StatusOK && len(ws.Watches) == 1 &&
 				ws.Watches[0].State == dispatch.WatchCompleted
 		})

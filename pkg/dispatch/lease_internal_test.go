@@ -64,6 +64,7 @@ func closedRecord(t *testing.T, d *Dispatcher, key protocol.TurnKey) *Turn {
 // A replica with news of a turn another replica owns (a result, the
 // deadline) tells the owner, which submits it; the other never does.
 func TestATurnOwnedElsewhereIsSubmittedByItsOwner(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &countingPlatform{}
 	owner := replicaOn(t, js, "owner", p)
@@ -85,6 +86,7 @@ func TestATurnOwnedElsewhereIsSubmittedByItsOwner(t *testing.T) {
 // A turn whose owner went without releasing it (killed) is taken over once
 // its lease lapses: a new epoch, submitted once.
 func TestATurnWhoseOwnerWentIsTakenOver(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &countingPlatform{}
 	d := replicaOn(t, js, "taker", p)
@@ -106,6 +108,7 @@ func TestATurnWhoseOwnerWentIsTakenOver(t *testing.T) {
 // A lease that has not lapsed by Skew is not taken: the turn waits for
 // its owner, here gone, until then.
 func TestALeaseIsNotTakenBeforeItLapses(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &countingPlatform{}
 	d := replicaOn(t, js, "taker", p)
@@ -127,6 +130,7 @@ func TestALeaseIsNotTakenBeforeItLapses(t *testing.T) {
 // A replica that stops releases the leases of the turns it works on, so
 // that the others take them at once.
 func TestAStoppingReplicaReleasesItsLeases(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "stopping", Logger: testutil.Logger(t)})
 	if err != nil {

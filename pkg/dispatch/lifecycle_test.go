@@ -21,6 +21,7 @@ import (
 // Run returns a startup failure at once, without waiting for its context:
 // here the results consumer exists with a filter toolrelay cannot use.
 func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx := t.Context()
 	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(protocol.SystemTeam, 0, provision.Options{}))
@@ -52,6 +53,7 @@ func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
 // API prefix: its turn records are written to their bucket's subject, which
 // would then miss the buckets the context reads.
 func TestNewRefusesAnotherDomainOrAPIPrefix(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	nc, js := e.srv.Connect(t)
 	if _, err := dispatch.New(js, nil, dispatch.Options{Logger: testutil.Logger(t)}); err != nil {
@@ -75,6 +77,7 @@ func TestNewRefusesAnotherDomainOrAPIPrefix(t *testing.T) {
 // Function names the model invents are counted under one label value, so
 // that a model cannot grow the metrics without bound.
 func TestInventedFunctionNamesShareOneLabel(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t,
 		platformsim.Scenario{Name: "ghost", Prompt: "ghost", Steps: []platformsim.Step{{{Name: "get_ghost"}}}, Answer: `{{out "get_ghost"}}`},
 		platformsim.Scenario{Name: "phantom", Prompt: "phantom", Steps: []platformsim.Step{{{Name: "get_phantom"}}}, Answer: `{{out "get_phantom"}}`},
@@ -94,6 +97,7 @@ func TestInventedFunctionNamesShareOneLabel(t *testing.T) {
 
 // Unknown watches and turns are ErrNotFound, not a storage error.
 func TestUnknownWatchAndTurnAreNotFound(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
 	if _, err := d.WatchStatus(t.Context(), "w_nope"); !errors.Is(err, dispatch.ErrNotFound) {
@@ -114,6 +118,7 @@ func TestUnknownWatchAndTurnAreNotFound(t *testing.T) {
 // the intake arms it, so its arming is still being retried when Run
 // returns.
 func TestATurnRecordedAsRunReturnsStillGetsItsTimer(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	d, stop := e.dispatcher(dispatch.Options{})
@@ -132,7 +137,7 @@ func TestATurnRecordedAsRunReturnsStillGetsItsTimer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { // the turn is recorded
+	testutil.WaitForWhat(t, 10*time.Second, "the turn to be recorded", func() bool { // the turn is recorded
 		_, err := turns.Get(ctx, string(req.Key()))
 		return err == nil
 	})

@@ -158,7 +158,7 @@ func (f *mcpFleet) executor(t *testing.T, team string, fns ...exec.Function) (st
 		})
 	}
 	t.Cleanup(stop)
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, team+"'s functions to be served", func() bool {
 		specs, err := dispatch.Functions(context.Background(), js)
 		served := 0
 		for _, s := range specs {
@@ -249,6 +249,7 @@ func text(res *mcp.CallToolResult) string {
 // live registry's with their schemas and annotations, and calls succeed
 // whichever replica takes them and whichever gathers their results.
 func TestMCPListAndCallAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 2, dispatch.Options{})
 	for _, version := range protocolVersions {
 		t.Run(version.String(), func(t *testing.T) { f.listAndCall(t, version) })
@@ -332,6 +333,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // in, whichever replica its result reaches; the request's replica learns
 // the outcome from the turn record.
 func TestMCPConcurrentCalls(t *testing.T) {
+	t.Parallel()
 	metrics := sdkmetric.NewManualReader()
 	f := newMCPFleet(t, 2, dispatch.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))})
 	ctx := t.Context()
@@ -363,7 +365,7 @@ func TestMCPConcurrentCalls(t *testing.T) {
 	}
 	// A turn is reported submitted just after its record says so, which
 	// is what released its request.
-	testutil.WaitFor(t, 5*time.Second, func() bool { _, total := f.handedOver(); return total == n })
+	testutil.WaitForWhat(t, 5*time.Second, "every turn to be reported submitted", func() bool { _, total := f.handedOver(); return total == n })
 	handed, total := f.handedOver()
 	switch {
 	case total != n:
@@ -379,6 +381,7 @@ func TestMCPConcurrentCalls(t *testing.T) {
 // the platforms get, and the command never runs. A function's own timeout
 // bounds the call.
 func TestMCPFailedCalls(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 1, dispatch.Options{})
 	ctx := t.Context()
 	s := connect(t, ctx, &roundRobin{urls: f.urls}, nil)
@@ -417,6 +420,7 @@ func TestMCPFailedCalls(t *testing.T) {
 // executor stops, it leaves tools/list, and a call of it (a name still
 // owned) fails at once as unavailable, without a JSON-RPC error.
 func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 1, dispatch.Options{ServeGrace: 100 * time.Millisecond})
 	stop := f.executor(t, "reports", exec.Function{Name: "report", Description: "A report.",
 		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"ok"`), nil })})
@@ -433,7 +437,7 @@ func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
 		t.Fatal("a served function is not listed")
 	}
 	stop()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return !listed() })
+	testutil.WaitForWhat(t, 10*time.Second, "report to leave tools/list", func() bool { return !listed() })
 	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "report", Arguments: map[string]any{}})
 	if err != nil {
 		t.Fatalf("a call of a function nobody serves now: %v; want an isError result", err)
@@ -446,6 +450,7 @@ func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
 // A client that gives up on a call cancels it on its executor: the
 // command's process is killed. Progress is reported while it runs.
 func TestMCPCancelKillsTheCommand(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 2, dispatch.Options{})
 	for _, version := range protocolVersions {
 		t.Run(version.String(), func(t *testing.T) { f.cancelKillsTheCommand(t, version) })
@@ -473,7 +478,7 @@ func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) 
 	pidFile := filepath.Join(f.marks, "sleepy.pid")
 	t.Cleanup(func() { _ = os.Remove(pidFile) })
 	var pid int
-	testutil.WaitFor(t, 15*time.Second, func() bool {
+	testutil.WaitForWhat(t, 15*time.Second, "the sleepy command to write its pid", func() bool {
 		b, err := os.ReadFile(pidFile)
 		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err == nil && pid > 0
@@ -493,13 +498,14 @@ func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) 
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled call: %v", err)
 	}
-	testutil.WaitFor(t, 15*time.Second, func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
 }
 
 // The call's spans join the client's trace, whether the traceparent comes
 // in _meta or as an HTTP header, from the MCP server span through the
 // turn to the executor's run.
 func TestMCPTraceJoinsTheClients(t *testing.T) {
+	t.Parallel()
 	f := newMCPFleet(t, 1, dispatch.Options{})
 	client := sdktrace.NewTracerProvider().Tracer("client")
 	for _, via := range []string{"_meta", "header"} {
@@ -522,7 +528,7 @@ func TestMCPTraceJoinsTheClients(t *testing.T) {
 			}
 			want := span.SpanContext().TraceID()
 			var server trace.SpanContext
-			testutil.WaitFor(t, 5*time.Second, func() bool {
+			testutil.WaitForWhat(t, 5*time.Second, "the server, turn and executor spans of the client's trace", func() bool {
 				var names []string
 				for _, s := range f.rec.Ended() {
 					if s.SpanContext().TraceID() != want {
@@ -548,6 +554,7 @@ func TestMCPTraceJoinsTheClients(t *testing.T) {
 // "reverse proxy" on the same host (a public Host on a loopback address),
 // which a token makes acceptable.
 func TestMCPTeamTokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	path := filepath.Join(t.TempDir(), "tokens.txt")
 	tokens := tokensFile(t, path, "orders")

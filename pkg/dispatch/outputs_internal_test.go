@@ -44,6 +44,7 @@ func publishResult(t *testing.T, js jetstream.JetStream, c TurnCall, output stri
 // turn asks the leader which results exist, so a read that misses does
 // not make a recorded result a timeout either.
 func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	d := replica(t, js, "one")
 	const team = "geo"
@@ -91,6 +92,7 @@ func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
 // message on a subject wins, so nothing will follow it) fails that call
 // only: the turn's other results still go out.
 func TestAMalformedResultFailsOnlyItsCall(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	d := replica(t, js, "one")
 	const team = "geo"
@@ -119,6 +121,7 @@ func TestAMalformedResultFailsOnlyItsCall(t *testing.T) {
 // that lags answers the read) is asked again a moment later, not dropped:
 // dropped, its turn waited for the sweep's re-check.
 func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	d := replica(t, js, "one")
 	key := protocol.TurnKey("aaaabbbbccccddddeeeeffff00001111")
@@ -128,7 +131,7 @@ func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { // delivered while its turn is unknown
+	testutil.WaitForWhat(t, 10*time.Second, "the result to be delivered", func() bool { // delivered while its turn is unknown
 		info, err := cons.Info(t.Context())
 		return err == nil && info.Delivered.Consumer >= 1
 	})
@@ -138,7 +141,7 @@ func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
 	if _, err := d.turns.create(t.Context(), turn); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the turn to be submitted", func() bool {
 		have, _, err := d.turns.get(t.Context(), key)
 		return err == nil && have.State == TurnSubmitted
 	})
@@ -152,6 +155,7 @@ func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
 // reads as new and its calls run again, a timer is dropped). A spy on the
 // direct-get subjects sees none of the reads.
 func TestTheDispatcherReadsFromTheLeader(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	spy, _ := srv.Connect(t)

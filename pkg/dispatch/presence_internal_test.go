@@ -35,7 +35,7 @@ func replicaOn(t testing.TB, js jetstream.JetStream, name string, p Platform, tu
 	done := make(chan struct{})
 	go func() { _ = d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 30*time.Second, "replica "+name+" to be ready", d.Ready)
 	return d
 }
 
@@ -69,6 +69,7 @@ func storedWatch(t *testing.T, d *Dispatcher, id string) (*Watch, uint64) {
 // startup sweep, and each was then driven by both, polling the platform
 // twice, for good.
 func TestARestartLeavesTheWatchesARunningReplicaDrives(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	one := replica(t, js, "one")
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_driven"})
@@ -89,6 +90,7 @@ func TestARestartLeavesTheWatchesARunningReplicaDrives(t *testing.T) {
 // taken at the next sweep of another replica once a save is missed, not a
 // minute later: nothing answers on the dead replica's presence subject.
 func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	two := replica(t, js, "two")
 	// Saved 26 s ago: past its driver's save period (so it missed one), not
@@ -105,7 +107,7 @@ func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
 	two.sweepWatches(t.Context(), false)
 	// Taken: the replica's own sweep may be the one that takes it, and be
 	// starting the driver as this one returns.
-	testutil.WaitFor(t, 5*time.Second, func() bool { return two.driving(orphan.ID) })
+	testutil.WaitForWhat(t, 5*time.Second, "replica two to drive the orphaned watch", func() bool { return two.driving(orphan.ID) })
 	if have, _ := storedWatch(t, two, orphan.ID); have.Driver != "two" {
 		t.Fatalf("watch driver %q after the take, want two", have.Driver)
 	}
@@ -115,6 +117,7 @@ func TestAKilledReplicasWatchIsTakenAtTheNextSweep(t *testing.T) {
 // steps aside at its next save instead of driving beside the new driver,
 // and leaves the record as the new driver wrote it.
 func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	one := replicaOn(t, js, "one", idlePlatform{}, func(d *Dispatcher) { d.watchSaveEvery = 20 * time.Millisecond })
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_taken"})
@@ -122,7 +125,7 @@ func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	rewriteWatch(t, one, w.ID, func(have *Watch) { have.Driver, have.UpdatedAt = "two", time.Now().UTC() })
-	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	testutil.WaitForWhat(t, 15*time.Second, "replica one to step aside from the watch two took", func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.Driver != "two" || after.Released || after.State != WatchActive {
 		t.Fatalf("after stepping aside the record says driver %q, released %v, state %s; want two's, not released, active", after.Driver, after.Released, after.State)
 	}
@@ -131,6 +134,7 @@ func TestADriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
 // A driver whose watch another replica finished steps aside too, and its
 // keep-alive does not write its stale copy back over the outcome.
 func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	one := replicaOn(t, js, "one", idlePlatform{}, func(d *Dispatcher) { d.watchSaveEvery = 20 * time.Millisecond })
 	w, err := one.Watch(t.Context(), Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_finished"})
@@ -140,7 +144,7 @@ func TestADriverLeavesAWatchAnotherReplicaFinished(t *testing.T) {
 	rewriteWatch(t, one, w.ID, func(have *Watch) {
 		have.Driver, have.State, have.Answer, have.UpdatedAt = "two", WatchCompleted, "done by two", time.Now().UTC()
 	})
-	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	testutil.WaitForWhat(t, 15*time.Second, "replica one to step aside from the watch two finished", func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.State != WatchCompleted || after.Answer != "done by two" {
 		t.Fatalf("after stepping aside the record says %s %q; want two's completed answer", after.State, after.Answer)
 	}
@@ -163,6 +167,7 @@ func (p *endingPlatform) Poll(context.Context, Ref) (*Observation, error) {
 // object end, leaves the record to the replica that took it: it used to
 // write its outcome with a plain put, naming itself the driver again.
 func TestAStaleDriverDoesNotWriteOverTheWatchItLost(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &endingPlatform{}
 	one := replicaOn(t, js, "one", p, func(d *Dispatcher) { d.watchSaveEvery = time.Hour }) // it notices the claim only by its own save
@@ -172,7 +177,7 @@ func TestAStaleDriverDoesNotWriteOverTheWatchItLost(t *testing.T) {
 	}
 	rewriteWatch(t, one, w.ID, func(have *Watch) { have.Driver, have.UpdatedAt = "two", time.Now().UTC() })
 	p.ended.Store(true)
-	testutil.WaitFor(t, 15*time.Second, func() bool { return !one.driving(w.ID) })
+	testutil.WaitForWhat(t, 15*time.Second, "replica one to step aside from the watch two took", func() bool { return !one.driving(w.ID) })
 	if after, _ := storedWatch(t, one, w.ID); after.Driver != "two" || after.State != WatchActive {
 		t.Fatalf("the record says driver %q, state %s; want two's, still active", after.Driver, after.State)
 	}

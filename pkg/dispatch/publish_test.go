@@ -16,6 +16,7 @@ import (
 // own publications before it waits, so no turn waits on slots another
 // waiting turn holds.
 func TestTurnsLargerThanThePublishingLimitAllGetTheirCallsOut(t *testing.T) {
+	t.Parallel()
 	step := platformsim.Step{}
 	for i := range 8 {
 		step = append(step, platformsim.CallSpec{Name: "get_weather", Arguments: `{"location":"city ` + strconv.Itoa(i) + `"}`})

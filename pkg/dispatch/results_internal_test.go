@@ -17,6 +17,7 @@ import (
 // that failed half-way again (JetStream away while a replica restarts),
 // and a stream the first try set up must not be left without a consumer.
 func TestResultsAreConsumedAgainAfterAStop(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
 	if err != nil {
@@ -42,5 +43,5 @@ func TestResultsAreConsumedAgainAfterAStop(t *testing.T) {
 	if _, err := js.Publish(t.Context(), protocol.ResultSubject(protocol.SystemTeam, key), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return got.Load() == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the result to be consumed", func() bool { return got.Load() == 1 })
 }

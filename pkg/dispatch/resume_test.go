@@ -48,7 +48,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d1.Run(ctx) }()
-	testutil.WaitFor(t, 10*time.Second, d1.Ready)
+	testutil.WaitForWhat(t, 10*time.Second, "the first replica to be ready", d1.Ready)
 	e.redeclare()
 	w, err := d1.Watch(context.Background(), e.response("unknown function"))
 	if err != nil {
@@ -80,6 +80,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 // not after the minute a silent driver is given: a rolling restart does not
 // hold up the conversations in flight.
 func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("handover", "handover weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	release := make(chan struct{})
@@ -93,7 +94,7 @@ func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the watch to list its turn", func() bool {
 		w, err = d1.WatchStatus(context.Background(), w.ID)
 		return err == nil && len(w.Turns) == 1
 	})
@@ -170,6 +171,7 @@ func (p *stopOnAction) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Ob
 // no failure for a call it could not finish resolving: nothing failed, and
 // the restart takes the turn in and runs its call.
 func TestStoppingMidIntakeLogsNoError(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("stop", "stop weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -214,6 +216,7 @@ func (p *blockSubmit) Submit(ctx context.Context, turn *dispatch.Turn, outputs [
 // without an error logged and without marking the turn failed: the turn
 // stays in submitting, and the restart submits it again.
 func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("hang", "hang weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	e.serve("geo", []string{"get_weather"}, func(c *protocol.Call) (string, bool) { return "sunny", false })
@@ -249,10 +252,11 @@ func TestSubmissionCutOffByShutdownIsRepeatedByTheRestart(t *testing.T) {
 // is stopping) records nothing: a call it could not finish resolving must
 // not be stored as rejected, or the restart would fail a call that can run.
 func TestIntakeCancelledWhileResolvingRecordsNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	d, _ := e.dispatcher(dispatch.Options{})
-	testutil.WaitFor(t, 10*time.Second, func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "get_weather to be served", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
 	req := &dispatch.TurnRequest{
 		Ref: dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_cancelled"}, Scope: "resp_cancelled",
 		Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: []byte(`{"location":"Oslo"}`)}},
@@ -280,7 +284,7 @@ func TestIntakeCancelledWhileResolvingRecordsNothing(t *testing.T) {
 func awaitWatch(t *testing.T, d *dispatch.Dispatcher, id string, within time.Duration) *dispatch.Watch {
 	t.Helper()
 	var w *dispatch.Watch
-	testutil.WaitFor(t, within, func() bool {
+	testutil.WaitForWhat(t, within, "watch "+id+" to end", func() bool {
 		var err error
 		w, err = d.WatchStatus(context.Background(), id)
 		return err == nil && w.State != dispatch.WatchActive
@@ -312,7 +316,7 @@ func runWith(t *testing.T, e *env, wrap func(dispatch.Platform) dispatch.Platfor
 	t.Cleanup(cancel)
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	testutil.WaitFor(t, 10*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 10*time.Second, "the dispatcher to be ready", d.Ready)
 	e.redeclare()
 	return d, cancel, func() error {
 		select {
@@ -347,7 +351,7 @@ func TestAnIntakeWhoseCallerGoesAwayStillFinishes(t *testing.T) {
 	if _, err := d.Intake(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the turn to be closed", func() bool {
 		turn, err := d.Turn(context.Background(), req.Key())
 		return err == nil && !turn.Open()
 	})
@@ -393,13 +397,13 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d1.Run(ctx) }()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return d1.Ready() && dispatch.LiveSchemas(d1, "get_forecast") == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the first replica to be ready with get_forecast served", func() bool { return d1.Ready() && dispatch.LiveSchemas(d1, "get_forecast") == 1 })
 	_, _ = d1.Intake(context.Background(), req) // cut short by the crash
 	cancel()
 	<-done
 	crashpoint.Set(nil)
 	e.srv.Restart(t) // the server died too: what it remembers is what it stored
-	testutil.WaitFor(t, 10*time.Second, func() bool { return e.js.Conn().IsConnected() })
+	testutil.WaitForWhat(t, 10*time.Second, "the test's connection to reconnect to the restarted server", func() bool { return e.js.Conn().IsConnected() })
 	timers, err := e.js.Stream(context.Background(), provision.TimerStream)
 	if err != nil {
 		t.Fatal(err)
@@ -409,13 +413,13 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 	}
 
 	d2, _ := e.dispatcher(dispatch.Options{})
-	testutil.WaitFor(t, 10*time.Second, d2.Ready)
+	testutil.WaitForWhat(t, 10*time.Second, "the second replica to be ready", d2.Ready)
 	if turn, err := d2.Intake(context.Background(), req); err != nil || turn.State != dispatch.TurnCollecting {
 		t.Fatalf("the repeat = %+v, %v; want the turn still collecting", turn, err)
 	}
 	// Within sweepAfter (15 s) of intake, so that only the timer, and not
 	// a sweep's look at a turn missing from the index, can have cut it off.
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the turn to be cut off at its deadline", func() bool {
 		turn, err := d2.Turn(context.Background(), req.Key())
 		return err == nil && turn.Outcome().CutOff
 	})

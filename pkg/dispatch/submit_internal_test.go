@@ -40,6 +40,7 @@ func (p *limitedPlatform) Submit(context.Context, *Turn, []Output) (*Submission,
 // left: the soak saw a run expire so, its platform rate-limiting for a
 // while and answering again in time.
 func TestASubmissionTriesOnceMoreBeforeTheRunExpires(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &limitedPlatform{refusals: 1}
 	d := replicaOn(t, js, "one", p)
@@ -151,6 +152,7 @@ func (p *expiringRefuser) Submit(ctx context.Context, _ *Turn, _ []Output) (*Sub
 // Every attempt ends by the run's expiry (and by its own timeout), with one
 // context per attempt.
 func TestSubmissionAttemptsEndByTheRunsExpiry(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &expiringRefuser{}
 	d := replicaOn(t, js, "one", p)

@@ -53,6 +53,7 @@ func TestRecheckDueOnAgesThatDouble(t *testing.T) {
 // whether its timer is scheduled, fired or both, and nothing that is not
 // a timer.
 func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	ctx := t.Context()
 	// Provisioned but not running: a running replica's sweep unindexes
@@ -333,6 +334,7 @@ func TestPageThroughSkipsNothingThatStays(t *testing.T) {
 // and fired) is cut off once: the young turns are kept out of the set that
 // would have told the second listing apart.
 func TestAYoungTurnListedTwiceIsCutOffOnce(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	ctx := t.Context()
 	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t)})

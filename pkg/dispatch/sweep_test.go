@@ -23,6 +23,7 @@ import (
 // timers' consumer as if a deadline had fired. Under load every sweep
 // used to do that for each turn closed in the last second.
 func TestTheSweepLeavesTheMarkersOfClosedTurnsAlone(t *testing.T) {
+	t.Parallel()
 	var scenarios []platformsim.Scenario
 	for i := range 5 {
 		scenarios = append(scenarios, weatherScenario("w"+strconv.Itoa(i), "weather "+strconv.Itoa(i), `{"location":"Oslo"}`))
@@ -44,7 +45,7 @@ func TestTheSweepLeavesTheMarkersOfClosedTurnsAlone(t *testing.T) {
 	// Sweeps run every 50 ms while the markers live (a second or two);
 	// poll until they are gone, checking that no sweep wrote on a fired
 	// timer's subject or woke the timers' consumer.
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the closed turns' roll-up markers to expire", func() bool {
 		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(provision.TimerSubjectPrefix+".fire.>"))
 		if err != nil {
 			t.Fatal(err)
@@ -71,6 +72,7 @@ func TestTheSweepLeavesTheMarkersOfClosedTurnsAlone(t *testing.T) {
 // will never see leaves the index of open turns; the sweep must still let
 // this replica forget it, or every such turn stays in memory for good.
 func TestTheSweepForgetsATurnClosedElsewhere(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", `{"type":"object"}`)
 	e.serve("geo", []string{"get_weather"}, func(*protocol.Call) (string, bool) { return "", false }) // never answers
@@ -113,5 +115,5 @@ func TestTheSweepForgetsATurnClosedElsewhere(t *testing.T) {
 	}
 	// Once the turn is older than a stuck one would be (15 s), the sweep
 	// looks it up and forgets it.
-	testutil.WaitFor(t, 30*time.Second, func() bool { return !dispatch.Tracking(d, turn.Key) })
+	testutil.WaitForWhat(t, 30*time.Second, "the sweep to forget the turn", func() bool { return !dispatch.Tracking(d, turn.Key) })
 }

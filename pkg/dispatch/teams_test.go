@@ -13,6 +13,7 @@ import (
 // put subject tokens into the prefix, and a prefix without {team}, are
 // refused.
 func TestTeamJetStream(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	if _, err := dispatch.New(js, nil, dispatch.Options{TeamAPIPrefix: "$JS.teams.API"}); err == nil {

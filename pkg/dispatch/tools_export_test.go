@@ -26,6 +26,7 @@ import (
 // reaches nothing else of the API; a team or admin token exports the
 // tools of the teams it sees, and asking for a team out of scope is 403.
 func TestToolSetsAndOwners(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	path := filepath.Join(t.TempDir(), "tokens.txt")
 	tokens := map[string]string{}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,32 +20,35 @@ import (
 )
 
 func TestWhileUnavailableRetriesUntilTheStoreIsBack(t *testing.T) {
-	attempts := 0
-	got, err := whileUnavailable(context.Background(), 10*time.Second, func(context.Context) (string, error) {
-		if attempts++; attempts < 3 {
-			return "", nats.ErrNoResponders
+	// The backoff waits on a fake clock: the test takes no time.
+	synctest.Test(t, func(t *testing.T) {
+		attempts := 0
+		got, err := whileUnavailable(context.Background(), 10*time.Second, func(context.Context) (string, error) {
+			if attempts++; attempts < 3 {
+				return "", nats.ErrNoResponders
+			}
+			return "stored", nil
+		})
+		if err != nil || got != "stored" || attempts != 3 {
+			t.Fatalf("got %q, %v after %d attempts; want stored after 3", got, err, attempts)
 		}
-		return "stored", nil
-	})
-	if err != nil || got != "stored" || attempts != 3 {
-		t.Fatalf("got %q, %v after %d attempts; want stored after 3", got, err, attempts)
-	}
 
-	attempts = 0
-	_, err = whileUnavailable(context.Background(), 10*time.Second, func(context.Context) (int, error) {
-		attempts++
-		return 0, jetstream.ErrKeyNotFound
-	})
-	if !errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, ErrUnavailable) || attempts != 1 {
-		t.Fatalf("a failure that will not pass: %v after %d attempts; want it at once", err, attempts)
-	}
+		attempts = 0
+		_, err = whileUnavailable(context.Background(), 10*time.Second, func(context.Context) (int, error) {
+			attempts++
+			return 0, jetstream.ErrKeyNotFound
+		})
+		if !errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, ErrUnavailable) || attempts != 1 {
+			t.Fatalf("a failure that will not pass: %v after %d attempts; want it at once", err, attempts)
+		}
 
-	_, err = whileUnavailable(context.Background(), 300*time.Millisecond, func(context.Context) (int, error) {
-		return 0, nats.ErrTimeout
+		_, err = whileUnavailable(context.Background(), 300*time.Millisecond, func(context.Context) (int, error) {
+			return 0, nats.ErrTimeout
+		})
+		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrTimeout) {
+			t.Fatalf("after the window: %v; want ErrUnavailable wrapping the last failure", err)
+		}
 	})
-	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrTimeout) {
-		t.Fatalf("after the window: %v; want ErrUnavailable wrapping the last failure", err)
-	}
 }
 
 // idlePlatform is a Responses platform whose responses are always still
@@ -62,6 +66,7 @@ func (idlePlatform) Submit(context.Context, *Turn, []Output) (*Submission, error
 // With JetStream gone, POST /v1/watch answers 503 with Retry-After once the
 // wait for a failover is over, not 500: the caller's retry will succeed.
 func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
+	t.Parallel()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
 	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
@@ -73,7 +78,7 @@ func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 30*time.Second, "the dispatcher to be ready", d.Ready)
 	hs := httptest.NewServer(d.Handler())
 	t.Cleanup(hs.Close)
 
@@ -96,21 +101,23 @@ func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 // A caller's deadline ends the wait, and the answer is still "unavailable"
 // (503), not an internal error; a cancelled caller gets the failure as is.
 func TestWhileUnavailableStopsAtTheCallersDeadline(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	_, err := whileUnavailable(ctx, time.Minute, func(ctx context.Context) (int, error) {
-		<-ctx.Done()
-		return 0, ctx.Err()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err := whileUnavailable(ctx, time.Minute, func(ctx context.Context) (int, error) {
+			<-ctx.Done()
+			return 0, ctx.Err()
+		})
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("at the caller's deadline: %v; want ErrUnavailable", err)
+		}
+		ctx, cancel = context.WithCancel(context.Background())
+		cancel()
+		_, err = whileUnavailable(ctx, time.Minute, func(context.Context) (int, error) { return 0, nats.ErrTimeout })
+		if errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrTimeout) {
+			t.Fatalf("cancelled: %v; want the failure itself", err)
+		}
 	})
-	if !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("at the caller's deadline: %v; want ErrUnavailable", err)
-	}
-	ctx, cancel = context.WithCancel(context.Background())
-	cancel()
-	_, err = whileUnavailable(ctx, time.Minute, func(context.Context) (int, error) { return 0, nats.ErrTimeout })
-	if errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrTimeout) {
-		t.Fatalf("cancelled: %v; want the failure itself", err)
-	}
 }
 
 // answeredAck is a publication whose acknowledgement is in.

@@ -40,7 +40,7 @@ func customerEnv(t *testing.T, opts platformsim.Options) (*env, func() int32) {
 func (e *env) sessionAnswer(id string) string {
 	e.t.Helper()
 	var answer string
-	testutil.WaitFor(e.t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(e.t, 20*time.Second, "session "+id+" to be idle with the assistant's answer", func() bool {
 		s, err := e.client.Beta.Agents.Sessions.Get(context.Background(), id)
 		if err != nil || s.Status != "idle" {
 			return false
@@ -56,6 +56,7 @@ func (e *env) sessionAnswer(id string) string {
 }
 
 func TestSignedWebhookDrivesTheTurn(t *testing.T) {
+	t.Parallel()
 	e, ran := customerEnv(t, platformsim.Options{})
 	d, _ := e.dispatcher(dispatch.Options{})
 	e.webhooksTo(d)
@@ -69,7 +70,7 @@ func TestSignedWebhookDrivesTheTurn(t *testing.T) {
 	// The simulator records a delivery once the dispatcher's answer is
 	// back, which can be after the turn it started was submitted.
 	var hooks []platformsim.WebhookEvent
-	testutil.WaitFor(t, 5*time.Second, func() bool { hooks = e.sim.Webhooks(); return len(hooks) > 0 })
+	testutil.WaitForWhat(t, 5*time.Second, "the simulator to record the webhook's delivery", func() bool { hooks = e.sim.Webhooks(); return len(hooks) > 0 })
 	if hooks[0].Status != http.StatusOK {
 		t.Errorf("webhook deliveries = %+v", hooks)
 	}
@@ -89,10 +90,11 @@ func post(t *testing.T, d *dispatch.Dispatcher, body []byte, h http.Header) (int
 }
 
 func TestForgedStaleAndReplayedWebhooks(t *testing.T) {
+	t.Parallel()
 	e, ran := customerEnv(t, platformsim.Options{})
 	d, _ := e.dispatcher(dispatch.Options{}) // webhooks are not routed: the test sends them
 	ref := e.session("customer 123")
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the session to require action", func() bool {
 		s, err := e.client.Beta.Agents.Sessions.Get(context.Background(), ref.SessionID)
 		return err == nil && s.Status == "requires_action"
 	})
@@ -136,6 +138,7 @@ func TestForgedStaleAndReplayedWebhooks(t *testing.T) {
 }
 
 func TestOneActionByWebhookStreamAndWatchIsOneTurn(t *testing.T) {
+	t.Parallel()
 	e, ran := customerEnv(t, platformsim.Options{ModelLatency: 20 * time.Millisecond})
 	d, _ := e.dispatcher(dispatch.Options{PollInterval: 5 * time.Millisecond})
 	e.webhooksTo(d)
@@ -153,13 +156,14 @@ func TestOneActionByWebhookStreamAndWatchIsOneTurn(t *testing.T) {
 	// The platform records a webhook once its delivery is answered, which
 	// may be after the turn it announced was taken in from the stream.
 	var hooks []platformsim.WebhookEvent
-	testutil.WaitFor(t, 10*time.Second, func() bool { hooks = e.sim.Webhooks(); return len(hooks) > 0 })
+	testutil.WaitForWhat(t, 10*time.Second, "the simulator to record the webhook's delivery", func() bool { hooks = e.sim.Webhooks(); return len(hooks) > 0 })
 	if len(hooks) != 1 || hooks[0].Status != http.StatusOK {
 		t.Errorf("webhooks = %+v", hooks)
 	}
 }
 
 func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, platformsim.Options{APIKey: "entra-token"}, platformsim.HoroscopeScenario)
 	e.register("demo", "get_horoscope", `{"type":"object","properties":{"sign":{"type":"string"}},"required":["sign"]}`)
 	e.serve("demo", []string{"get_horoscope"}, func(c *protocol.Call) (string, bool) { return "Aquarius: otters", false })
@@ -175,7 +179,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	testutil.WaitFor(t, 10*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 10*time.Second, "the dispatcher to be ready", d.Ready)
 	e.redeclare()
 	r, err := foundry.Responses.New(context.Background(), responses.ResponseNewParams{
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("my horoscope")},
@@ -193,6 +197,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 }
 
 func TestWatchOverNATSRequestReply(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.HoroscopeScenario)
 	e.register("demo", "get_horoscope", `{"type":"object"}`)
 	e.serve("demo", []string{"get_horoscope"}, func(c *protocol.Call) (string, bool) { return "otters", false })
@@ -210,7 +215,7 @@ func TestWatchOverNATSRequestReply(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &started); err != nil || started.Status != http.StatusAccepted || started.ID == "" {
 		t.Fatalf("reply %s", m.Data)
 	}
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "the watch's status over NATS to say completed with the output", func() bool {
 		m, err := nc.Request(protocol.WatchStatusSubject, []byte(`{"id":"`+started.ID+`"}`), 5*time.Second)
 		return err == nil && strings.Contains(string(m.Data), `"state":"completed"`) && strings.Contains(string(m.Data), "otters")
 	})
@@ -226,6 +231,7 @@ func takenIn(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
 }
 
 func TestEventStreamTakesTheTurnIn(t *testing.T) {
+	t.Parallel()
 	e, _ := customerEnv(t, platformsim.Options{ModelLatency: 200 * time.Millisecond})
 	reader := sdkmetric.NewManualReader()
 	// Polls are far apart and no webhook is routed: only the session's
@@ -236,8 +242,8 @@ func TestEventStreamTakesTheTurnIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 20*time.Second, func() bool { return takenIn(t, reader)["stream"] == 1 })
-	testutil.WaitFor(t, 20*time.Second, func() bool {
+	testutil.WaitForWhat(t, 20*time.Second, "a turn taken in from the event stream", func() bool { return takenIn(t, reader)["stream"] == 1 })
+	testutil.WaitForWhat(t, 20*time.Second, "the watch to list its turn", func() bool {
 		got, err := d.WatchStatus(context.Background(), w.ID)
 		if err != nil {
 			t.Fatalf("reading watch %s: %v", w.ID, err) // Watch stored it: it must be readable

@@ -87,7 +87,7 @@ func TestExhaustedRetriesGiveOneFailureAndADeadLetter(t *testing.T) {
 		t.Fatalf("result = %+v", res)
 	}
 	var dl []*protocol.DeadLetter
-	testutil.WaitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	testutil.WaitForWhat(t, 5*time.Second, "the call to be dead-lettered as exhausted", func() bool { dl = h.deadLetters(); return len(dl) == 1 })
 	if dl[0].Reason != protocol.ReasonExhausted || dl[0].Call.Key != c.Key || dl[0].Attempts != 3 {
 		t.Errorf("dead letter = %+v", dl[0])
 	}
@@ -106,7 +106,7 @@ func TestPanicLeavesADeadLetter(t *testing.T) {
 		t.Fatal("panic produced a successful result")
 	}
 	var dl []*protocol.DeadLetter
-	testutil.WaitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	testutil.WaitForWhat(t, 5*time.Second, "the panicking call to be dead-lettered", func() bool { dl = h.deadLetters(); return len(dl) == 1 })
 	if dl[0].Reason != protocol.ReasonPanic || dl[0].Call.Key != c.Key {
 		t.Errorf("dead letter = %+v", dl[0])
 	}
@@ -209,7 +209,7 @@ func TestSideEffectFunctionNeverRunsTwice(t *testing.T) {
 		t.Fatalf("the side effect happened %d times", n)
 	}
 	var dl []*protocol.DeadLetter
-	testutil.WaitFor(t, 5*time.Second, func() bool { dl = h.deadLetters(); return len(dl) == 1 })
+	testutil.WaitForWhat(t, 5*time.Second, "the call to be dead-lettered as may-have-run", func() bool { dl = h.deadLetters(); return len(dl) == 1 })
 	if dl[0].Reason != protocol.ReasonMayHaveRun {
 		t.Errorf("dead letter reason = %s", dl[0].Reason)
 	}
@@ -362,7 +362,7 @@ func TestDeadLettersCanBeListedAndReplayed(t *testing.T) {
 		t.Fatal("first run should fail")
 	}
 	var dl []*protocol.DeadLetter
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "team-a's call to be dead-lettered", func() bool {
 		var err error
 		dl, err = exec.NewDeadLetters(h.js).List(context.Background(), "team-a")
 		return err == nil && len(dl) == 1
@@ -379,7 +379,7 @@ func TestDeadLettersCanBeListedAndReplayed(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Replay = %d, %v", n, err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the replayed call's second dead letter", func() bool {
 		dl, _ = exec.NewDeadLetters(h.js).List(context.Background(), "team-a")
 		return len(dl) == 2
 	})
@@ -414,7 +414,7 @@ func TestResultIsKeptUntilItCanBeStored(t *testing.T) {
 	ranAt := time.Now()
 	// The outage outlasts AckWait: the delivery must be kept alive
 	// meanwhile, or JetStream hands the call out again.
-	testutil.WaitFor(t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(t, 10*time.Second, "the call to stay unacknowledged past AckWait without a redelivery", func() bool {
 		cons, err := h.js.Consumer(ctx, protocol.CallStream("team-a"), "issue_refund")
 		if err != nil {
 			return false

@@ -69,7 +69,7 @@ func TestConnectWaitsForNATSAndReconnects(t *testing.T) {
 			}
 		}}
 	}()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return logs.count("NATS not reachable yet") >= 2 })
+	testutil.WaitForWhat(t, 10*time.Second, "two \"NATS not reachable yet\" logs", func() bool { return logs.count("NATS not reachable yet") >= 2 })
 	srv, err := natsembed.Start(natsembed.Options{Listen: addr, StoreDir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -88,11 +88,11 @@ func TestConnectWaitsForNATSAndReconnects(t *testing.T) {
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return logs.count("disconnected from NATS") >= 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the executor to log its disconnection", func() bool { return logs.count("disconnected from NATS") >= 1 })
 	if srv, err = natsembed.Start(natsembed.Options{Listen: addr, StoreDir: dir}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return logs.count("reconnected to NATS") == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the executor to log its reconnection", func() bool { return logs.count("reconnected to NATS") == 1 })
 }
 
 func TestConnectGivesUpWhenTheContextEnds(t *testing.T) {

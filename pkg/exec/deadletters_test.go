@@ -41,7 +41,7 @@ func TestDeadLettersGetAndReplayOneCall(t *testing.T) {
 	}
 	target := calls[2]
 	var got *protocol.DeadLetter
-	testutil.WaitFor(t, 5*time.Second, func() bool {
+	testutil.WaitForWhat(t, 5*time.Second, "the target call's dead letter", func() bool {
 		var err error
 		got, err = dls.Get(t.Context(), target.Key)
 		return err == nil
@@ -65,7 +65,7 @@ func TestDeadLettersGetAndReplayOneCall(t *testing.T) {
 		if err != nil || n != want {
 			t.Fatalf("Replay = %d, %v; want %d", n, err, want)
 		}
-		testutil.WaitFor(t, 10*time.Second, func() bool {
+		testutil.WaitForWhat(t, 10*time.Second, fmt.Sprintf("%d dead letters, 5 and %d replays", 5+want, want), func() bool {
 			all, _ := dls.List(t.Context(), "team-a")
 			return len(all) == 5+want
 		})
@@ -109,7 +109,7 @@ func TestDeadLettersReadTheOldLayout(t *testing.T) {
 		if err != nil || n != want {
 			t.Fatalf("Replay = %d, %v; want %d", n, err, want)
 		}
-		testutil.WaitFor(t, 10*time.Second, func() bool {
+		testutil.WaitForWhat(t, 10*time.Second, fmt.Sprintf("%d dead letters, 1 and %d replays", 1+want, want), func() bool {
 			all, _ := dls.List(t.Context(), "team-a")
 			return len(all) == 1+want
 		})
@@ -148,7 +148,7 @@ func TestDeadLettersNewestAndOfOneTeam(t *testing.T) {
 	for i := range 6 {
 		c := h.call("team-a", "charge", `{}`, time.Now().Add(time.Minute))
 		h.result(c, 10*time.Second)
-		testutil.WaitFor(t, 5*time.Second, func() bool { _, err := dls.Get(t.Context(), c.Key); return err == nil })
+		testutil.WaitForWhat(t, 5*time.Second, "the charge's dead letter", func() bool { _, err := dls.Get(t.Context(), c.Key); return err == nil })
 		other := *c
 		other.Team, other.Key = "team-b", protocol.NewTurnKey("agents", fmt.Sprint("b", i), nil).Call(c.CallID)
 		putDeadLetter(t, h.js, protocol.DeadLetterSubject("team-b", "charge")+"."+string(other.Key), &other, "b's")

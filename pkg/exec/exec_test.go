@@ -119,7 +119,7 @@ func (h *harness) run(team string, opts exec.Options, fns ...exec.Function) (sto
 	}
 	h.t.Cleanup(stop)
 	// Wait until the consumers exist, i.e. the executor is serving.
-	testutil.WaitFor(h.t, 10*time.Second, func() bool {
+	testutil.WaitForWhat(h.t, 10*time.Second, team+"'s consumers and result stream to exist", func() bool {
 		s, err := h.js.Stream(context.Background(), protocol.CallStream(team))
 		if err != nil {
 			return false
@@ -164,7 +164,7 @@ func (h *harness) callWith(team, fn, args string, deadline time.Time, header nat
 func (h *harness) result(c *protocol.Call, within time.Duration) *protocol.Result {
 	h.t.Helper()
 	var res *protocol.Result
-	testutil.WaitFor(h.t, within, func() bool {
+	testutil.WaitForWhat(h.t, within, "the result of call "+string(c.Key), func() bool {
 		m, err := h.results.GetLastMsgForSubject(context.Background(), c.ResultSubject())
 		if err != nil {
 			return false

@@ -67,7 +67,7 @@ func TestCommandHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		testutil.WaitFor(t, 5*time.Second, func() bool { return !alive(pid) })
+		testutil.WaitForWhat(t, 5*time.Second, "the command (pid "+strconv.Itoa(pid)+") to end", func() bool { return !alive(pid) })
 	})
 	t.Run("what it leaves in the background ends with the call", func(t *testing.T) {
 		pidFile := filepath.Join(t.TempDir(), "pid")
@@ -81,7 +81,7 @@ func TestCommandHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		testutil.WaitFor(t, 5*time.Second, func() bool { return !alive(pid) })
+		testutil.WaitForWhat(t, 5*time.Second, "the background process (pid "+strconv.Itoa(pid)+") to end", func() bool { return !alive(pid) })
 	})
 	if _, err := exec.CommandHandler([]string{"no-such-binary-xyz"}); err == nil {
 		t.Error("a missing binary was accepted")

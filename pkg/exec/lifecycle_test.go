@@ -64,7 +64,7 @@ func (h *harness) declarations(function string) []string {
 func TestRunningExecutorsDeclareAndStoppedOnesWithdraw(t *testing.T) {
 	h := start(t, "team-a", exec.Options{Name: "first"}, echo())
 	stopSecond := h.run("team-a", exec.Options{Name: "second"}, echo())
-	testutil.WaitFor(t, 5*time.Second, func() bool { return len(h.declarations("echo")) == 2 })
+	testutil.WaitForWhat(t, 5*time.Second, "both executors' declarations of echo", func() bool { return len(h.declarations("echo")) == 2 })
 	stopSecond()
 	if got := h.declarations("echo"); len(got) != 1 || got[0] != "first" {
 		t.Fatalf("declarations after the second stopped = %v, want [first]", got)
@@ -92,7 +92,7 @@ func TestRunEndsWhenAWorkerCannotConsume(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- e.Run(t.Context()) }()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return len(h.declarations("echo_b")) == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the declaration of echo_b", func() bool { return len(h.declarations("echo_b")) == 1 })
 	s, err := h.js.Stream(t.Context(), protocol.CallStream("team-b"))
 	if err != nil {
 		t.Fatal(err)

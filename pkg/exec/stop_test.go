@@ -30,11 +30,11 @@ func TestStopWhileNATSIsAway(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	h := &harness{t: t, srv: srv, js: js}
-	testutil.WaitFor(t, 10*time.Second, func() bool { return len(h.declarations("echo")) == 1 })
+	testutil.WaitForWhat(t, 10*time.Second, "the declaration of echo", func() bool { return len(h.declarations("echo")) == 1 })
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	testutil.WaitFor(t, 10*time.Second, func() bool { return !nc.IsConnected() })
+	testutil.WaitForWhat(t, 10*time.Second, "the executor's connection to drop", func() bool { return !nc.IsConnected() })
 	start := time.Now()
 	cancel()
 	select {
