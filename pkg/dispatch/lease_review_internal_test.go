@@ -190,7 +190,7 @@ func startReplica(t *testing.T, d *Dispatcher) (stop func()) {
 	done := make(chan struct{})
 	go func() { _ = d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitFor(t, 30*time.Second, d.Ready)
+	testutil.WaitForWhat(t, 30*time.Second, "the dispatcher to be ready", d.Ready)
 	return func() { cancel(); <-done }
 }
 
