@@ -43,13 +43,17 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 	// Polls slow down while the object is unchanged, and start again at
 	// PollInterval when it changes.
 	polls := backoff.Backoff{Initial: d.opts.PollInterval, Max: maxPollInterval, Factor: 1.5}
-	wake := make(chan struct{}, 1)
+	// wake brings the turns the event stream took in: each is listed on
+	// the watch (and counted against MaxSteps) as a polled one is, even if
+	// it is submitted before the next poll could see it.
+	wake := make(chan *TurnRequest, 1)
+	var streamed *TurnRequest
 	wait := func() {
 		t := time.NewTimer(polls.Next())
 		defer t.Stop()
 		select {
 		case <-t.C:
-		case <-wake:
+		case streamed = <-wake:
 		case <-ctx.Done():
 		}
 	}
@@ -89,7 +93,13 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 			}
 			lastSave = time.Now()
 		}
-		obs, err := p.Poll(ctx, w.Current)
+		var obs *Observation
+		var err error
+		if streamed != nil {
+			obs, streamed = &Observation{State: ObjectRequiresAction, Turn: streamed}, nil
+		} else {
+			obs, err = p.Poll(ctx, w.Current)
+		}
 		if err != nil {
 			var pe *PlatformError
 			if errors.As(err, &pe) && !pe.Retryable {
@@ -115,7 +125,9 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 				finish(WatchFailed, "", fmt.Sprintf("stopped after %d turns (the max-steps limit)", d.opts.MaxSteps))
 				return false
 			}
-			obs.Turn.Channel = "poll"
+			if obs.Turn.Channel == "" {
+				obs.Turn.Channel = "poll"
+			}
 			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, &w.Trace), obs.Turn, w)
 			if errors.Is(err, errHandedOver) {
 				return true
@@ -175,19 +187,28 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 // (reconnecting with backoff) and wakes the driver, which then finds the
 // turn already recorded. Webhook, stream and poll agree on the turn key, so
 // the same required action is one turn whichever channel saw it first.
-func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan<- struct{}, log *slog.Logger) {
+func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan *TurnRequest, log *slog.Logger) {
 	tctx := d.tel.prop.Extract(ctx, &w.Trace)
 	reconnect := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second}
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := f.Follow(ctx, w.Ref, func(req *TurnRequest) {
 			req.Channel = "stream"
+			// Taken in at once, so its calls go out without waiting for
+			// the driver; the driver then lists it on the watch.
 			if _, err := d.Intake(tctx, req); err != nil {
 				log.WarnContext(ctx, "stream intake failed; polling will retry", "err", err)
 			}
-			select {
-			case wake <- struct{}{}:
-			default:
+			for { // the newest turn wins a place the driver has not read
+				select {
+				case wake <- req:
+					return
+				default:
+				}
+				select {
+				case <-wake:
+				default:
+				}
 			}
 		})
 		if ctx.Err() != nil {

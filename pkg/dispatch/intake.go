@@ -89,6 +89,11 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		return nil, fmt.Errorf("dispatch: record turn %s: %w", key, err)
 	}
 	d.tel.keepTurn(key, span)
+	// Tracked at once: a replica that stops from now on releases its lease.
+	d.gather.track(t, rev)
+	if d.engine.Stopping() {
+		d.engine.Release([]string{string(key)}) // the stop's release may have run already
+	}
 	// The turn is recorded and this replica gathers for it, so the sweep
 	// will not resume it: its failures and calls must go out now, even if
 	// the caller goes away meanwhile (a webhook's connection closed). A
@@ -102,7 +107,6 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		channel = "api"
 	}
 	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel))...)
-	d.gather.track(t, rev)
 	d.emit(Event{Kind: EventTurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
 		"deadline", t.Deadline, "channel", channel)

@@ -61,7 +61,7 @@ func TestARecordedResultThatReadsAsMissingForAMomentIsSubmitted(t *testing.T) {
 		}
 		return d.gather.leaderLastFor(ctx, s, subject)
 	}
-	if missing := d.withoutResult(t.Context(), turn); len(missing) != 0 {
+	if missing, err := (turnEnv{d}).Missing(t.Context(), rec(turn, 0)); err != nil || len(missing) != 0 {
 		t.Fatalf("cut off, the turn counts %v as without a result; the stream holds it", missing)
 	}
 	out, err := d.outputs(t.Context(), turn)
@@ -105,7 +105,7 @@ func TestAMalformedResultFailsOnlyItsCall(t *testing.T) {
 	if _, err := js.Publish(t.Context(), protocol.ResultSubject(team, bad.Key), []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
-	if missing := d.withoutResult(t.Context(), turn); len(missing) != 0 {
+	if missing, err := (turnEnv{d}).Missing(t.Context(), rec(turn, 0)); err != nil || len(missing) != 0 {
 		t.Fatalf("cut off, the turn counts %v as without a result; both subjects hold a message", missing)
 	}
 	out, err := d.outputs(t.Context(), turn)

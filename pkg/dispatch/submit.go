@@ -128,29 +128,6 @@ func (d *Dispatcher) recordedResult(ctx context.Context, t *Turn, c *TurnCall, w
 	}
 }
 
-// withoutResult lists the calls of t, cut off at its deadline, that have
-// no result: none seen here, and none in the stream as its leader tells.
-// If the stream cannot be asked, each result is read instead.
-func (d *Dispatcher) withoutResult(ctx context.Context, t *Turn) []protocol.CallKey {
-	recorded, err := d.gather.recorded(ctx, t)
-	var missing []protocol.CallKey
-	for i := range t.Calls {
-		c := &t.Calls[i]
-		switch {
-		case d.gather.local(t.Key, c.Key) != nil:
-		case err == nil:
-			if !recorded[c.Key] {
-				missing = append(missing, c.Key)
-			}
-		default:
-			if _, rerr := d.gather.result(ctx, t, c); rerr != nil {
-				missing = append(missing, c.Key)
-			}
-		}
-	}
-	return missing
-}
-
 func timedOut(t *Turn, key protocol.CallKey) bool {
 	for _, k := range t.Outcome().TimedOut {
 		if k == key {

@@ -120,9 +120,20 @@ func (e turnEnv) Complete(ctx context.Context, r *lifecycle.Rec) (bool, error) {
 }
 
 func (e turnEnv) Missing(ctx context.Context, r *lifecycle.Rec) ([]string, error) {
+	// Bounded: a request whose answer a server restart lost must not hold
+	// the turn's events up until the shutdown.
+	ctx, cancel := context.WithTimeout(ctx, recheckTimeout)
+	defer cancel()
+	t := r.Body.(*Turn)
+	recorded, err := e.d.gather.recorded(ctx, t)
+	if err != nil {
+		return nil, err // looked at again in a moment
+	}
 	var missing []string
-	for _, k := range e.d.withoutResult(ctx, r.Body.(*Turn)) {
-		missing = append(missing, string(k))
+	for i := range t.Calls {
+		if c := &t.Calls[i]; e.d.gather.local(t.Key, c.Key) == nil && !recorded[c.Key] {
+			missing = append(missing, string(c.Key))
+		}
 	}
 	return missing, nil
 }

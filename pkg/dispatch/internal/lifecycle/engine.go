@@ -575,6 +575,14 @@ func (e *Engine) release(ctx context.Context, t *turn) {
 	}
 }
 
+// Stopping reports whether Release was called: the process takes no
+// lease any more.
+func (e *Engine) Stopping() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stopping
+}
+
 // isStopping reports whether the process stops: it released its leases,
 // or its goroutines' context ended.
 func (e *Engine) isStopping(ctx context.Context) bool {
