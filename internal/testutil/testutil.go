@@ -20,3 +20,16 @@ func WaitFor(t testing.TB, within time.Duration, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Await is WaitFor that names what it waited for when it fails: "the call
+// was served again" reads better in a failure than a line number.
+func Await(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s; it did not happen", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -71,11 +70,8 @@ func (c *cancels) track(ctx context.Context, key protocol.CallKey) (context.Cont
 
 // follow applies the cancellations sent to team, starting far enough back
 // to learn of every turn still alive, until the returned stop is called.
-func (c *cancels) follow(ctx context.Context, js jetstream.JetStream, team string, popts provision.Options) (stop func(), err error) {
-	s, err := provision.Stream(ctx, js, provision.CancelStreamConfig(popts))
-	if err != nil {
-		return nil, err
-	}
+// s is the cancel stream (provision.CancelStreamConfig).
+func (c *cancels) follow(ctx context.Context, s jetstream.Stream, team string) (stop func(), err error) {
 	since := time.Now().Add(-protocol.CancelMemory)
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{protocol.TeamCancelFilter(team)},
