@@ -166,7 +166,7 @@ func (e *env) declare(team, name, schema, executor, instance string) (stop func(
 		Version: protocol.Version, Name: name, Team: team, Parameters: json.RawMessage(schema), UpdatedAt: time.Now(),
 	}
 	keeper, err := lease.Declare(ctx, e.js.Conn(), team, []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
-		Instance: instance, Executor: executor, StartedAt: time.Now()}}, nil)
+		Instance: instance, Executor: executor, StartedAt: time.Now()}}, testutil.Logger(e.t))
 	if err != nil {
 		e.t.Fatal(err)
 	}
