@@ -77,6 +77,9 @@ func (d *Dispatcher) watchOrphans(ctx context.Context) (stop func()) {
 // failOrphans makes one scan: it records a failure for each open call
 // whose function has been unserved for ServeGrace by now.
 func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time) {
+	if !d.registry.loaded.Load() {
+		return // who serves what is not known yet
+	}
 	o.byFn, o.seen = map[string][]orphanCandidate{}, map[protocol.CallKey]bool{}
 	for _, t := range d.gather.trackedTurns() {
 		if t.State != TurnCollecting {
