@@ -196,7 +196,7 @@ func TestAFunctionWhoseLeaseLapsedIsWaitedFor(t *testing.T) {
 	ctx := context.Background()
 	decl := &protocol.Declaration{Version: protocol.Version, Instance: "cut-off", Executor: "exec-cut-off", StartedAt: time.Now(),
 		Spec: protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}}
-	keeper, err := lease.Declare(ctx, e.js.Conn(), "geo", []*protocol.Declaration{decl}, nil)
+	keeper, err := lease.Declare(ctx, e.js.Conn(), "geo", []*protocol.Declaration{decl}, testutil.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
