@@ -1,10 +1,15 @@
 package functionsfile
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 func TestLoadAcceptsTheExample(t *testing.T) {
@@ -57,5 +62,32 @@ func TestLoadErrorsNameFileAndField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A relative command path means the same from any working directory: it
+// is resolved against the functions file's directory.
+func TestRelativeCommandIsResolvedAgainstTheFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "order-status"), []byte("#!/bin/sh\necho shipped\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "functions.yaml")
+	body := "functions:\n  - name: get_order_status\n    owner: orders\n    command: [\"./bin/order-status\"]\n"
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(t.TempDir()) // anywhere but the file's directory
+	teams, err := Load(path)
+	if err != nil {
+		t.Fatalf("Load from another directory: %v", err)
+	}
+	call := &protocol.Call{Function: "get_order_status", Arguments: []byte("{}"), Deadline: time.Now().Add(time.Minute)}
+	out, err := teams["orders"][0].Handler.Handle(t.Context(), &exec.Invocation{Call: call})
+	if err != nil || strings.TrimSpace(string(out)) != "shipped" {
+		t.Fatalf("ran %q, %v; want the file's ./bin/order-status run", out, err)
 	}
 }
