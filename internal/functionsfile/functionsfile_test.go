@@ -42,6 +42,7 @@ func TestLoadErrorsNameFileAndField(t *testing.T) {
 		"bad url":           {"functions:\n  - name: f\n    owner: t\n    http: {url: \"ftp://x\"}\n", []string{"http.url"}},
 		"missing binary":    {"functions:\n  - name: f\n    owner: t\n    command: [\"no-such-binary-xyz\"]\n", []string{"command", "no-such-binary-xyz"}},
 		"empty list":        {"functions: []\n", []string{"empty"}},
+		"not an object":     {"functions:\n  - name: f\n    parameters: {type: string}\n" + ok, []string{"parameters", "object", "string"}},
 		"bad backoff":       {"functions:\n  - name: f\n    retry: {max_attempts: 3, max_backoff: never}\n" + ok, []string{"retry.max_backoff", "never"}},
 		"empty file":        {"", []string{"empty"}},
 		"bad defer_loading": {"functions:\n  - name: f\n    defer_loading: sometimes\n" + ok, []string{"sometimes"}},
