@@ -107,6 +107,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	nc, js, err := exec.Connect(ctx, cfg.NATSURL, exec.ConnectOptions{Name: "toolrelay-executor", Logger: log, NATS: auth})
+	if errors.Is(err, exec.ErrBadURL) {
+		return fmt.Errorf("NATS_URL: %w", err)
+	}
 	if err != nil {
 		return err
 	}
