@@ -92,3 +92,19 @@ func TestRelativeCommandIsResolvedAgainstTheFile(t *testing.T) {
 		t.Fatalf("ran %q, %v; want the file's ./bin/order-status run", out, err)
 	}
 }
+
+// A mistyped key is named as the file spells it, with the key it was
+// probably meant to be, not as a Go type's field.
+func TestTypoSuggestsTheKey(t *testing.T) {
+	for body, want := range map[string]string{
+		"functions:\n  - name: f\n    paramters: {type: object}\n    owner: t\n    command: [\"cat\"]\n": `line 3: unknown key "paramters" (did you mean "parameters"?)`,
+		"functions:\n  - name: f\n    owner: t\n    http: {ulr: \"http://x\"}\n":                         `line 4: unknown key "ulr" (did you mean "url"?)`,
+		"function:\n  - name: f\n": `line 1: unknown key "function" (did you mean "functions"?)`,
+		"functions:\n  - name: f\n    colour: blue\n    owner: t\n    command: [\"cat\"]\n": `line 3: unknown key "colour" (known keys here: name, description,`,
+	} {
+		_, err := Load(testutil.WriteFile(t, "functions.yaml", body))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "functionConfig") {
+			t.Errorf("error %v; want it to contain %s", err, want)
+		}
+	}
+}
