@@ -37,6 +37,9 @@ const (
 	// infoTimeout bounds the look-up that tells a consumer gone from a
 	// server slow to answer.
 	infoTimeout = 2 * time.Second
+	// healSettle is how long a worker waits before recreating a consumer
+	// it found gone (see healConsumer).
+	healSettle = time.Second
 	// healAgain is how soon after one healing another waits a backoff,
 	// so a consumer that keeps vanishing is not recreated in a tight loop.
 	healAgain = time.Minute
@@ -86,6 +89,13 @@ func (w *worker) healConsumer(ctx context.Context, lost *consumerLostError) bool
 	}
 	w.log.Warn("the function's consumer is gone; recreating it", "err", lost.cause)
 	began := time.Now()
+	// The consumer is gone the moment a stream's deletion begins: let the
+	// deletion finish first. A stream created again while its deletion is
+	// still being carried out can be left taking no publications at all
+	// (nats-server 2.15.2, reproduced under load).
+	if !backoff.Sleep(ctx, backoff.Jitter(healSettle)) {
+		return false
+	}
 	retry := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 5 * time.Second}
 	withdrawn := false
 	for {
