@@ -136,7 +136,10 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 				return err
 			}
 		}
-		fmt.Fprintf(stdout, "executor serving %d function(s) of team %q from %s\n", len(funcs), team, cfg.NATSURL)
+		// Serving begins once the dispatchers accept the declarations
+		// (logged "executor serving"); a name another team owns is refused
+		// before that.
+		fmt.Fprintf(stdout, "executor starting: %d function(s) of team %q from %s\n", len(funcs), team, cfg.NATSURL)
 		go func() { errc <- ex.Run(ctx) }()
 	}
 	// The first executor to stop (an error, or the signal) stops the rest.
@@ -146,7 +149,11 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 		cancel()
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "executor stopped: declarations withdrawn, running calls finished or handed back")
+	return nil
 }
 
 // serveMetrics serves GET /metrics on addr until stop is called.
