@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
@@ -123,6 +124,13 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(teams))
+	var outMu sync.Mutex // the announcements below come from several goroutines
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(stdout, format, args...)
+	}
+	var announcing sync.WaitGroup
 	for team, funcs := range teams {
 		ex, err := exec.New(js, team, exec.Options{
 			Logger: log, Name: cfg.Name, ShutdownTimeout: cfg.ShutdownTimeout, Replicas: cfg.Replicas, AckWait: cfg.AckWait,
@@ -136,10 +144,16 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 				return err
 			}
 		}
-		// Serving begins once the dispatchers accept the declarations
-		// (logged "executor serving"); a name another team owns is refused
-		// before that.
-		fmt.Fprintf(stdout, "executor starting: %d function(s) of team %q from %s\n", len(funcs), team, cfg.NATSURL)
+		// It serves once it has declared its functions; a name another
+		// team owns is refused before that.
+		say("executor starting: %d function(s) of team %q from %s\n", len(funcs), team, cfg.NATSURL)
+		announcing.Go(func() {
+			select {
+			case <-ex.Serving():
+				say("executor serving %d function(s) of team %q\n", len(funcs), team)
+			case <-ctx.Done():
+			}
+		})
 		go func() { errc <- ex.Run(ctx) }()
 	}
 	// The first executor to stop (an error, or the signal) stops the rest.
@@ -149,10 +163,11 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 		cancel()
 		errs = append(errs, err)
 	}
+	announcing.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "executor stopped: declarations withdrawn, running calls finished or handed back")
+	say("executor stopped: declarations withdrawn, running calls finished or handed back\n")
 	return nil
 }
 

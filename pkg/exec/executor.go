@@ -78,6 +78,8 @@ type Executor struct {
 	ran   bool
 	// served says which functions this process declares (set by Run).
 	served *served
+	// serving is closed once Run serves (see Serving).
+	serving chan struct{}
 }
 
 // New returns an executor for team's functions on js.
@@ -100,10 +102,17 @@ func New(js jetstream.JetStream, team string, opts Options) (*Executor, error) {
 	}
 	return &Executor{
 		js: js, team: team, opts: opts,
-		log:   opts.Logger.With("team", team, "executor", opts.Name),
-		funcs: map[string]*Function{},
+		log:     opts.Logger.With("team", team, "executor", opts.Name),
+		funcs:   map[string]*Function{},
+		serving: make(chan struct{}),
 	}, nil
 }
+
+// Serving returns a channel closed once Run has set everything up and
+// declared the functions: from then on calls of them reach this process.
+// It is never closed if Run fails before (a name another team owns, say)
+// or is stopped while starting.
+func (e *Executor) Serving() <-chan struct{} { return e.serving }
 
 // Register adds a function. It must be called before Run.
 func (e *Executor) Register(fn Function) error {
@@ -221,6 +230,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.served.attach(ctx, keeper)
 	wg.Go(func() { keeper.Run(sctx) })
 	e.log.InfoContext(ctx, "executor serving", "functions", len(workers), "instance", instance)
+	close(e.serving)
 
 	var failed error
 	select {
