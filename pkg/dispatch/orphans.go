@@ -32,11 +32,12 @@ const orphanGap = 200 * time.Millisecond
 // orphans remembers, between scans, since when each function with open
 // calls has been unserved, and which calls were failed already.
 type orphans struct {
-	unserved map[string]time.Time         // team/function → unserved since
-	failed   map[protocol.CallKey]bool    // failed here, result on its way
-	seen     map[protocol.CallKey]bool    // scratch: failed calls still open
-	byFn     map[string][]orphanCandidate // scratch: open calls by team/function
+	unserved map[fnKey]time.Time       // unserved since
+	failed   map[protocol.CallKey]bool // failed here, result on its way
 }
+
+// fnKey names a function of a team.
+type fnKey struct{ team, name string }
 
 // orphanCandidate is an open call without a result here.
 type orphanCandidate struct {
@@ -50,7 +51,7 @@ func (d *Dispatcher) watchOrphans(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		o := &orphans{unserved: map[string]time.Time{}, failed: map[protocol.CallKey]bool{}}
+		o := &orphans{unserved: map[fnKey]time.Time{}, failed: map[protocol.CallKey]bool{}}
 		tick := time.NewTicker(orphanScan)
 		defer tick.Stop()
 		for {
@@ -75,46 +76,56 @@ func (d *Dispatcher) watchOrphans(ctx context.Context) (stop func()) {
 }
 
 // failOrphans makes one scan: it records a failure for each open call
-// whose function has been unserved for ServeGrace by now.
+// whose function has been unserved for ServeGrace by now. Most scans find
+// every function served, and cost a registry look-up per function and
+// none per call.
 func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time) {
 	if !d.registry.loaded.Load() {
 		return // who serves what is not known yet
 	}
-	o.byFn, o.seen = map[string][]orphanCandidate{}, map[protocol.CallKey]bool{}
+	served := map[fnKey]bool{}
+	var open map[fnKey][]orphanCandidate // open calls of unserved functions
+	seen := map[protocol.CallKey]bool{}  // failed calls still open
 	for _, t := range d.gather.trackedTurns() {
 		if t.State != TurnCollecting {
 			continue
 		}
 		for i := range t.Calls {
 			c := &t.Calls[i]
-			if c.Rejected || d.gather.local(t.Key, c.Key) != nil {
+			if c.Rejected {
+				continue
+			}
+			fn := fnKey{c.Team, c.Name}
+			s, known := served[fn]
+			if !known {
+				s = d.served(c.Name, c.Team)
+				served[fn] = s
+			}
+			if s || d.gather.local(t.Key, c.Key) != nil {
 				continue
 			}
 			if o.failed[c.Key] {
-				o.seen[c.Key] = true
+				seen[c.Key] = true
 				continue
 			}
-			fn := c.Team + "/" + c.Name
-			o.byFn[fn] = append(o.byFn[fn], orphanCandidate{turn: t, i: i})
+			if open == nil {
+				open = map[fnKey][]orphanCandidate{}
+			}
+			open[fn] = append(open[fn], orphanCandidate{turn: t, i: i})
 		}
 	}
 	for k := range o.failed { // results arrived, or turns closed
-		if !o.seen[k] {
+		if !seen[k] {
 			delete(o.failed, k)
 		}
 	}
-	for fn := range o.unserved {
-		if _, open := o.byFn[fn]; !open {
+	for fn := range o.unserved { // served again, or no open call left
+		if _, ok := open[fn]; !ok {
 			delete(o.unserved, fn)
 		}
 	}
 	grace := d.opts.ServeGrace
-	for fn, calls := range o.byFn {
-		c0 := &calls[0].turn.Calls[calls[0].i]
-		if d.served(c0.Name, c0.Team) {
-			delete(o.unserved, fn)
-			continue
-		}
+	for fn, calls := range open {
 		since, ok := o.unserved[fn]
 		if !ok {
 			o.unserved[fn] = now
@@ -124,7 +135,7 @@ func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time)
 			continue
 		}
 		d.log.WarnContext(ctx, "no executor serves the function any more; failing its open calls as unavailable",
-			"team", c0.Team, "fn", c0.Name, "calls", len(calls), "unserved_for", now.Sub(since).Round(time.Millisecond).String())
+			"team", fn.team, "fn", fn.name, "calls", len(calls), "unserved_for", now.Sub(since).Round(time.Millisecond).String())
 		for _, oc := range calls {
 			c := &oc.turn.Calls[oc.i]
 			o.failed[c.Key] = true
