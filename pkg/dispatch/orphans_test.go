@@ -2,12 +2,17 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -125,5 +130,127 @@ func TestAnExecutorBackWithinTheGraceRunsTheQueuedCall(t *testing.T) {
 	w = ended(t, d, w, 15*time.Second, "the call to run on the executor that came back")
 	if w.Answer != "weather: sunny" {
 		t.Fatalf("answer = %q, want the call run", w.Answer)
+	}
+}
+
+// partition is a TCP proxy to the NATS server that can cut every
+// connection through it (and refuse new ones) until healed.
+type partition struct {
+	ln    net.Listener
+	to    string
+	mu    sync.Mutex
+	cut   bool
+	conns []net.Conn
+}
+
+func newPartition(t *testing.T, to string) *partition {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &partition{ln: ln, to: to}
+	t.Cleanup(func() { ln.Close(); p.sever() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.cut {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			s, err := net.Dial("tcp", to)
+			if err != nil {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(s, c); s.Close() }()
+			go func() { _, _ = io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *partition) url() string { return "nats://" + p.ln.Addr().String() }
+
+// sever cuts every connection through the proxy; set says whether new
+// ones are refused from now on.
+func (p *partition) set(cut bool) {
+	p.mu.Lock()
+	p.cut = cut
+	p.mu.Unlock()
+	if cut {
+		p.sever()
+	}
+}
+
+func (p *partition) sever() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// The only executor is cut off from NATS (a partition) while a call of its
+// function is queued: its lease lapses, and after the grace the call fails
+// as unavailable. When the partition heals, the executor serves again but
+// does not run the call the model was already told failed.
+func TestAPartitionedExecutorsQueuedCallFailsAndIsNotRunLater(t *testing.T) {
+	e := newEnv(t, weatherScenario("partition", "weather, partitioned", `{"location":"Oslo"}`),
+		weatherScenario("after", "weather, after the partition", `{"location":"Bergen"}`))
+	d, _ := e.dispatcher(dispatch.Options{ServeGrace: time.Second})
+	p := newPartition(t, strings.TrimPrefix(e.srv.ClientURL(), "nats://"))
+	_, js := natstest.Connect(t, p.url())
+	x, err := exec.New(js, "geo", exec.Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran sync.Map // location → true
+	if err := x.Register(exec.Function{Name: "get_weather", Parameters: []byte(weatherSchema),
+		Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) {
+			var args struct{ Location string }
+			_ = json.Unmarshal(inv.Call.Arguments, &args)
+			ran.Store(args.Location, true)
+			return []byte("sunny"), nil
+		})}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- x.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.Await(t, 10*time.Second, "get_weather to be served", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+
+	p.set(true) // the executor is cut off; its lease is still current
+	cutAt := time.Now()
+	w := e.takenIn(d, "weather, partitioned")
+	w = ended(t, d, w, protocol.LeaseTTL+15*time.Second, "the queued call to fail as unavailable")
+	if !strings.Contains(w.Answer, `"type":"unavailable"`) {
+		t.Fatalf("answer = %q, want an unavailable error", w.Answer)
+	}
+	t.Logf("failed %s after the partition began", time.Since(cutAt).Round(time.Millisecond))
+
+	p.set(false)
+	testutil.Await(t, 30*time.Second, "the executor to declare get_weather again", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	if w := finish(t, d, e.response("weather, after the partition"), 20*time.Second); w.Answer != "weather: sunny" {
+		t.Fatalf("after the partition: answer %q, want the call served", w.Answer)
+	}
+	// The failed call was in the queue all along: by now the executor
+	// has been given it, found its result recorded, and skipped it.
+	testutil.Await(t, 10*time.Second, "the executor to take the stale call off the queue", func() bool {
+		s, err := e.js.Stream(context.Background(), protocol.CallStream("geo"))
+		return err == nil && s.CachedInfo().State.Msgs == 0
+	})
+	if _, ok := ran.Load("Oslo"); ok {
+		t.Error("the executor ran the call the model was told failed")
 	}
 }
