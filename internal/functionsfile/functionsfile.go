@@ -147,9 +147,19 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 	// file never starts serving.
 	probe, _ := exec.New(nil, f.Owner, exec.Options{})
 	if err := probe.Register(fn); err != nil {
-		return exec.Function{}, fail("parameters", "%v", err)
+		return exec.Function{}, fail("parameters", "%s", withoutPrefixes(err.Error(), f.Name))
 	}
 	return fn, nil
+}
+
+// withoutPrefixes drops what Register's error repeats of where it is
+// (where already says it): "exec: function f: parameters: schema of f: ",
+// and the schema's internal address.
+func withoutPrefixes(msg, name string) string {
+	for _, p := range []string{"exec: function " + name + ": ", "parameters: ", "schema of " + name + ": "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return strings.Replace(msg, fmt.Sprintf("%q is not valid against metaschema", "toolrelay:///functions/"+name+"#"), "not a valid JSON Schema", 1)
 }
 
 // commandIn resolves a command given by a relative path (./bin/x, bin/x)

@@ -108,3 +108,16 @@ func TestTypoSuggestsTheKey(t *testing.T) {
 		}
 	}
 }
+
+// A schema error says where once, not three times over.
+func TestSchemaErrorSaysWhereOnce(t *testing.T) {
+	path := testutil.WriteFile(t, "functions.yaml", "functions:\n  - name: f\n    owner: t\n    parameters: {type: nonsense}\n    command: [\"cat\"]\n")
+	_, err := Load(path)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	if n := strings.Count(msg, "parameters"); n != 1 || strings.Contains(msg, "exec: function") || strings.Contains(msg, "toolrelay:///") {
+		t.Errorf("error %q: want 'parameters' once and no internal prefixes", msg)
+	}
+}
