@@ -52,8 +52,8 @@ func (d *Dispatcher) watchOrphans(ctx context.Context) (stop func()) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		o := &orphans{unserved: map[fnKey]time.Time{}, failed: map[protocol.CallKey]bool{}}
-		tick := time.NewTicker(orphanScan)
-		defer tick.Stop()
+		wait := time.NewTimer(orphanScan)
+		defer wait.Stop()
 		for {
 			d.registry.mu.RLock()
 			changed := d.registry.changed
@@ -62,9 +62,14 @@ func (d *Dispatcher) watchOrphans(ctx context.Context) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-changed:
-			case <-tick.C:
+			case <-wait.C:
 			}
-			d.failOrphans(ctx, o, time.Now())
+			due := d.failOrphans(ctx, o, time.Now())
+			// Next when a grace ends, or after orphanScan at the latest.
+			wait.Reset(orphanScan)
+			if !due.IsZero() {
+				wait.Reset(min(orphanScan, max(time.Until(due), orphanGap)))
+			}
 			// Every renewal of every declaration is a change: scan at
 			// most every orphanGap, however busy the registry.
 			if !backoff.Sleep(ctx, orphanGap) {
@@ -79,9 +84,11 @@ func (d *Dispatcher) watchOrphans(ctx context.Context) (stop func()) {
 // whose function has been unserved for ServeGrace by now. Most scans find
 // every function served, and cost a registry look-up per function and
 // none per call.
-func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time) {
+//
+// It returns when the earliest grace still running ends (zero: none runs).
+func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time) (due time.Time) {
 	if !d.registry.loaded.Load() {
-		return // who serves what is not known yet
+		return time.Time{} // who serves what is not known yet
 	}
 	served := map[fnKey]bool{}
 	var open map[fnKey][]orphanCandidate // open calls of unserved functions
@@ -128,10 +135,13 @@ func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time)
 	for fn, calls := range open {
 		since, ok := o.unserved[fn]
 		if !ok {
+			since = now
 			o.unserved[fn] = now
-			continue
 		}
 		if now.Sub(since) < grace {
+			if end := since.Add(grace); due.IsZero() || end.Before(due) {
+				due = end
+			}
 			continue
 		}
 		d.log.WarnContext(ctx, "no executor serves the function any more; failing its open calls as unavailable",
@@ -142,6 +152,7 @@ func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time)
 			d.recordFailure(ctx, oc.turn, c, orphaned(c.Name))
 		}
 	}
+	return due
 }
 
 // served reports whether a live executor of team serves name now.

@@ -70,6 +70,7 @@ func TestQueuedCallFailsWhenTheLastExecutorStops(t *testing.T) {
 	if !strings.Contains(w.Answer, `"type":"unavailable"`) || !strings.Contains(w.Answer, "no executor is serving it") {
 		t.Fatalf("answer = %q, want an unavailable error", w.Answer)
 	}
+	t.Logf("failed %s after the executor stopped (grace 1s)", time.Since(gone).Round(time.Millisecond))
 	if took := time.Since(gone); took < time.Second || took > 8*time.Second {
 		t.Errorf("failed %s after the executor stopped; want after the 1s grace and within seconds", took.Round(time.Millisecond))
 	}
@@ -112,6 +113,7 @@ func TestRunningCallFailsWhenTheLastExecutorIsKilled(t *testing.T) {
 	if !strings.Contains(w.Answer, `"type":"unavailable"`) {
 		t.Fatalf("answer = %q, want an unavailable error", w.Answer)
 	}
+	t.Logf("failed %s after the kill (lease %s, grace 1s)", time.Since(killed).Round(time.Millisecond), protocol.LeaseTTL)
 	if took := time.Since(killed); took > protocol.LeaseTTL+5*time.Second {
 		t.Errorf("failed %s after the kill; want within the lease (%s) and the grace", took.Round(time.Millisecond), protocol.LeaseTTL)
 	}
