@@ -277,9 +277,9 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	defer release()
 	now := time.Now()
-	if replay == 0 && w.cancels.cancelled(call.Key.Turn()) {
+	if why, ok := w.cancels.cancelled(call.Key.Turn()); ok && replay == 0 {
 		d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
-			fmt.Sprintf("%s was not run: the platform ended the run before it started.", call.Function), now), "")
+			fmt.Sprintf("%s was not run: it was cancelled before it started (%s).", call.Function, why), now), "")
 		return
 	}
 	if res, reason := w.fn.precheck(call, msg.Headers().Get(protocol.HeaderSchema), attempt, w.retry, now); res != nil {
@@ -299,9 +299,10 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	cancelledByPlatform := errors.Is(context.Cause(cctx), ErrCallCancelled)
 	untrack()
 	if cancelledByPlatform && !o.cancelled {
-		log().Info("the platform ended the run; the call was cancelled")
+		why, _ := w.cancels.cancelled(call.Key.Turn())
+		log().Info("the call was cancelled", "reason", why)
 		o.res.Error = &protocol.CallError{Code: protocol.CodeUnavailable,
-			Message: fmt.Sprintf("%s was cancelled: the platform ended the run.", call.Function)}
+			Message: fmt.Sprintf("%s was cancelled: %s.", call.Function, why)}
 		o.res.Output, o.retry, o.panicked = "", false, false
 		d.finish(ctx, o.res, "")
 		return
