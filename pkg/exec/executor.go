@@ -190,11 +190,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errc := make(chan error, len(workers))
 	for _, w := range workers {
-		wg.Go(func() {
-			if err := w.serve(sctx, hctx); err != nil {
-				errc <- err
-			}
-		})
+		wg.Go(func() { _ = w.serve(sctx, hctx, func(err error) { errc <- err }) })
 	}
 
 	// Declare what this process serves, and keep the leases while it runs.

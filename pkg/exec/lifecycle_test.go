@@ -103,3 +103,45 @@ func TestRunEndsWhenItsConnectionCloses(t *testing.T) {
 		t.Fatal("Run went on after its connection closed")
 	}
 }
+
+// With every worker busy, a closed connection still ends Run within its
+// shutdown timeout, not when the running call ends (its deadline, maybe
+// minutes away).
+func TestRunEndsWhenItsConnectionClosesWhileBusy(t *testing.T) {
+	h := start(t, "team-a", exec.Options{}, echo())
+	_, js := h.srv.Connect(t)
+	e, err := exec.New(js, "team-a", exec.Options{Logger: testutil.Logger(t), ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{}, 1)
+	if err := e.Register(exec.Function{Name: "busy", Concurrency: 1, Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(t.Context()) }()
+	testutil.Await(t, 10*time.Second, "busy to be declared", func() bool { return len(h.declarations("busy")) == 1 })
+	h.call("team-a", "busy", `{}`, time.Now().Add(10*time.Minute))
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call did not start")
+	}
+	js.Conn().Close()
+	closed := time.Now()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "busy") {
+			t.Fatalf("Run = %v, want an error naming busy", err)
+		}
+		if took := time.Since(closed); took > 5*time.Second {
+			t.Errorf("Run took %s after the connection closed; want about its 1s shutdown timeout", took.Round(time.Millisecond))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run went on after its connection closed, waiting for the busy call")
+	}
+}

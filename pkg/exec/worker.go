@@ -102,8 +102,9 @@ func (w *worker) awaitOwnRun(ctx context.Context, d decision, busy <-chan struct
 // away under it (deleted, its stream recreated, a server started on a
 // fresh store) is recreated (healConsumer) and serving goes on; serve
 // returns an error only when it cannot go on at all (the connection
-// closed).
-func (w *worker) serve(ctx, hctx context.Context) error {
+// closed), having reported it to failed at once: its running calls may
+// take until Run cancels them to end.
+func (w *worker) serve(ctx, hctx context.Context, failed func(error)) error {
 	// A fixed pool of goroutines runs the calls: their stacks, grown once by
 	// decoding and handling, are reused instead of regrown for every call.
 	slots := make(chan struct{}, w.fn.Concurrency)
@@ -123,6 +124,9 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 		err := w.consume(ctx, slots, work)
 		var lost *consumerLostError
 		if !errors.As(err, &lost) {
+			if err != nil {
+				failed(err)
+			}
 			return err
 		}
 		if !w.healConsumer(ctx, lost) {
@@ -162,6 +166,12 @@ func (w *worker) consume(ctx context.Context, slots chan struct{}, work chan<- j
 	})
 	defer stopGrace()
 
+	// A connection closed while every slot is busy is noticed at once,
+	// not when a running call ends.
+	nc := w.e.js.Conn()
+	closed := nc.StatusChanged(nats.CLOSED)
+	defer nc.RemoveStatusListener(closed)
+
 	var lastErr error // the pull error before the iterator closed, if any
 	for {
 		// Take a slot before pulling, so a call is only fetched when it can
@@ -170,6 +180,9 @@ func (w *worker) consume(ctx context.Context, slots chan struct{}, work chan<- j
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
+		case <-closed:
+			it.Stop()
+			return fmt.Errorf("exec: consuming %s stopped: %w", w.fn.Name, nats.ErrConnectionClosed)
 		}
 		msg, err := it.Next(jetstream.NextContext(nexts))
 		if nexts.Err() != nil && errors.Is(err, context.Canceled) {
