@@ -182,6 +182,9 @@ func (w *worker) consume(ctx context.Context, slots chan struct{}, work chan<- j
 		case <-ctx.Done():
 		case <-closed:
 			it.Stop()
+			if ctx.Err() != nil {
+				return nil // stopping anyway
+			}
 			return fmt.Errorf("exec: consuming %s stopped: %w", w.fn.Name, nats.ErrConnectionClosed)
 		}
 		msg, err := it.Next(jetstream.NextContext(nexts))
