@@ -78,6 +78,10 @@ func TestHealAfterTheServerLosesItsStore(t *testing.T) {
 	h := start(t, "team-a", exec.Options{}, echo())
 	h.servedWithin("team-a", "echo", 10*time.Second)
 	h.srv.RestartEmpty(t)
+	testutil.Await(t, 10*time.Second, "the test's connection to reach JetStream again", func() bool {
+		_, err := h.js.AccountInfo(t.Context())
+		return err == nil
+	})
 	registrar(t, h.js) // the dispatchers' side, as it would be provisioned again
 	testutil.Await(t, healWithin, "the executor to recreate its stream and consumer", func() bool {
 		_, err := h.js.Consumer(t.Context(), protocol.CallStream("team-a"), "echo")
