@@ -42,7 +42,7 @@ type config struct {
 	SubmitMargin  time.Duration `envconfig:"TOOLRELAY_SUBMIT_MARGIN" default:"30s" desc:"submit this long before a run expires"`
 	RunTTL        time.Duration `envconfig:"TOOLRELAY_RUN_TTL" default:"10m" desc:"expiry assumed where the platform gives none"`
 	MaxSteps      int           `envconfig:"TOOLRELAY_MAX_STEPS" default:"16" desc:"most turns one watch drives"`
-	ServeGrace    time.Duration `envconfig:"TOOLRELAY_SERVE_GRACE" default:"3s" desc:"how long a call waits for an executor of a function nobody serves before failing as unavailable"`
+	ServeGrace    time.Duration `envconfig:"TOOLRELAY_SERVE_GRACE" default:"3s" desc:"how long a call waits for an executor of a function nobody serves (at intake, or after its last executor went) before failing as unavailable"`
 	SweepInterval time.Duration `envconfig:"TOOLRELAY_SWEEP_INTERVAL" default:"10s" desc:"how often each replica repairs turns and watches a dead replica left"`
 	MCPTimeout    time.Duration `envconfig:"TOOLRELAY_MCP_CALL_TIMEOUT" default:"60s" desc:"longest a tools/call on /mcp may run (a function's own timeout, if shorter, applies)"`
 	MaxInFlight   int           `envconfig:"TOOLRELAY_MAX_INFLIGHT" default:"4096" desc:"calls being published at once"`

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
@@ -107,6 +108,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	nc, js, err := exec.Connect(ctx, cfg.NATSURL, exec.ConnectOptions{Name: "toolrelay-executor", Logger: log, NATS: auth})
+	if errors.Is(err, exec.ErrBadURL) {
+		return fmt.Errorf("NATS_URL: %w", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -120,6 +124,13 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(teams))
+	var outMu sync.Mutex // the announcements below come from several goroutines
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(stdout, format, args...)
+	}
+	var announcing sync.WaitGroup
 	for team, funcs := range teams {
 		ex, err := exec.New(js, team, exec.Options{
 			Logger: log, Name: cfg.Name, ShutdownTimeout: cfg.ShutdownTimeout, Replicas: cfg.Replicas, AckWait: cfg.AckWait,
@@ -133,7 +144,16 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 				return err
 			}
 		}
-		fmt.Fprintf(stdout, "executor serving %d function(s) of team %q from %s\n", len(funcs), team, cfg.NATSURL)
+		// It serves once it has declared its functions; a name another
+		// team owns is refused before that.
+		say("executor starting: %d function(s) of team %q from %s\n", len(funcs), team, cfg.NATSURL)
+		announcing.Go(func() {
+			select {
+			case <-ex.Serving():
+				say("executor serving %d function(s) of team %q\n", len(funcs), team)
+			case <-ctx.Done():
+			}
+		})
 		go func() { errc <- ex.Run(ctx) }()
 	}
 	// The first executor to stop (an error, or the signal) stops the rest.
@@ -143,7 +163,12 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 		cancel()
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	announcing.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	say("executor stopped: declarations withdrawn, running calls finished or handed back\n")
+	return nil
 }
 
 // serveMetrics serves GET /metrics on addr until stop is called.

@@ -6,6 +6,9 @@ package functionsfile
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/yamlfile"
@@ -55,6 +58,10 @@ func Load(path string) (map[string][]exec.Function, error) {
 	if len(fc.Functions) == 0 {
 		return nil, fmt.Errorf("%s: functions: the list is empty", path)
 	}
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
 	teams := map[string][]exec.Function{}
 	seen := map[string]int{}
 	for i, f := range fc.Functions {
@@ -66,7 +73,7 @@ func Load(path string) (map[string][]exec.Function, error) {
 			return nil, fmt.Errorf("%s: name: %q is also declared by functions[%d]", where, f.Name, j)
 		}
 		seen[f.Name] = i
-		fn, err := f.function(where)
+		fn, err := f.function(where, dir)
 		if err != nil {
 			return nil, err
 		}
@@ -76,8 +83,9 @@ func Load(path string) (map[string][]exec.Function, error) {
 }
 
 // function turns one entry of the file into the exec.Function it declares,
-// or an error naming where (the file and entry) and the field.
-func (f *functionConfig) function(where string) (exec.Function, error) {
+// or an error naming where (the file and entry) and the field. dir is the
+// file's directory, against which a relative command path is resolved.
+func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 	fail := func(field, format string, args ...any) error {
 		return fmt.Errorf("%s: %s: %s", where, field, fmt.Sprintf(format, args...))
 	}
@@ -125,7 +133,7 @@ func (f *functionConfig) function(where string) (exec.Function, error) {
 	case f.Command != nil && f.HTTP != nil:
 		return exec.Function{}, fail("command", "give either command or http, not both")
 	case f.Command != nil:
-		if fn.Handler, err = exec.CommandHandler(f.Command); err != nil {
+		if fn.Handler, err = exec.CommandHandler(commandIn(dir, f.Command)); err != nil {
 			return exec.Function{}, fail("command", "%v", err)
 		}
 	case f.HTTP != nil:
@@ -139,9 +147,32 @@ func (f *functionConfig) function(where string) (exec.Function, error) {
 	// file never starts serving.
 	probe, _ := exec.New(nil, f.Owner, exec.Options{})
 	if err := probe.Register(fn); err != nil {
-		return exec.Function{}, fail("parameters", "%v", err)
+		return exec.Function{}, fail("parameters", "%s", withoutPrefixes(err.Error(), f.Name))
 	}
 	return fn, nil
+}
+
+// withoutPrefixes drops what Register's error repeats of where it is
+// (where already says it): "exec: function f: parameters: schema of f: ",
+// and the schema's internal address.
+func withoutPrefixes(msg, name string) string {
+	for _, p := range []string{"exec: function " + name + ": ", "parameters: ", "schema of " + name + ": "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return strings.Replace(msg, fmt.Sprintf("%q is not valid against metaschema", "toolrelay:///functions/"+name+"#"), "not a valid JSON Schema", 1)
+}
+
+// commandIn resolves a command given by a relative path (./bin/x, bin/x)
+// against dir, the functions file's directory, so the file means the same
+// from any working directory. A bare name (python3) is looked up in PATH,
+// and an absolute path stays as it is.
+func commandIn(dir string, argv []string) []string {
+	if len(argv) == 0 || filepath.IsAbs(argv[0]) || !strings.ContainsRune(argv[0], filepath.Separator) && !strings.ContainsRune(argv[0], '/') {
+		return argv
+	}
+	out := slices.Clone(argv)
+	out[0] = filepath.Join(dir, argv[0])
+	return out
 }
 
 // optionalDuration parses a positive Go duration; "" is zero (the default).

@@ -1,10 +1,15 @@
 package functionsfile
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 func TestLoadAcceptsTheExample(t *testing.T) {
@@ -37,6 +42,7 @@ func TestLoadErrorsNameFileAndField(t *testing.T) {
 		"bad url":           {"functions:\n  - name: f\n    owner: t\n    http: {url: \"ftp://x\"}\n", []string{"http.url"}},
 		"missing binary":    {"functions:\n  - name: f\n    owner: t\n    command: [\"no-such-binary-xyz\"]\n", []string{"command", "no-such-binary-xyz"}},
 		"empty list":        {"functions: []\n", []string{"empty"}},
+		"not an object":     {"functions:\n  - name: f\n    parameters: {type: string}\n" + ok, []string{"parameters", "object", "string"}},
 		"bad backoff":       {"functions:\n  - name: f\n    retry: {max_attempts: 3, max_backoff: never}\n" + ok, []string{"retry.max_backoff", "never"}},
 		"empty file":        {"", []string{"empty"}},
 		"bad defer_loading": {"functions:\n  - name: f\n    defer_loading: sometimes\n" + ok, []string{"sometimes"}},
@@ -57,5 +63,61 @@ func TestLoadErrorsNameFileAndField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A relative command path means the same from any working directory: it
+// is resolved against the functions file's directory.
+func TestRelativeCommandIsResolvedAgainstTheFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "order-status"), []byte("#!/bin/sh\necho shipped\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "functions.yaml")
+	body := "functions:\n  - name: get_order_status\n    owner: orders\n    command: [\"./bin/order-status\"]\n"
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(t.TempDir()) // anywhere but the file's directory
+	teams, err := Load(path)
+	if err != nil {
+		t.Fatalf("Load from another directory: %v", err)
+	}
+	call := &protocol.Call{Function: "get_order_status", Arguments: []byte("{}"), Deadline: time.Now().Add(time.Minute)}
+	out, err := teams["orders"][0].Handler.Handle(t.Context(), &exec.Invocation{Call: call})
+	if err != nil || strings.TrimSpace(string(out)) != "shipped" {
+		t.Fatalf("ran %q, %v; want the file's ./bin/order-status run", out, err)
+	}
+}
+
+// A mistyped key is named as the file spells it, with the key it was
+// probably meant to be, not as a Go type's field.
+func TestTypoSuggestsTheKey(t *testing.T) {
+	for body, want := range map[string]string{
+		"functions:\n  - name: f\n    paramters: {type: object}\n    owner: t\n    command: [\"cat\"]\n": `line 3: unknown key "paramters" (did you mean "parameters"?)`,
+		"functions:\n  - name: f\n    owner: t\n    http: {ulr: \"http://x\"}\n":                         `line 4: unknown key "ulr" (did you mean "url"?)`,
+		"function:\n  - name: f\n": `line 1: unknown key "function" (did you mean "functions"?)`,
+		"functions:\n  - name: f\n    colour: blue\n    owner: t\n    command: [\"cat\"]\n": `line 3: unknown key "colour" (known keys here: name, description,`,
+	} {
+		_, err := Load(testutil.WriteFile(t, "functions.yaml", body))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "functionConfig") {
+			t.Errorf("error %v; want it to contain %s", err, want)
+		}
+	}
+}
+
+// A schema error says where once, not three times over.
+func TestSchemaErrorSaysWhereOnce(t *testing.T) {
+	path := testutil.WriteFile(t, "functions.yaml", "functions:\n  - name: f\n    owner: t\n    parameters: {type: nonsense}\n    command: [\"cat\"]\n")
+	_, err := Load(path)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	if n := strings.Count(msg, "parameters"); n != 1 || strings.Contains(msg, "exec: function") || strings.Contains(msg, "toolrelay:///") {
+		t.Errorf("error %q: want 'parameters' once and no internal prefixes", msg)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,14 +52,27 @@ func (e *RefusedError) Error() string {
 	return "lease: declarations refused: " + strings.Join(parts, "; ")
 }
 
-// Keeper holds the declarations of one process of a team.
+// Keeper holds the declarations of one process of a team. Its methods may
+// be called concurrently.
 type Keeper struct {
-	nc    *nats.Conn
-	team  string
-	log   *slog.Logger
-	serve []byte // the encoded DeclareRequest, renewed as it is
-	stop  []byte // its withdrawal
-	every time.Duration
+	nc   *nats.Conn
+	team string
+	log  *slog.Logger
+	// sendMu orders the exchanges that change what is declared, so a
+	// renewal read before a Suspend cannot land after its withdrawal.
+	sendMu sync.Mutex
+	// mu guards serve and held, which Suspend and Resume change while Run
+	// renews.
+	mu sync.Mutex
+	// decls are all the process's declarations; held names those not
+	// renewed now (Suspend).
+	decls []protocol.Declaration
+	held  map[string]bool
+	serve []byte // the encoded DeclareRequest of those renewed; nil: none
+	stop  []byte // the withdrawal of all
+	// withdrawn: Withdraw was called (under sendMu); nothing is sent again.
+	withdrawn bool
+	every     time.Duration
 	// unanswered: no dispatcher answered the first declaration, so the
 	// first renewal comes soon.
 	unanswered bool
@@ -86,7 +100,8 @@ func Declare(ctx context.Context, nc *nats.Conn, team string, decls []*protocol.
 	}
 	req.Op = protocol.DeclareWithdraw
 	stop, _ := json.Marshal(&req)
-	k := &Keeper{nc: nc, team: team, log: log, serve: serve, stop: stop, every: protocol.LeaseRenewal}
+	k := &Keeper{nc: nc, team: team, log: log, decls: req.Declarations, held: map[string]bool{},
+		serve: serve, stop: stop, every: protocol.LeaseRenewal}
 	err = k.send(ctx, k.serve)
 	var failed *dispatcherError
 	switch {
@@ -132,7 +147,90 @@ func (k *Keeper) send(ctx context.Context, body []byte) error {
 }
 
 // Renew sends the declarations once now.
-func (k *Keeper) Renew(ctx context.Context) error { return k.send(ctx, k.serve) }
+func (k *Keeper) Renew(ctx context.Context) error {
+	k.sendMu.Lock()
+	defer k.sendMu.Unlock()
+	return k.renew(ctx)
+}
+
+func (k *Keeper) renew(ctx context.Context) error {
+	serve := k.serving()
+	if serve == nil || k.withdrawn {
+		return nil
+	}
+	return k.send(ctx, serve)
+}
+
+// serving returns the request that renews the declarations not held
+// back, or nil if all are.
+func (k *Keeper) serving() []byte {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.serve
+}
+
+// Suspend withdraws the declaration of function and stops renewing it
+// until Resume: the process cannot serve it for now (its consumer is
+// gone), and dispatchers must not count it. If the withdrawal does not
+// reach a dispatcher, the declaration lapses with its lease.
+func (k *Keeper) Suspend(ctx context.Context, function string) error {
+	k.sendMu.Lock()
+	defer k.sendMu.Unlock()
+	withdraw, err := k.hold(function, true)
+	if err != nil || withdraw == nil {
+		return err
+	}
+	if err := k.send(ctx, withdraw); err != nil {
+		return fmt.Errorf("lease: withdraw %s: %w", function, err)
+	}
+	return nil
+}
+
+// Resume declares function again at once and renews it from then on.
+func (k *Keeper) Resume(ctx context.Context, function string) error {
+	k.sendMu.Lock()
+	defer k.sendMu.Unlock()
+	if _, err := k.hold(function, false); err != nil {
+		return err
+	}
+	return k.renew(ctx)
+}
+
+// hold marks function held back (or not) and re-encodes the renewal; it
+// returns the withdrawal of function's declaration when holding it.
+func (k *Keeper) hold(function string, held bool) (withdraw []byte, err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	i := slices.IndexFunc(k.decls, func(d protocol.Declaration) bool { return d.Spec.Name == function })
+	if i < 0 {
+		return nil, fmt.Errorf("lease: no declaration of %s", function)
+	}
+	if k.held[function] == held {
+		return nil, nil
+	}
+	if held {
+		k.held[function] = true
+	} else {
+		delete(k.held, function)
+	}
+	req := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe}
+	for _, d := range k.decls {
+		if !k.held[d.Spec.Name] {
+			req.Declarations = append(req.Declarations, d)
+		}
+	}
+	k.serve = nil
+	if len(req.Declarations) > 0 {
+		if k.serve, err = protocol.EncodeDeclareRequest(k.team, &req); err != nil {
+			return nil, err
+		}
+	}
+	if !held {
+		return nil, nil
+	}
+	one := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareWithdraw, Declarations: []protocol.Declaration{k.decls[i]}}
+	return json.Marshal(&one)
+}
 
 // Run renews the declarations every protocol.LeaseRenewal until ctx ends.
 // A renewal that fails is logged and tried again a second later: while it
@@ -151,7 +249,7 @@ func (k *Keeper) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		err := k.send(ctx, k.serve)
+		err := k.Renew(ctx)
 		next := k.every
 		var refused *RefusedError
 		switch {
@@ -175,8 +273,12 @@ func (k *Keeper) Run(ctx context.Context) {
 }
 
 // Withdraw removes the declarations, so dispatchers stop counting this
-// process at once instead of when its leases lapse.
+// process at once instead of when its leases lapse. Nothing is declared
+// again after it.
 func (k *Keeper) Withdraw(ctx context.Context) error {
+	k.sendMu.Lock()
+	defer k.sendMu.Unlock()
+	k.withdrawn = true
 	if err := k.send(ctx, k.stop); err != nil {
 		return fmt.Errorf("lease: withdraw: %w", err)
 	}

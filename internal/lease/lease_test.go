@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -146,5 +147,44 @@ func TestDispatcherErrorIsDeclaredAgain(t *testing.T) {
 	go k.Run(rctx)
 	if req := next(t, got); req.Op != protocol.DeclareServe || req.Declarations[0].Instance != "one" {
 		t.Fatalf("request %+v, want the declaration again", req)
+	}
+}
+
+// Suspend withdraws one function's declaration and leaves it out of the
+// renewals; Resume declares it again.
+func TestSuspendAndResumeOneFunction(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	got := dispatcher(t, nc, accept)
+	other := declaration("one")
+	other.Spec.Name = "get_invoice"
+	k, err := Declare(ctx, nc, "orders", []*protocol.Declaration{declaration("one"), other}, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next(t, got)
+	names := func(req *protocol.DeclareRequest) (out []string) {
+		for _, d := range req.Declarations {
+			out = append(out, d.Spec.Name)
+		}
+		return out
+	}
+	if err := k.Suspend(ctx, "get_order"); err != nil {
+		t.Fatal(err)
+	}
+	if req := next(t, got); req.Op != protocol.DeclareWithdraw || !slices.Equal(names(req), []string{"get_order"}) {
+		t.Fatalf("after Suspend: %s %v, want the withdrawal of get_order", req.Op, names(req))
+	}
+	if err := k.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if req := next(t, got); req.Op != protocol.DeclareServe || !slices.Equal(names(req), []string{"get_invoice"}) {
+		t.Fatalf("renewal: %s %v, want get_invoice alone", req.Op, names(req))
+	}
+	if err := k.Resume(ctx, "get_order"); err != nil {
+		t.Fatal(err)
+	}
+	if req := next(t, got); req.Op != protocol.DeclareServe || !slices.Equal(names(req), []string{"get_order", "get_invoice"}) {
+		t.Fatalf("after Resume: %s %v, want both declared", req.Op, names(req))
 	}
 }

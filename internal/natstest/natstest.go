@@ -56,6 +56,15 @@ func (s *Server) Restart(t testing.TB) {
 	s.Server = ns
 }
 
+// RestartEmpty shuts the server down and starts one on the same address
+// with an empty store, as a development server restarted without its data
+// is: clients reconnect to a server that has none of their streams.
+func (s *Server) RestartEmpty(t testing.TB) {
+	t.Helper()
+	s.storeDir = t.TempDir()
+	s.Restart(t)
+}
+
 // Connect opens a connection closed when the test ends.
 func (s *Server) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()

@@ -3,6 +3,7 @@ package testutil
 import (
 	"bytes"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -10,8 +11,10 @@ import (
 // Logger returns a logger whose records are kept in memory and shown (the
 // last 8 KiB) only if the test fails, so a failure on a busy CI machine
 // can be diagnosed without flooding passing runs.
-func Logger(t testing.TB) *slog.Logger {
-	l := &Buffer{}
+func Logger(t testing.TB) *slog.Logger { return LoggerTo(t, &Buffer{}) }
+
+// LoggerTo is Logger writing to l, which the test may read.
+func LoggerTo(t testing.TB, l *Buffer) *slog.Logger {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("--- log ---\n%s", l.Tail(8<<10))
@@ -46,4 +49,15 @@ func (l *Buffer) Tail(n int) string {
 	defer l.mu.Unlock()
 	b := l.buf.Bytes()
 	return string(b[max(0, len(b)-n):])
+}
+
+// Logged reports whether a record at level (such as "ERROR") whose line
+// contains text was written.
+func (l *Buffer) Logged(level, text string) bool {
+	for line := range strings.Lines(l.String()) {
+		if strings.Contains(line, "level="+level+" ") && strings.Contains(line, text) {
+			return true
+		}
+	}
+	return false
 }

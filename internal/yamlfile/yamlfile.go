@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
+	"regexp"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -28,7 +31,108 @@ func Decode(path string, v any, list string) error {
 		if errors.Is(err, io.EOF) {
 			return fmt.Errorf("%s: the file is empty; it needs a %s: list", path, list)
 		}
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("%s: %s", path, strings.Join(explain(te.Errors, keysOf(reflect.TypeOf(v))), "; "))
+		}
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
+}
+
+// unknownField matches yaml's report of a key the target has no field for.
+var unknownField = regexp.MustCompile(`^line (\d+): field (.+) not found in type (\S+)$`)
+
+// explain rewrites yaml's "field paramters not found in type
+// functionsfile.functionConfig", which names a Go type the writer of the
+// file never saw, as `line 3: unknown key "paramters" (did you mean
+// "parameters"?)`, suggesting the known key closest to the typo; other
+// messages pass as they are.
+func explain(msgs []string, keys map[string][]string) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		sub := unknownField.FindStringSubmatch(m)
+		if sub == nil {
+			out[i] = m
+			continue
+		}
+		out[i] = fmt.Sprintf("line %s: unknown key %q", sub[1], sub[2])
+		if near := closest(sub[2], keys[sub[3]]); near != "" {
+			out[i] += fmt.Sprintf(" (did you mean %q?)", near)
+		} else if known := keys[sub[3]]; len(known) > 0 {
+			out[i] += " (known keys here: " + strings.Join(known, ", ") + ")"
+		}
+	}
+	return out
+}
+
+// keysOf maps the name of each struct type reachable from t, as yaml names
+// it in errors, to the keys its fields take.
+func keysOf(t reflect.Type) map[string][]string {
+	keys := map[string][]string{}
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return
+		}
+		if _, seen := keys[t.String()]; seen {
+			return
+		}
+		keys[t.String()] = nil
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = strings.ToLower(f.Name)
+			}
+			keys[t.String()] = append(keys[t.String()], name)
+			walk(f.Type)
+		}
+	}
+	walk(t)
+	return keys
+}
+
+// closest returns the key nearest to typo, if it is near enough to be what
+// was meant: at most a third of its letters different.
+func closest(typo string, keys []string) string {
+	best, bestDist := "", len(typo)/3+1
+	for _, k := range keys {
+		if d := distance(typo, k); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// distance is the edit distance between a and b: insertions, deletions,
+// substitutions and swaps of neighbours, each counting one.
+func distance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	d := make([][]int, len(ra)+1)
+	for i := range d {
+		d[i] = make([]int, len(rb)+1)
+		d[i][0] = i
+	}
+	for j := range rb {
+		d[0][j+1] = j + 1
+	}
+	for i := 1; i <= len(ra); i++ {
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(ra)][len(rb)]
 }

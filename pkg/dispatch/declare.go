@@ -50,7 +50,10 @@ func (d *Dispatcher) serveDeclarations(ctx context.Context) (stop func(), err er
 		_ = sub.Unsubscribe()
 		return nil, err
 	}
-	return func() { _ = sub.Drain() }, nil
+	// Declarations come and go here; calls left with nobody to run them
+	// are failed (orphans.go).
+	stopOrphans := d.watchOrphans(ctx)
+	return func() { _ = sub.Drain(); stopOrphans() }, nil
 }
 
 // declare carries out one executor's DeclareRequest.

@@ -12,7 +12,9 @@
 // each call's arguments against the function's JSON Schema and publishes
 // one message per call to fncall.<team>.<function>. Calls that cannot work —
 // an unknown function, bad arguments, a function no executor serves — get a
-// failed result at once and run nowhere.
+// failed result at once and run nowhere. A call taken in whose function
+// then loses its last executor (withdrawn, or its lease lapsed) fails as
+// unavailable once [Options.ServeGrace] has passed without one back.
 //
 // A turn moves collecting → submitting → submitted | failed, only by
 // compare-and-set, and one concept decides which replica submits it: a

@@ -35,7 +35,10 @@ const maxPollInterval = 5 * time.Second
 // in one place.
 func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 	// Drivers stop at once on shutdown; the watch stays active in the
-	// bucket and a restarted dispatcher resumes it.
+	// bucket and a restarted dispatcher resumes it. An intake already begun
+	// runs on under background, which ends with the shutdown timeout (see
+	// intakeForWatch).
+	background := ctx
 	ctx, stop := d.withRunContext(ctx)
 	defer stop()
 	log := d.log.With("watch", w.ID, "ref", w.Ref.String())
@@ -128,7 +131,7 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 			if obs.Turn.Channel == "" {
 				obs.Turn.Channel = "poll"
 			}
-			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, &w.Trace), obs.Turn, w)
+			t, fresh, err := d.intakeForWatch(d.tel.prop.Extract(ctx, &w.Trace), background, obs.Turn, w)
 			if errors.Is(err, errHandedOver) {
 				return true
 			}
@@ -226,7 +229,15 @@ func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan
 // intakeForWatch takes the turn in and adds it to the watch; fresh reports
 // whether this call created it. The turn is listed in the watch before the
 // intake, so a crash in between leaves the watch naming its turn.
-func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Watch) (*Turn, bool, error) {
+//
+// The intake itself runs under background (the driver's context before
+// shutdown cuts it), not ctx: an intake cut short between storing the
+// turn's record, which holds the turn for this replica, and hearing that it
+// was stored never tracks the turn, so a stopping replica cannot release
+// that hold, and the replica that drives the watch next waits stuckAfter
+// (15 s) for it. Finished, the turn is tracked and its hold released with
+// the others at shutdown.
+func (d *Dispatcher) intakeForWatch(ctx, background context.Context, req *TurnRequest, w *Watch) (*Turn, bool, error) {
 	key := req.Key()
 	for _, k := range w.Turns {
 		if k == key {
@@ -257,7 +268,7 @@ func (d *Dispatcher) intakeForWatch(ctx context.Context, req *TurnRequest, w *Wa
 			return nil, false, errors.New("dispatch: the watch could not be saved before its turn's intake")
 		}
 	}
-	t, err := d.Intake(ctx, req)
+	t, err := d.Intake(d.tel.prop.Extract(background, &w.Trace), req)
 	if err != nil {
 		return nil, false, err
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,6 +54,9 @@ type registry struct {
 	// declarations is live: see lapsedLately.
 	lapsed  map[string]time.Time
 	changed chan struct{} // closed and replaced on every change
+	// loaded is set once both buckets' contents are in the cache: before,
+	// a function missing from it may well be served.
+	loaded atomic.Bool
 }
 
 // refusal is a declaration the dispatcher refused, as reported.
@@ -102,6 +106,7 @@ func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
 	wg.Go(func() { watchBucket(ctx, r.decls, r.applyDeclaration, loaded.Done, r.log) })
 	wg.Go(func() {
 		loaded.Wait()
+		r.loaded.Store(ctx.Err() == nil)
 		close(ready)
 	})
 	wg.Wait()

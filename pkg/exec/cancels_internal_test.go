@@ -20,7 +20,7 @@ func TestCancellingATurnCancelsItsRunningCalls(t *testing.T) {
 	b1, doneB1 := c.track(t.Context(), turnB.Call("call_1"))
 	defer doneB1()
 	doneA2() // call_2 ended before the cancel: nothing of it remains
-	c.cancel(turnA)
+	c.cancel(turnA, "")
 	if !errors.Is(context.Cause(a1), ErrCallCancelled) {
 		t.Errorf("running call of the cancelled turn: cause %v", context.Cause(a1))
 	}
@@ -37,5 +37,21 @@ func TestCancellingATurnCancelsItsRunningCalls(t *testing.T) {
 	}
 	if len(c.running) != 3 {
 		t.Errorf("%d calls tracked, want 3 (a1, b1, the late one)", len(c.running))
+	}
+}
+
+// The reason a cancellation carries is what the model reads; without one,
+// the platform ended the run.
+func TestCancellationKeepsItsReason(t *testing.T) {
+	c := newCancels()
+	turnA := protocol.NewTurnKey(protocol.PlatformMCP, "mcp/a", []string{"call_1"})
+	turnB := protocol.NewTurnKey(protocol.PlatformResponses, "resp_b", []string{"call_1"})
+	c.cancel(turnA, "the MCP client cancelled the call")
+	c.cancel(turnB, "")
+	if why, ok := c.cancelled(turnA); !ok || why != "the MCP client cancelled the call" {
+		t.Errorf("turn A: %q, %v; want the MCP client's cancellation", why, ok)
+	}
+	if why, ok := c.cancelled(turnB); !ok || why != "the platform ended the run" {
+		t.Errorf("turn B: %q, %v; want the platform's", why, ok)
 	}
 }

@@ -109,3 +109,19 @@ func TestConnectGivesUpWhenTheContextEnds(t *testing.T) {
 		t.Fatalf("Connect = %v, %v, %v; want an exec: error wrapping the cause", nc, js, err)
 	}
 }
+
+// A malformed URL is a typo, not a server that is down: Connect refuses it
+// at once instead of retrying a DNS lookup of "nats" for ever.
+func TestConnectRefusesAMalformedURL(t *testing.T) {
+	for _, url := range []string{"nats//127.0.0.1:4222", "http://127.0.0.1:4222", "nats://127.0.0.1:42x22", "nats://127.0.0.1:4222,", "nats://:4222"} {
+		_, _, err := exec.Connect(t.Context(), url, exec.ConnectOptions{Logger: testutil.Logger(t)})
+		if !errors.Is(err, exec.ErrBadURL) || !strings.Contains(err.Error(), "nats://host:port") {
+			t.Errorf("Connect(%q) = %v; want ErrBadURL saying what a URL looks like", url, err)
+		}
+	}
+	for _, url := range []string{"nats://127.0.0.1:4222", "127.0.0.1:4222", "tls://a.example:4222, nats://b.example", "localhost"} {
+		if err := exec.CheckServerURLs(url); err != nil {
+			t.Errorf("%q refused: %v", url, err)
+		}
+	}
+}

@@ -71,6 +71,20 @@
 // shut down mid-run) goes to the function's Reconcile hook, or fails saying
 // the call may have run.
 //
+// # Healing
+//
+// A function's consumer can vanish under a running executor: deleted by an
+// operator, its stream recreated or restored, a server started again on a
+// fresh store. The executor notices (the server's "consumer deleted", or
+// missing pull heartbeats confirmed by a look-up) and recreates what it
+// provisions — the team's streams, buckets and the consumer — within
+// seconds, then serves again. Where it cannot (the process lacks the rights
+// to create them, or what exists now is incompatible), it logs an error
+// saying why, withdraws its declaration of that function so no dispatcher
+// counts it served, keeps looking every few seconds, and declares the
+// function again once its consumer exists. A process declares a function
+// only while the function's consumer exists and pulls.
+//
 // # Shutdown
 //
 // When Run's context ends the executor stops fetching, waits up to

@@ -33,8 +33,9 @@ var ErrInvalidArguments = errors.New("exec: invalid arguments")
 var ErrDidNotRun = errors.New("exec: earlier attempt had no effect")
 
 // ErrCallCancelled is the cause of a handler's context cancelled because
-// the platform cancelled or expired the run the call belongs to.
-var ErrCallCancelled = errors.New("exec: the platform ended the run this call belongs to")
+// its turn was cancelled: the platform cancelled or expired the run the
+// call belongs to, or the MCP client that made the call gave up on it.
+var ErrCallCancelled = errors.New("exec: the call's turn was cancelled")
 
 // ErrNoDeadLetter is returned by [DeadLetters.Get] and [DeadLetters.Replay]
 // when no dead letter has the key.

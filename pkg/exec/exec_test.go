@@ -298,6 +298,7 @@ func TestRegisterRejectsBadFunctions(t *testing.T) {
 		"wildcard":          {Name: "a*", Handler: h},
 		"no handler":        {Name: "ok"},
 		"bad schema":        {Name: "ok", Handler: h, Parameters: json.RawMessage(`"x"`)},
+		"not an object":     {Name: "ok", Handler: h, Parameters: json.RawMessage(`{"type":"array","items":{"type":"string"}}`)},
 	} {
 		if err := e.Register(f); err == nil {
 			t.Errorf("%s: Register accepted it", name)

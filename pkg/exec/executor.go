@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/jsretry"
 	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/provision"
@@ -75,6 +76,10 @@ type Executor struct {
 	mu    sync.Mutex
 	funcs map[string]*Function
 	ran   bool
+	// served says which functions this process declares (set by Run).
+	served *served
+	// serving is closed once Run serves (see Serving).
+	serving chan struct{}
 }
 
 // New returns an executor for team's functions on js.
@@ -97,10 +102,17 @@ func New(js jetstream.JetStream, team string, opts Options) (*Executor, error) {
 	}
 	return &Executor{
 		js: js, team: team, opts: opts,
-		log:   opts.Logger.With("team", team, "executor", opts.Name),
-		funcs: map[string]*Function{},
+		log:     opts.Logger.With("team", team, "executor", opts.Name),
+		funcs:   map[string]*Function{},
+		serving: make(chan struct{}),
 	}, nil
 }
+
+// Serving returns a channel closed once Run has set everything up and
+// declared the functions: from then on calls of them reach this process.
+// It is never closed if Run fails before (a name another team owns, say)
+// or is stopped while starting.
+func (e *Executor) Serving() <-chan struct{} { return e.serving }
 
 // Register adds a function. It must be called before Run.
 func (e *Executor) Register(fn Function) error {
@@ -124,10 +136,12 @@ func (e *Executor) Register(fn Function) error {
 // this process (a lease it renews while it runs), and serves calls until
 // ctx ends. Then it withdraws its declarations, stops fetching, waits up to
 // ShutdownTimeout for running calls, cancels the rest with ErrShutdown and
-// returns nil; unfinished calls are redelivered. If a function's consumer
-// stops delivering (deleted, or the connection closed) Run stops the same
-// way and returns that error, so a process never serves only some of its
-// functions without saying so.
+// returns nil; unfinished calls are redelivered. A function's consumer
+// that disappears (deleted, its stream recreated, a server started on a
+// fresh store) is recreated within seconds; where it cannot be, the
+// function's declaration is withdrawn, with an error in the log, until it
+// can. If the connection closes, Run stops the same way and returns that
+// error.
 func (e *Executor) Run(ctx context.Context) error {
 	// Run is over 80 lines because it is the executor's whole lifecycle in
 	// the order shutdown depends on: set up, serve, declare, wait,
@@ -138,6 +152,7 @@ func (e *Executor) Run(ctx context.Context) error {
 		return errors.New("exec: Run called twice")
 	}
 	e.ran = true
+	e.served = newServed(e.log)
 	funcs := make([]*Function, 0, len(e.funcs))
 	for _, f := range e.funcs {
 		funcs = append(funcs, f)
@@ -175,11 +190,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errc := make(chan error, len(workers))
 	for _, w := range workers {
-		wg.Go(func() {
-			if err := w.serve(sctx, hctx); err != nil {
-				errc <- err
-			}
-		})
+		wg.Go(func() { _ = w.serve(sctx, hctx, func(err error) { errc <- err }) })
 	}
 
 	// Declare what this process serves, and keep the leases while it runs.
@@ -212,8 +223,10 @@ func (e *Executor) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("exec: declare functions: %w", err)
 	}
+	e.served.attach(ctx, keeper)
 	wg.Go(func() { keeper.Run(sctx) })
 	e.log.InfoContext(ctx, "executor serving", "functions", len(workers), "instance", instance)
+	close(e.serving)
 
 	var failed error
 	select {
@@ -249,44 +262,23 @@ func (e *Executor) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// setUp provisions what the team keeps in its own account (its call
-// stream with one consumer per function, dead letters, attempt marks; the
-// results stream too when the control plane shares the account), follows
-// the team's cancellations (stop with stopCancels) and returns a worker per
-// function.
+// setUp provisions what the team keeps in its own account (see
+// provisionTeam) and one consumer per function, follows the team's
+// cancellations (stop with stopCancels) and returns a worker per function.
 func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, func(), error) {
-	popts := provision.Options{Replicas: e.opts.Replicas}
-	stream, err := provision.Stream(ctx, e.js, provision.CallStreamConfig(e.team, popts))
+	team, err := e.provisionTeam(ctx, funcs)
 	if err != nil {
 		return nil, nil, err
 	}
-	apiPrefix := e.opts.ControlAPIPrefix
-	if apiPrefix == "" {
-		apiPrefix = protocol.DefaultAPIPrefix
-		if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(e.team, 0, popts)); err != nil {
-			return nil, nil, err
-		}
-	}
-	if _, err := provision.Stream(ctx, e.js, provision.DeadLetterStreamConfig(popts)); err != nil {
-		return nil, nil, err
-	}
-	var marks attempts
-	for _, f := range funcs {
-		if f.SideEffects && marks.kv == nil {
-			if marks.kv, err = provision.KeyValue(ctx, e.js, provision.AttemptBucketConfig(popts)); err != nil {
-				return nil, nil, err
-			}
-		}
-	}
 	tel := newTelemetry(e.opts.TracerProvider, e.opts.MeterProvider)
 	cancelled := newCancels()
-	stopCancels, err := cancelled.follow(ctx, e.js, e.team, popts)
+	stopCancels, err := cancelled.follow(ctx, team.cancels, e.team)
 	if err != nil {
 		return nil, nil, err
 	}
 	workers := make([]*worker, 0, len(funcs))
 	for _, f := range funcs {
-		cons, err := provision.Consumer(ctx, stream, e.consumerConfig(f))
+		cons, err := provision.Consumer(ctx, team.calls, e.consumerConfig(f))
 		if err != nil {
 			stopCancels()
 			return nil, nil, err
@@ -300,11 +292,12 @@ func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, fun
 			mws = append([]Middleware{Tracing(e.opts.TracerProvider), Metrics(e.opts.MeterProvider)}, mws...)
 		}
 		workers = append(workers, &worker{
-			e: e, fn: f, cons: cons, apiPrefix: apiPrefix, attempts: marks, cancels: cancelled,
-			retry:   retry.withDefaults(),
-			handler: chain(f.Handler, mws),
-			tel:     tel,
-			log:     e.log.With("fn", f.Name),
+			e: e, fn: f, cons: cons, apiPrefix: team.apiPrefix, attempts: team.marks, cancels: cancelled,
+			retry:     retry.withDefaults(),
+			handler:   chain(f.Handler, mws),
+			healRetry: backoff.Backoff{Initial: time.Second, Max: 30 * time.Second},
+			tel:       tel,
+			log:       e.log.With("fn", f.Name),
 			spanNames: spanNames{
 				process: "process " + protocol.CallSubject(e.team, f.Name),
 				send:    "send " + protocol.ResultSubjectPrefix + "." + e.team,
@@ -312,6 +305,50 @@ func (e *Executor) setUp(ctx context.Context, funcs []*Function) ([]*worker, fun
 		})
 	}
 	return workers, stopCancels, nil
+}
+
+// teamResources are what an executor provisions for its team.
+type teamResources struct {
+	calls, cancels jetstream.Stream
+	marks          attempts
+	// apiPrefix reaches the control plane's JetStream API.
+	apiPrefix string
+}
+
+// provisionTeam looks up, or creates, what the team keeps in its own
+// account: its call stream, the cancellations, dead letters, attempt
+// marks (when a function has side effects) and, when the control plane
+// shares the account, the team's results stream. Run calls it at start,
+// and a worker whose consumer is gone calls it again (healConsumer):
+// whoever removed the consumer may have removed these too.
+func (e *Executor) provisionTeam(ctx context.Context, funcs []*Function) (*teamResources, error) {
+	popts := provision.Options{Replicas: e.opts.Replicas}
+	var r teamResources
+	var err error
+	if r.calls, err = provision.Stream(ctx, e.js, provision.CallStreamConfig(e.team, popts)); err != nil {
+		return nil, err
+	}
+	r.apiPrefix = e.opts.ControlAPIPrefix
+	if r.apiPrefix == "" {
+		r.apiPrefix = protocol.DefaultAPIPrefix
+		if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(e.team, 0, popts)); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := provision.Stream(ctx, e.js, provision.DeadLetterStreamConfig(popts)); err != nil {
+		return nil, err
+	}
+	if r.cancels, err = provision.Stream(ctx, e.js, provision.CancelStreamConfig(popts)); err != nil {
+		return nil, err
+	}
+	for _, f := range funcs {
+		if f.SideEffects && r.marks.kv == nil {
+			if r.marks.kv, err = provision.KeyValue(ctx, e.js, provision.AttemptBucketConfig(popts)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &r, nil
 }
 
 // withdrawTimeout bounds the deletion of declarations at shutdown.

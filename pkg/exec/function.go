@@ -90,6 +90,9 @@ func (f *Function) validate() error {
 	if err != nil {
 		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
 	}
+	if err := objectAtTop(f.Parameters); err != nil {
+		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
+	}
 	f.schema = s
 	if f.Timeout < 0 || f.Concurrency < 0 || f.MaxConcurrency < 0 {
 		return fmt.Errorf("exec: function %s: timeout and concurrency must not be negative", f.Name)
@@ -120,4 +123,22 @@ func (f *Function) spec(team string, now time.Time) *protocol.FunctionSpec {
 		DeferLoading:    f.DeferLoading,
 		UpdatedAt:       now.UTC(),
 	}
+}
+
+// objectAtTop refuses a schema whose top level is not an object: every
+// platform passes a function's arguments as one JSON object, so a schema
+// of another type would refuse every call (and platforms refuse it as a
+// tool definition).
+func objectAtTop(raw json.RawMessage) error {
+	var top struct {
+		Type any `json:"type"`
+	}
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return err
+	}
+	if top.Type == nil || top.Type == "object" {
+		return nil
+	}
+	t, _ := json.Marshal(top.Type)
+	return fmt.Errorf(`the top level must be an object schema ("type": "object"), not "type": %s: a function's arguments always arrive as one JSON object; put the value in a property`, t)
 }

@@ -75,10 +75,10 @@ func TestRunningExecutorsDeclareAndStoppedOnesWithdraw(t *testing.T) {
 	}
 }
 
-// An executor whose function can no longer be consumed (its consumer was
-// deleted) does not go on serving the rest in silence: Run ends with an
-// error naming the function, and the executor withdraws its declarations.
-func TestRunEndsWhenAWorkerCannotConsume(t *testing.T) {
+// An executor whose connection is closed under it (nothing can heal that)
+// does not go on in silence: Run ends with an error naming the function.
+// A deleted consumer is recreated instead (heal_test.go).
+func TestRunEndsWhenItsConnectionCloses(t *testing.T) {
 	h := start(t, "team-a", exec.Options{}, echo())
 	_, js := h.srv.Connect(t)
 	e, err := exec.New(js, "team-b", exec.Options{Logger: testutil.Logger(t)})
@@ -92,23 +92,56 @@ func TestRunEndsWhenAWorkerCannotConsume(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- e.Run(t.Context()) }()
-	testutil.WaitForWhat(t, 10*time.Second, "the declaration of echo_b", func() bool { return len(h.declarations("echo_b")) == 1 })
-	s, err := h.js.Stream(t.Context(), protocol.CallStream("team-b"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.DeleteConsumer(t.Context(), "echo_b"); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WaitForWhat(t, 10*time.Second, "echo_b to be declared", func() bool { return len(h.declarations("echo_b")) == 1 })
+	js.Conn().Close()
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(err.Error(), "echo_b") {
 			t.Fatalf("Run = %v, want an error naming echo_b", err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("Run went on after its consumer was deleted")
+		t.Fatal("Run went on after its connection closed")
 	}
-	if got := h.declarations("echo_b"); len(got) != 0 {
-		t.Fatalf("declarations after Run failed = %v, want none", got)
+}
+
+// With every worker busy, a closed connection still ends Run within its
+// shutdown timeout, not when the running call ends (its deadline, maybe
+// minutes away).
+func TestRunEndsWhenItsConnectionClosesWhileBusy(t *testing.T) {
+	h := start(t, "team-a", exec.Options{}, echo())
+	_, js := h.srv.Connect(t)
+	e, err := exec.New(js, "team-a", exec.Options{Logger: testutil.Logger(t), ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{}, 1)
+	if err := e.Register(exec.Function{Name: "busy", Concurrency: 1, Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(t.Context()) }()
+	testutil.WaitForWhat(t, 10*time.Second, "busy to be declared", func() bool { return len(h.declarations("busy")) == 1 })
+	h.call("team-a", "busy", `{}`, time.Now().Add(10*time.Minute))
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call did not start")
+	}
+	js.Conn().Close()
+	closed := time.Now()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "busy") {
+			t.Fatalf("Run = %v, want an error naming busy", err)
+		}
+		if took := time.Since(closed); took > 5*time.Second {
+			t.Errorf("Run took %s after the connection closed; want about its 1s shutdown timeout", took.Round(time.Millisecond))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run went on after its connection closed, waiting for the busy call")
 	}
 }

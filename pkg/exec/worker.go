@@ -42,6 +42,10 @@ type worker struct {
 	// second time beside the first.
 	runningMu sync.Mutex
 	running   map[protocol.CallKey]chan struct{}
+	// lastHealed is when the consumer was last recreated, and healRetry
+	// spaces out recreations that follow one another (serve's alone).
+	lastHealed time.Time
+	healRetry  backoff.Backoff
 }
 
 // spanNames are the names of a worker's spans, built once.
@@ -94,11 +98,53 @@ func (w *worker) awaitOwnRun(ctx context.Context, d decision, busy <-chan struct
 	}
 }
 
-func (w *worker) serve(ctx, hctx context.Context) error {
+// serve runs the function's calls until ctx ends. A consumer that goes
+// away under it (deleted, its stream recreated, a server started on a
+// fresh store) is recreated (healConsumer) and serving goes on; serve
+// returns an error only when it cannot go on at all (the connection
+// closed), having reported it to failed at once: its running calls may
+// take until Run cancels them to end.
+func (w *worker) serve(ctx, hctx context.Context, failed func(error)) error {
+	// A fixed pool of goroutines runs the calls: their stacks, grown once by
+	// decoding and handling, are reused instead of regrown for every call.
+	slots := make(chan struct{}, w.fn.Concurrency)
+	work := make(chan jetstream.Msg)
+	var running sync.WaitGroup
+	for range w.fn.Concurrency {
+		running.Go(func() {
+			for msg := range work {
+				w.handle(hctx, msg)
+				<-slots
+			}
+		})
+	}
+	defer running.Wait()
+	defer close(work)
+	for {
+		err := w.consume(ctx, slots, work)
+		var lost *consumerLostError
+		if !errors.As(err, &lost) {
+			if err != nil {
+				failed(err)
+			}
+			return err
+		}
+		if !w.healConsumer(ctx, lost) {
+			return nil // stopped while healing
+		}
+	}
+}
+
+// consume pulls calls from the consumer into work until ctx ends (nil),
+// the consumer is gone (a *consumerLostError) or the connection closed.
+func (w *worker) consume(ctx context.Context, slots chan struct{}, work chan<- jetstream.Msg) error {
 	// Short pull expiry: heartbeats every 2.5s, so a pull lost with a server
 	// (failover) is noticed and re-issued within seconds.
 	it, err := w.cons.Messages(jetstream.PullMaxMessages(w.fn.Concurrency), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
+		if gone := w.consumerGone(ctx, err); gone != nil {
+			return gone
+		}
 		return fmt.Errorf("exec: consume %s: %w", w.fn.Name, err)
 	}
 	stop := context.AfterFunc(ctx, it.Drain)
@@ -120,21 +166,12 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 	})
 	defer stopGrace()
 
-	// A fixed pool of goroutines runs the calls: their stacks, grown once by
-	// decoding and handling, are reused instead of regrown for every call.
-	slots := make(chan struct{}, w.fn.Concurrency)
-	work := make(chan jetstream.Msg)
-	var running sync.WaitGroup
-	for range w.fn.Concurrency {
-		running.Go(func() {
-			for msg := range work {
-				w.handle(hctx, msg)
-				<-slots
-			}
-		})
-	}
-	defer running.Wait()
-	defer close(work)
+	// A connection closed while every slot is busy is noticed at once,
+	// not when a running call ends.
+	nc := w.e.js.Conn()
+	closed := nc.StatusChanged(nats.CLOSED)
+	defer nc.RemoveStatusListener(closed)
+
 	var lastErr error // the pull error before the iterator closed, if any
 	for {
 		// Take a slot before pulling, so a call is only fetched when it can
@@ -143,6 +180,12 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
+		case <-closed:
+			it.Stop()
+			if ctx.Err() != nil {
+				return nil // stopping anyway
+			}
+			return fmt.Errorf("exec: consuming %s stopped: %w", w.fn.Name, nats.ErrConnectionClosed)
 		}
 		msg, err := it.Next(jetstream.NextContext(nexts))
 		if nexts.Err() != nil && errors.Is(err, context.Canceled) {
@@ -152,10 +195,16 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 			return nil
 		}
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			if ctx.Err() == nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			<-slots
+			if errors.Is(err, jetstream.ErrConnectionClosed) {
 				return fmt.Errorf("exec: consuming %s stopped: %w", w.fn.Name, errors.Join(lastErr, err))
 			}
-			return nil
+			// Closed by the server's word (the consumer deleted, a pull
+			// it refused): start over with the consumer as it is now.
+			return &consumerLostError{cause: errors.Join(lastErr, err)}
 		}
 		if ctx.Err() != nil {
 			if err == nil {
@@ -164,9 +213,18 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 			continue
 		}
 		if err != nil {
-			w.log.Warn("pull failed; retrying", "err", err)
-			lastErr = err
 			<-slots
+			lastErr = err
+			if mayBeGone(err) {
+				// A pull answered by nobody, or heartbeats that stopped:
+				// the consumer (or its stream) may be gone for good, as
+				// after a server started on a fresh store.
+				if gone := w.consumerGone(ctx, err); gone != nil {
+					it.Stop()
+					return gone
+				}
+			}
+			w.log.Warn("pull failed; retrying", "err", err)
 			continue
 		}
 		work <- msg
@@ -176,6 +234,10 @@ func (w *worker) serve(ctx, hctx context.Context) error {
 // drainWait bounds how long a stopping worker waits for its consumer to
 // drain: a round trip to the server when it is there.
 const drainWait = time.Second
+
+// staleCall is how long a call may wait in the queue before a delivery of
+// it, even a first one, checks that its result is not recorded already.
+const staleCall = time.Second
 
 // crashAllowance is how many deliveries beyond MaxAttempts a call gets for
 // executors that died mid-run (those attempts end in no result at all).
@@ -188,8 +250,9 @@ const crashAllowance = 2
 // guardSideEffects, retryIn and the decision type.
 func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	attempt := 1
+	var stored time.Time
 	if meta, err := msg.Metadata(); err == nil {
-		attempt = int(meta.NumDelivered)
+		attempt, stored = int(meta.NumDelivered), meta.Timestamp
 	}
 	var replay int
 	if h := msg.Headers().Get(protocol.HeaderReplay); h != "" {
@@ -214,8 +277,12 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	log := w.logFor(call, attempt, replay)
 	d := decision{w: w, msg: msg, call: call, attempt: attempt, replay: replay, log: log, span: span}
 
-	if replay == 0 && attempt > 1 && w.resultRecorded(ctx, call) {
-		log().Info("result already recorded; skipping redelivered call")
+	// A redelivery, or a call that waited in the queue a while, may have
+	// its result already: run before its consumer was recreated (which
+	// delivers it again as a first attempt), or failed by a dispatcher as
+	// unavailable while no executor served the function.
+	if replay == 0 && (attempt > 1 || time.Since(stored) > staleCall) && w.resultRecorded(ctx, call) {
+		log().Info("result already recorded; skipping the call")
 		_ = msg.Ack()
 		return
 	}
@@ -226,9 +293,9 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	defer release()
 	now := time.Now()
-	if replay == 0 && w.cancels.cancelled(call.Key.Turn()) {
+	if why, ok := w.cancels.cancelled(call.Key.Turn()); ok && replay == 0 {
 		d.finish(ctx, protocol.NewFailure(call, protocol.CodeUnavailable,
-			fmt.Sprintf("%s was not run: the platform ended the run before it started.", call.Function), now), "")
+			fmt.Sprintf("%s was not run: it was cancelled before it started (%s).", call.Function, why), now), "")
 		return
 	}
 	if res, reason := w.fn.precheck(call, msg.Headers().Get(protocol.HeaderSchema), attempt, w.retry, now); res != nil {
@@ -248,9 +315,10 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	cancelledByPlatform := errors.Is(context.Cause(cctx), ErrCallCancelled)
 	untrack()
 	if cancelledByPlatform && !o.cancelled {
-		log().Info("the platform ended the run; the call was cancelled")
+		why, _ := w.cancels.cancelled(call.Key.Turn())
+		log().Info("the call was cancelled", "reason", why)
 		o.res.Error = &protocol.CallError{Code: protocol.CodeUnavailable,
-			Message: fmt.Sprintf("%s was cancelled: the platform ended the run.", call.Function)}
+			Message: fmt.Sprintf("%s was cancelled: %s.", call.Function, why)}
 		o.res.Output, o.retry, o.panicked = "", false, false
 		d.finish(ctx, o.res, "")
 		return
