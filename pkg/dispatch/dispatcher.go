@@ -67,7 +67,9 @@ type Options struct {
 	Replicas int
 	// ServeGrace is how long intake waits for an executor to serve a
 	// function nobody serves (none pulling, none working) before failing
-	// its calls as unavailable. Default: 3s.
+	// its calls as unavailable; and how long the calls already waiting for
+	// a function whose last executor went wait for one to come back before
+	// they fail as unavailable (orphans.go). Default: 3s.
 	ServeGrace time.Duration
 	// MaxInFlightPublishes bounds the calls being published at once, and
 	// MaxInFlightPerTeam any one team's share of them, so one team's burst
