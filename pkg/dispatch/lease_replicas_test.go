@@ -26,6 +26,7 @@ import (
 // watch must complete, each turn submitted once: no replay of a
 // continuation and exactly two outputs per turn.
 func TestLeaseReplicasSubmitEachTurnOnce(t *testing.T) {
+	t.Parallel()
 	const runs = 24
 	sc := platformsim.Scenario{Name: "pair", Prompt: "pair weather",
 		Steps: []platformsim.Step{{
@@ -81,6 +82,7 @@ func TestLeaseReplicasSubmitEachTurnOnce(t *testing.T) {
 // timers fire: the owner keeps its lease while it waits, nobody else
 // submits.
 func TestLeaseSlowPlatformIsNotSubmittedTwice(t *testing.T) {
+	t.Parallel()
 	const runs = 3
 	e := newEnv(t, weatherScenario("slow", "slow weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)

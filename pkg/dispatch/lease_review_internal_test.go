@@ -66,6 +66,7 @@ func storeAsPreviousVersion(t *testing.T, d *Dispatcher, turn *Turn) {
 // claim reads as a lease of epoch 0, the take-over writes epoch 1, and
 // turnEnv.Submit marks a repeat only from epoch 2 on.
 func TestLeaseTakeOverOfPreviousVersionClaimIsMarkedRepeated(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &repeatPlatform{}
 	d := replicaOn(t, js, "new", p)
@@ -98,6 +99,7 @@ func TestLeaseTakeOverOfPreviousVersionClaimIsMarkedRepeated(t *testing.T) {
 // submitting, held, holder): its holder submits without a claim within
 // holdFor of intake, so a holder that died may have reached the platform.
 func TestLeaseTakeOverOfPreviousVersionHoldIsMarkedRepeated(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &repeatPlatform{}
 	d := replicaOn(t, js, "new", p)
@@ -207,6 +209,7 @@ func startReplica(t *testing.T, d *Dispatcher) (stop func()) {
 // platform took the outputs. The version before wrote the claim
 // (submitting) first, which awaitClosed waits for.
 func TestLeaseDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &acceptingPlatform{got: make(chan struct{})}
 	owner, err := New(js, []Platform{p}, Options{Name: "owner", Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond,
@@ -306,6 +309,7 @@ func TestLeasePreviousVersionLeavesAHoldAloneWhileItsLeaseHolds(t *testing.T) {
 // attempt: the stopped replica leaves the turn under its own lease, and
 // the others wait LeaseFor+Skew for a process that is gone.
 func TestLeaseStoppedReplicaLeavesNoLeaseBehind(t *testing.T) {
+	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	p := &acceptingPlatform{got: make(chan struct{})}
 	owner, err := New(js, []Platform{p}, Options{Name: "owner", Logger: testutil.Logger(t), PollInterval: 20 * time.Millisecond,

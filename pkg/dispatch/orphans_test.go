@@ -59,6 +59,7 @@ func ended(t *testing.T, d *dispatch.Dispatcher, w *dispatch.Watch, within time.
 // while a call waits for it: the call fails as unavailable once the grace
 // has passed, not at the run's deadline ten minutes later.
 func TestQueuedCallFailsWhenTheLastExecutorStops(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("stopped", "weather, stopped", `{"location":"Oslo"}`))
 	e.queueOnly("geo")
 	stop := e.declare("geo", "get_weather", weatherSchema, "test-executor", uuid.NewString())
@@ -80,6 +81,7 @@ func TestQueuedCallFailsWhenTheLastExecutorStops(t *testing.T) {
 // withdrawn) while it runs a call: once its lease lapses and the grace has
 // passed, the call fails as unavailable, well before its deadline.
 func TestRunningCallFailsWhenTheLastExecutorIsKilled(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("killed", "weather, killed", `{"location":"Oslo"}`))
 	d, _ := e.dispatcher(dispatch.Options{ServeGrace: time.Second})
 	_, js := e.srv.Connect(t)
@@ -121,6 +123,7 @@ func TestRunningCallFailsWhenTheLastExecutorIsKilled(t *testing.T) {
 
 // An executor that comes back within the grace runs the queued call.
 func TestAnExecutorBackWithinTheGraceRunsTheQueuedCall(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("back", "weather, back", `{"location":"Oslo"}`))
 	e.queueOnly("geo")
 	stop := e.declare("geo", "get_weather", weatherSchema, "test-executor", uuid.NewString())
@@ -207,6 +210,7 @@ func (p *partition) sever() {
 // as unavailable. When the partition heals, the executor serves again but
 // does not run the call the model was already told failed.
 func TestAPartitionedExecutorsQueuedCallFailsAndIsNotRunLater(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("partition", "weather, partitioned", `{"location":"Oslo"}`),
 		weatherScenario("after", "weather, after the partition", `{"location":"Bergen"}`))
 	d, _ := e.dispatcher(dispatch.Options{ServeGrace: time.Second})
