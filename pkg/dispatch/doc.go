@@ -14,7 +14,8 @@
 // an unknown function, bad arguments, a function no executor serves — get a
 // failed result at once and run nowhere. A call taken in whose function
 // then loses its last executor (withdrawn, or its lease lapsed) fails as
-// unavailable once [Options.ServeGrace] has passed without one back.
+// unavailable once [Options.ServeGrace] has passed without one back (10 s
+// after a lease lapsed: a failover holds live executors' renewals back).
 //
 // A turn moves collecting → submitting → submitted | failed, only by
 // compare-and-set, and one concept decides which replica submits it: a

@@ -17,8 +17,9 @@ import (
 // model waiting minutes for nothing. Each replica looks at the turns it
 // gathers for: a call whose function has had no live declaration for
 // Options.ServeGrace (the same wait intake gives a function nobody
-// serves) gets a failed result, unavailable, recorded first-wins like any
-// result. An executor that comes back within the grace runs the call; one
+// serves; 10 s when the last lease lapsed unrenewed rather than was
+// withdrawn, as intake waits then too) gets a failed result, unavailable,
+// recorded first-wins like any result. An executor that comes back within the grace runs the call; one
 // that comes back later finds the result recorded and skips the call.
 
 // orphanScan is how often a replica looks for orphaned calls when the
@@ -131,12 +132,18 @@ func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time)
 			delete(o.unserved, fn)
 		}
 	}
-	grace := d.opts.ServeGrace
 	for fn, calls := range open {
 		since, ok := o.unserved[fn]
 		if !ok {
 			since = now
 			o.unserved[fn] = now
+		}
+		// A function whose lease lapsed unrenewed (rather than withdrawn)
+		// is waited for as intake waits for it: its executors are likelier
+		// cut off while a server fails over than gone.
+		grace := d.opts.ServeGrace
+		if d.registry.lapsedLately(fn.name, fn.team) {
+			grace = max(grace, d.unavailableFor)
 		}
 		if now.Sub(since) < grace {
 			if end := since.Add(grace); due.IsZero() || end.Before(due) {
