@@ -424,17 +424,6 @@ func (g *gatherer) local(turn protocol.TurnKey, key protocol.CallKey) *protocol.
 	return nil
 }
 
-// known returns the record of a turn this replica gathers for, as it
-// first read or wrote it, or nil.
-func (g *gatherer) known(key protocol.TurnKey) *Turn {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if st := g.turns[key]; st != nil {
-		return st.turn
-	}
-	return nil
-}
-
 // trackedTurns returns the records of the turns this replica gathers for.
 func (g *gatherer) trackedTurns() []*Turn {
 	g.mu.Lock()

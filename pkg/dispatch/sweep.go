@@ -155,7 +155,7 @@ func (d *Dispatcher) openTurns(ctx context.Context, seen func(*Turn) bool) ([]pr
 		if err != nil || listed[key] {
 			return
 		}
-		if t := d.gather.known(key); t != nil {
+		if t, _ := d.gather.cached(key); t != nil {
 			if seen != nil && seen(t) {
 				return
 			}
