@@ -30,18 +30,7 @@ func TestADefinitionChangeIsRecorded(t *testing.T) {
 	e := newEnv(t)
 	reader := sdkmetric.NewManualReader()
 	d, _ := e.dispatcher(dispatch.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
-	start := func(description string) *lease.Keeper {
-		t.Helper()
-		spec := protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Description: description,
-			Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}
-		k, err := lease.Declare(t.Context(), e.js.Conn(), "geo", []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
-			Instance: uuid.NewString(), Executor: "geo-exec", StartedAt: time.Now()}}, testutil.Logger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = k.Withdraw(context.Background()) })
-		return k
-	}
+	start := func(description string) *lease.Keeper { t.Helper(); return declareWeather(t, e, description) }
 	view := func(d *dispatch.Dispatcher) dispatch.FunctionView {
 		t.Helper()
 		for _, v := range d.InspectFunctions(t.Context(), dispatch.Caller{Admin: true}) {
@@ -106,17 +95,7 @@ func TestDefinitionApproval(t *testing.T) {
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	hs := httptest.NewServer(d.Handler())
 	t.Cleanup(hs.Close)
-	start := func(description string) {
-		t.Helper()
-		spec := protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Description: description,
-			Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}
-		k, err := lease.Declare(t.Context(), e.js.Conn(), "geo", []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
-			Instance: uuid.NewString(), Executor: "geo-exec", StartedAt: time.Now()}}, testutil.Logger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = k.Withdraw(context.Background()) })
-	}
+	start := func(description string) { t.Helper(); declareWeather(t, e, description) }
 	agentsRead := func() string {
 		t.Helper()
 		got := do(t, http.MethodGet, hs.URL+"/v1/tools", tokens["admin"], "")
@@ -188,4 +167,19 @@ func TestDefinitionApproval(t *testing.T) {
 	if n := counter(t, reader, "toolrelay.registry.definition_changes"); n != 1 {
 		t.Errorf("definition_changes = %d after acceptance, want 1", n)
 	}
+}
+
+// declareWeather declares geo's get_weather with description, as an
+// executor process of its own would, withdrawn when the test ends.
+func declareWeather(t *testing.T, e *env, description string) *lease.Keeper {
+	t.Helper()
+	spec := protocol.FunctionSpec{Version: protocol.Version, Name: "get_weather", Team: "geo", Description: description,
+		Parameters: json.RawMessage(weatherV1), UpdatedAt: time.Now()}
+	k, err := lease.Declare(t.Context(), e.js.Conn(), "geo", []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
+		Instance: uuid.NewString(), Executor: "geo-exec", StartedAt: time.Now()}}, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Withdraw(context.Background()) })
+	return k
 }

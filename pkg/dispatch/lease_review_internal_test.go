@@ -57,76 +57,61 @@ func storeAsPreviousVersion(t *testing.T, d *Dispatcher, turn *Turn) {
 	}
 }
 
-// Found by review (rolling upgrade), failing before its fix: a replica of the version before the lease
-// claimed a turn (state submitting, owner, submitting_since), may have
-// submitted it, and died. This version takes the turn over once the claim
+// Found by review (rolling upgrade), failing before its fix: a replica of
+// the version before the lease claimed a turn (state submitting, owner,
+// submitting_since), or held it (submitting, held, holder: its holder
+// submits without a claim within holdFor of intake), may have submitted
+// it, and died. This version takes the turn over once the claim or hold
 // lapses and submits it again; that repeat must be marked Repeated, so
 // that the Responses adapter looks in the conversation for the first
-// continuation instead of continuing it a second time. It is not: the
-// claim reads as a lease of epoch 0, the take-over writes epoch 1, and
+// continuation instead of continuing it a second time. It was not: the
+// record read as a lease of epoch 0, the take-over wrote epoch 1, and
 // turnEnv.Submit marks a repeat only from epoch 2 on.
-func TestLeaseTakeOverOfPreviousVersionClaimIsMarkedRepeated(t *testing.T) {
+func TestLeaseTakeOverOfPreviousVersionIsMarkedRepeated(t *testing.T) {
 	t.Parallel()
-	_, js := natstest.Start(t).Connect(t)
-	p := &repeatPlatform{}
-	d := replicaOn(t, js, "new", p)
-	key := protocol.TurnKey("0123456789abcdef0123456789abcde1")
 	now := time.Now().UTC()
-	turn := &Turn{Version: protocol.Version, Key: key,
-		Ref:   Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_1", Conversation: "conv_1"},
-		State: TurnSubmitting, CreatedAt: now.Add(-40 * time.Second), ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
-		out: &TurnOutcome{Owner: "old-replica", SubmittingSince: now.Add(-20 * time.Second)}}
-	storeAsPreviousVersion(t, d, turn)
-	have, rev, err := d.turns.get(t.Context(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("read back: state %s, lease %s", have.State, have.lease)
-	d.gather.track(have, rev)
-	d.engine.Close(string(key))
-	closedRecord(t, d, key)
-	rep, epochs := p.seen()
-	if len(rep) != 1 {
-		t.Fatalf("%d submissions, want 1", len(rep))
-	}
-	if !rep[0] {
-		t.Errorf("the take-over of a previous version's claim (which may have reached the platform) was submitted "+
-			"without Repeated: lease epoch %d; the Responses adapter continues the conversation a second time", epochs[0])
-	}
-}
-
-// Found by review (rolling upgrade), failing before its fix: the same for a previous version's hold (state
-// submitting, held, holder): its holder submits without a claim within
-// holdFor of intake, so a holder that died may have reached the platform.
-func TestLeaseTakeOverOfPreviousVersionHoldIsMarkedRepeated(t *testing.T) {
-	t.Parallel()
-	_, js := natstest.Start(t).Connect(t)
-	p := &repeatPlatform{}
-	d := replicaOn(t, js, "new", p)
-	key := protocol.TurnKey("0123456789abcdef0123456789abcde2")
-	now := time.Now().UTC()
-	// This version writes a collecting turn under a lease as the previous
-	// version's hold; that version's own hold looks the same on the wire
-	// without the "lease" field.
-	turn := &Turn{Version: protocol.Version, Key: key,
-		Ref:   Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_2", Conversation: "conv_2"},
-		State: TurnCollecting, CreatedAt: now.Add(-40 * time.Second), ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
-		lease: lifecycle.Lease{Owner: "old-replica/holder1", Until: now.Add(-25 * time.Second), Epoch: 1}}
-	storeAsPreviousVersion(t, d, turn)
-	have, rev, err := d.turns.get(t.Context(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("read back: state %s, lease %s", have.State, have.lease)
-	d.gather.track(have, rev)
-	d.engine.Close(string(key))
-	closedRecord(t, d, key)
-	rep, epochs := p.seen()
-	if len(rep) != 1 {
-		t.Fatalf("%d submissions, want 1", len(rep))
-	}
-	if !rep[0] {
-		t.Errorf("the take-over of a previous version's hold was submitted without Repeated (lease epoch %d)", epochs[0])
+	for _, tc := range []struct {
+		name  string
+		key   protocol.TurnKey
+		state TurnState
+		out   *TurnOutcome
+		lease lifecycle.Lease
+	}{
+		{"claim", "0123456789abcdef0123456789abcde1", TurnSubmitting,
+			&TurnOutcome{Owner: "old-replica", SubmittingSince: now.Add(-20 * time.Second)}, lifecycle.Lease{}},
+		// This version writes a collecting turn under a lease as the
+		// previous version's hold; that version's own hold looks the same
+		// on the wire without the "lease" field.
+		{"hold", "0123456789abcdef0123456789abcde2", TurnCollecting,
+			nil, lifecycle.Lease{Owner: "old-replica/holder1", Until: now.Add(-25 * time.Second), Epoch: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, js := natstest.Start(t).Connect(t)
+			p := &repeatPlatform{}
+			d := replicaOn(t, js, "new", p)
+			turn := &Turn{Version: protocol.Version, Key: tc.key,
+				Ref:   Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_" + tc.name, Conversation: "conv_" + tc.name},
+				State: tc.state, CreatedAt: now.Add(-40 * time.Second), ExpiresAt: now.Add(5 * time.Minute), Deadline: now.Add(4 * time.Minute),
+				out: tc.out, lease: tc.lease}
+			storeAsPreviousVersion(t, d, turn)
+			have, rev, err := d.turns.get(t.Context(), tc.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("read back: state %s, lease %s", have.State, have.lease)
+			d.gather.track(have, rev)
+			d.engine.Close(string(tc.key))
+			closedRecord(t, d, tc.key)
+			rep, epochs := p.seen()
+			if len(rep) != 1 {
+				t.Fatalf("%d submissions, want 1", len(rep))
+			}
+			if !rep[0] {
+				t.Errorf("the take-over of a previous version's %s (which may have reached the platform) was submitted "+
+					"without Repeated: lease epoch %d; the Responses adapter continues the conversation a second time", tc.name, epochs[0])
+			}
+		})
 	}
 }
 

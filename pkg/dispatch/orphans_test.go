@@ -98,11 +98,7 @@ func TestRunningCallFailsWhenTheLastExecutorIsKilled(t *testing.T) {
 		})}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- x.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitForWhat(t, 10*time.Second, "get_weather to be served", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	runServing(t, x, d)
 	w := e.takenIn(d, "weather, killed")
 	select {
 	case <-started:
@@ -234,11 +230,7 @@ func TestAPartitionedExecutorsQueuedCallFailsAndIsNotRunLater(t *testing.T) {
 		})}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- x.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitForWhat(t, 10*time.Second, "get_weather to be served", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
+	runServing(t, x, d)
 
 	p.set(true) // the executor is cut off; its lease is still current
 	cutAt := time.Now()
@@ -263,4 +255,15 @@ func TestAPartitionedExecutorsQueuedCallFailsAndIsNotRunLater(t *testing.T) {
 	if _, ok := ran.Load("Oslo"); ok {
 		t.Error("the executor ran the call the model was told failed")
 	}
+}
+
+// runServing runs x until the test ends, once d counts its get_weather
+// served.
+func runServing(t *testing.T, x *exec.Executor, d *dispatch.Dispatcher) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- x.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.WaitForWhat(t, 10*time.Second, "get_weather to be served", func() bool { return dispatch.LiveSchemas(d, "get_weather") == 1 })
 }
