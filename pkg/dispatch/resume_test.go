@@ -123,6 +123,11 @@ func TestAWatchTakenOverMidIntakeSendsItsCalls(t *testing.T) {
 	d2, _ := e.dispatcher(dispatch.Options{SweepInterval: 200 * time.Millisecond})
 	var logs testutil.Buffer
 	d1, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { return p }, &logs, dispatch.Options{})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- the stopped replica's log ---\n%s", logs.String())
+		}
+	})
 	var once sync.Once
 	crashpoint.Set(func(point, _ string) {
 		if point == crashpoint.Intake {

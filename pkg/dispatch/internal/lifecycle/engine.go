@@ -91,6 +91,9 @@ type turn struct {
 	// sent is set once an attempt went out from here whose end is not
 	// recorded: the platform may have the outputs.
 	sent bool
+	// fresh is set while rec is what the store said during this event (a
+	// read or a write of it), not a copy kept from before.
+	fresh bool
 }
 
 type event struct {
@@ -223,6 +226,7 @@ func (e *Engine) run(ctx context.Context, t *turn) {
 // handle runs one event of t; it reports whether a cancellation failed
 // the turn.
 func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
+	t.fresh = false
 	if ev.kind == evWake {
 		t.rec = nil // looked at again: as it is now, not as this process last saw it
 	} else if t.rec == nil {
@@ -240,7 +244,7 @@ func (e *Engine) handle(ctx context.Context, t *turn, ev event) bool {
 			}
 			return false
 		}
-		t.rec = r
+		t.rec, t.fresh = r, true
 	}
 	switch ev.kind {
 	case evWake:
@@ -280,6 +284,15 @@ func (e *Engine) close(ctx context.Context, t *turn) {
 		}
 		now := e.env.Now()
 		if r.Lease.Owner != e.self && !r.Lease.Free(now) {
+			if !t.fresh {
+				// Another's lease, as this process last saw it: it may have
+				// been released since (its owner stopped). Read it once
+				// before waiting for it to lapse.
+				if cur, err := e.env.Load(ctx, t.key); err == nil {
+					t.rec, t.fresh = cur, true
+					continue
+				}
+			}
 			e.env.Tell(r.Lease.Owner, r.Key)
 			e.wakeIn(t, r.Lease.Until.Add(Skew).Sub(now))
 			return
@@ -377,14 +390,14 @@ func (e *Engine) write(ctx context.Context, t *turn, next *Rec, mine func(*Rec) 
 	rev, err := e.env.Write(ctx, next)
 	if err == nil {
 		next.Rev = rev
-		t.rec = next
+		t.rec, t.fresh = next, true
 		return owned
 	}
 	cur, lerr := e.env.Load(ctx, t.key)
 	if lerr != nil {
 		return unknown
 	}
-	t.rec = cur
+	t.rec, t.fresh = cur, true
 	switch {
 	case cur.Rev != from && mine(cur):
 		cur.Outcome = next.Outcome
