@@ -92,7 +92,11 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	// Tracked at once: a replica that stops from now on releases its lease.
 	d.gather.track(t, rev)
 	if d.engine.Stopping() {
-		d.engine.Release([]string{string(key)}) // the stop's release may have run already
+		// The stop's release ran before this turn was tracked, and the
+		// engine starts no goroutine any more: give the lease up here.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		d.engine.ReleaseNow(rctx, rec(t, rev))
+		cancel()
 	}
 	// The turn is recorded and this replica gathers for it, so the sweep
 	// will not resume it: its failures and calls must go out now, even if

@@ -172,6 +172,14 @@ func (e *Engine) Release(keys []string) {
 	}
 }
 
+// ReleaseNow gives up this process's lease on r, on the caller's
+// goroutine: for a turn recorded after the process's release ran (an intake
+// finishing while it stops), which no event of it has reached yet and for
+// which no goroutine may be started any more.
+func (e *Engine) ReleaseNow(ctx context.Context, r *Rec) {
+	e.release(ctx, &turn{key: r.Key, rec: r})
+}
+
 // Idle reports whether no event of any turn is being handled or waits.
 func (e *Engine) Idle() bool {
 	e.mu.Lock()
