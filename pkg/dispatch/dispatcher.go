@@ -392,15 +392,16 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: answer on the presence subject: %w", err)
 	}
 	defer stopPresence()
-	stopTells, err := d.serveTells()
+	stopHandovers, stopTells, err := d.serveTells()
 	if err != nil {
 		return fmt.Errorf("dispatch: hear of the turns this replica owns: %w", err)
 	}
 	// Once no result comes any more, the leases this replica holds are
-	// released, so the others or the restart need not wait them out; it
-	// still hears, meanwhile, of the turns it owns.
+	// released and handed to the others, so that they need not wait them
+	// out; it still hears, meanwhile, of the turns it owns.
 	defer func() {
 		stopResults()
+		stopHandovers()
 		d.releaseAll()
 		stopTells()
 	}()

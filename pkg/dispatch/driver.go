@@ -499,14 +499,15 @@ var errHandedOver = errors.New("dispatch: the watch is driven by another replica
 const presenceTimeout = 2 * time.Second
 
 func (d *Dispatcher) servePresence() (stop func(), err error) {
-	return d.hear(presenceSubject(d.opts.Name), func(m *nats.Msg) { _ = m.Respond(nil) })
+	return d.hear(presenceSubject(d.opts.Name), "", func(m *nats.Msg) { _ = m.Respond(nil) })
 }
 
-// hear subscribes handle to subject on the dispatcher's connection, and
-// returns once the server has the subscription.
-func (d *Dispatcher) hear(subject string, handle nats.MsgHandler) (stop func(), err error) {
+// hear subscribes handle to subject on the dispatcher's connection, in
+// the queue group queue if not empty, and returns once the server has the
+// subscription.
+func (d *Dispatcher) hear(subject, queue string, handle nats.MsgHandler) (stop func(), err error) {
 	nc := d.js.Conn()
-	sub, err := nc.Subscribe(subject, handle)
+	sub, err := nc.QueueSubscribe(subject, queue, handle)
 	if err != nil {
 		return nil, err
 	}

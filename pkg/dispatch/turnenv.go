@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -240,14 +241,20 @@ func attempt(ctx context.Context, p Platform, t *Turn, outputs []Output, keep fu
 }
 
 // Tell asks the replica owning a turn to look at it: another replica
-// received a result of it, or its deadline. A replica of a version before
-// the lease ("old:...") is not told; it looks at the stream itself.
+// received a result of it, or its deadline. With no owner (a stopping
+// replica released the turn), it asks whichever other replica hears first.
+// A replica of a version before the lease ("old:...") is not told; it
+// looks at the stream itself.
 func (e turnEnv) Tell(owner, key string) {
-	if len(owner) > 4 && owner[:4] == "old:" {
+	if strings.HasPrefix(owner, "old:") {
 		return
 	}
-	if err := e.d.js.Conn().Publish(tellSubject(leaseInstance(owner)), []byte(key)); err != nil {
-		e.d.log.Debug("telling the replica owning a turn to look at it failed", "turn", key, "owner", owner, "err", err)
+	subject := handoverSubject
+	if owner != "" {
+		subject = tellSubject(leaseInstance(owner))
+	}
+	if err := e.d.js.Conn().Publish(subject, []byte(key)); err != nil {
+		e.d.log.Debug("telling another replica to look at a turn failed", "turn", key, "owner", owner, "err", err)
 	}
 	e.d.tel.passedOn.Add(context.Background(), 1)
 }
@@ -256,22 +263,28 @@ func (e turnEnv) Tell(owner, key string) {
 // another replica has news of.
 func tellSubject(instance string) string { return replicaSubject(instance, "turns") }
 
+// handoverSubject is where the replicas, as one queue group, hear of the
+// turns a stopping replica released: one of them looks at each at once,
+// rather than the sweep later.
+const handoverSubject = "toolrelay.dispatcher.any.turns"
+
 // serveTells hears of the turns this replica owns that another replica
 // has news of: on its own subject, and, from a replica of the version
 // before the lease (which reads this replica's leases as holds), as the
-// call keys of results it received.
-func (d *Dispatcher) serveTells() (stop func(), err error) {
-	stopTells, err := d.hear(tellSubject(leaseInstance(d.instance)), func(m *nats.Msg) {
-		key := protocol.TurnKey(m.Data)
-		if key.Validate() != nil {
-			return
+// call keys of results it received. stopHandovers stops hearing of the
+// turns another replica released (before this one releases its own, so
+// that they go to the others); stop stops the rest.
+func (d *Dispatcher) serveTells() (stopHandovers, stop func(), err error) {
+	heard := func(m *nats.Msg) {
+		if key := protocol.TurnKey(m.Data); key.Validate() == nil {
+			d.engine.Close(string(key))
 		}
-		d.engine.Close(string(key))
-	})
-	if err != nil {
-		return nil, err
 	}
-	stopOld, err := d.hear(replicaSubject(leaseInstance(d.instance), "results"), func(m *nats.Msg) {
+	stopTells, err := d.hear(tellSubject(leaseInstance(d.instance)), "", heard)
+	if err != nil {
+		return nil, nil, err
+	}
+	stopOld, err := d.hear(replicaSubject(leaseInstance(d.instance), "results"), "", func(m *nats.Msg) {
 		key := protocol.CallKey(m.Data)
 		if key.Validate() != nil {
 			return
@@ -280,9 +293,15 @@ func (d *Dispatcher) serveTells() (stop func(), err error) {
 	})
 	if err != nil {
 		stopTells()
-		return nil, err
+		return nil, nil, err
 	}
-	return func() { stopTells(); stopOld() }, nil
+	stopHandovers, err = d.hear(handoverSubject, queueGroup, heard)
+	if err != nil {
+		stopTells()
+		stopOld()
+		return nil, nil, err
+	}
+	return stopHandovers, func() { stopTells(); stopOld() }, nil
 }
 
 // Closed finishes, in this process, a turn the engine closed or found

@@ -49,7 +49,8 @@ type Env interface {
 	// calls keep every KeepEvery; once keep reports false (the lease is
 	// another's) it stops waiting, and returns.
 	Submit(ctx context.Context, r *Rec, keep func() bool) (any, error)
-	// Tell asks the process owner to look at the turn key.
+	// Tell asks the process owner to look at the turn key; with no owner
+	// (""), any other process that runs.
 	Tell(owner, key string)
 	// Closed reports r closed: by this process (here), or found so.
 	Closed(r *Rec, here bool)
@@ -282,7 +283,10 @@ func (e *Engine) close(ctx context.Context, t *turn) {
 		return
 	}
 	if e.isStopping(ctx) {
-		return // its lease released, the turn is the others'
+		// Its results or its timer came as this process stops: the turn
+		// is the others', and so is the news.
+		e.release(ctx, t)
+		return
 	}
 	for range maxRounds {
 		r := t.rec
@@ -572,8 +576,10 @@ func (e *Engine) cancel(ctx context.Context, t *turn, why string) bool {
 // it may have reached the platform first.
 const MaybeSubmitted = " (a submission of it may have reached the platform first)"
 
-// release gives up this process's lease on t, so that another process may
-// take the turn at once.
+// release hands t to the other processes as this one stops: its lease
+// on t given up, and another process told to look at the turn at once
+// (its results may all be in, and nothing else would bring it to anyone
+// before the sweep finds it).
 func (e *Engine) release(ctx context.Context, t *turn) {
 	if t.ended != nil {
 		e.finish(ctx, t, t.ended.Outcome, t.ended.Error)
@@ -585,14 +591,30 @@ func (e *Engine) release(ctx context.Context, t *turn) {
 		t.wake()
 		t.wake = nil
 	}
-	r := t.rec
-	if r.State.Closed() || r.Lease.Owner != e.self {
+	if t.rec.Lease.Owner != e.self && !t.fresh {
+		// Whom to tell is read, not remembered: the owner this process
+		// last saw may be long gone.
+		if cur, err := e.env.Load(ctx, t.key); err == nil {
+			t.rec, t.fresh = cur, true
+		}
+	}
+	if t.rec.State.Closed() {
 		return
 	}
-	next := r.Clone()
-	next.Lease = Lease{Epoch: r.Lease.Epoch}
-	if e.write(ctx, t, next, func(cur *Rec) bool { return cur.Lease.Equal(next.Lease) }) != owned {
-		e.log.Debug("releasing a turn's lease failed; it lapses", "turn", t.key)
+	if t.rec.Lease.Owner == e.self {
+		next := t.rec.Clone()
+		next.Lease = Lease{Epoch: t.rec.Lease.Epoch}
+		if e.write(ctx, t, next, func(cur *Rec) bool { return cur.Lease.Equal(next.Lease) }) == unknown {
+			e.log.Debug("releasing a turn's lease failed; it lapses", "turn", t.key)
+			return
+		}
+	}
+	if r := t.rec; !r.State.Closed() && r.Lease.Owner != e.self {
+		owner := r.Lease.Owner
+		if r.Lease.Free(e.env.Now()) {
+			owner = "" // any other process may take it
+		}
+		e.env.Tell(owner, r.Key)
 	}
 }
 

@@ -19,6 +19,7 @@ type reviewEnv struct {
 	store   map[string]*Rec
 	rev     uint64
 	submits int
+	tells   []string // "owner key" of each Tell; owner "" means any
 	wg      sync.WaitGroup
 }
 
@@ -64,7 +65,11 @@ func (e *reviewEnv) Submit(context.Context, *Rec, func() bool) (any, error) {
 	e.submits++
 	return "next", nil
 }
-func (e *reviewEnv) Tell(string, string) {}
+func (e *reviewEnv) Tell(owner, key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.tells = append(e.tells, owner+" "+key)
+}
 func (e *reviewEnv) Closed(*Rec, bool)   {}
 
 func (e *reviewEnv) stored(key string) *Rec {
@@ -130,6 +135,42 @@ func TestEngineReleaseThenQueuedEventLeavesLeaseFree(t *testing.T) {
 	env.wg.Wait()
 	if r := env.stored("t1"); r.Lease.Owner != "" {
 		t.Errorf("after Release and a later event, the stopping process holds %s (record %s), %d submissions", r.Lease, r.State, env.submits)
+	}
+}
+
+// Found by CI (TestAWatchTakenOverMidIntakeSendsItsCalls), failing before
+// its fix: a stopping process gave its leases up and told nobody, and
+// dropped the news of a turn that came to it meanwhile; a replica that had
+// looked at the lease before the release waited for it to lapse (17 s),
+// and a turn whose results were all in waited for the sweep. Now the turn
+// is handed on: released and any other process told, or its owner told.
+func TestEngineStoppingProcessHandsTurnsOn(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		lease Lease
+		send  func(e *Engine, key string)
+		tell  string
+	}{
+		{"its own lease released", Lease{Owner: "me", Until: simStart.Add(10 * time.Second), Epoch: 1},
+			func(e *Engine, key string) { e.Release([]string{key}) }, " t1"},
+		{"news of a turn another owns", Lease{Owner: "other", Until: simStart.Add(10 * time.Second), Epoch: 1},
+			func(e *Engine, key string) { e.Close(key) }, "other t1"},
+		{"news of a turn whose owner's lease lapsed", Lease{Owner: "gone", Until: simStart.Add(-LeaseFor), Epoch: 1},
+			func(e *Engine, key string) { e.Close(key) }, " t1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, env := stoppingEngine(t, &Rec{Key: "t1", State: Collecting, Deadline: simStart.Add(time.Minute), Lease: c.lease})
+			e.Release(nil)
+			c.send(e, "t1")
+			env.wg.Wait()
+			r := env.stored("t1")
+			if c.lease.Owner == "me" && r.Lease.Owner != "" {
+				t.Errorf("the stopping process still holds %s", r.Lease)
+			}
+			if len(env.tells) == 0 || env.tells[0] != c.tell || env.submits != 0 {
+				t.Errorf("tells %q and %d submissions, want the first tell %q and none", env.tells, env.submits, c.tell)
+			}
+		})
 	}
 }
 

@@ -79,7 +79,7 @@ func (p *proc) Write(ctx context.Context, r *Rec) (uint64, error) {
 	if (cur == nil) != (r.Rev == 0) || (cur != nil && cur.Rev != r.Rev) {
 		return 0, ErrConflict
 	}
-	if w.faults && w.rng.IntN(20) == 0 {
+	if w.lossy() && w.rng.IntN(20) == 0 {
 		return 0, errNoAnswer // not stored
 	}
 	w.rev++
@@ -97,7 +97,7 @@ func (p *proc) Write(ctx context.Context, r *Rec) (uint64, error) {
 	if stored.CutOff && (cur == nil || !cur.CutOff) {
 		w.report.cutOffs++
 	}
-	if w.faults && w.rng.IntN(20) == 0 {
+	if w.lossy() && w.rng.IntN(20) == 0 {
 		w.report.lostAnswers++
 		w.step(p)
 		return 0, errNoAnswer // stored, its answer lost
@@ -231,11 +231,22 @@ func (w *world) arrive(p *proc, r *Rec, paused time.Duration, ambiguous bool) *a
 	return a
 }
 
+// Tell reaches the owner (stopping, it still hears), or with none a
+// running process other than p, a millisecond later; one message in ten
+// is lost.
 func (p *proc) Tell(owner, key string) {
 	w := p.w
-	for _, o := range w.procs {
-		if o.inst == owner && !o.dead && w.rng.IntN(10) != 0 {
-			w.at(w.now.Add(time.Millisecond), o, func() { o.eng.Close(key) })
+	to := w.live()
+	if owner != "" {
+		to = w.procs
+	}
+	for _, o := range to {
+		if o != p && !o.dead && (o.inst == owner || owner == "") {
+			if !w.lossy() || w.rng.IntN(10) != 0 {
+				w.tracef("%s tells %s of %s", p.inst, o.inst, key)
+				w.at(w.now.Add(time.Millisecond), o, func() { o.eng.Close(key) })
+			}
+			return
 		}
 	}
 }
