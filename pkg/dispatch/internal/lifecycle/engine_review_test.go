@@ -70,7 +70,7 @@ func (e *reviewEnv) Tell(owner, key string) {
 	defer e.mu.Unlock()
 	e.tells = append(e.tells, owner+" "+key)
 }
-func (e *reviewEnv) Closed(*Rec, bool)   {}
+func (e *reviewEnv) Closed(*Rec, bool) {}
 
 func (e *reviewEnv) stored(key string) *Rec {
 	e.mu.Lock()
