@@ -165,14 +165,15 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	_ = msg.Ack()
-	i := st.turn.callIndex(key)
-	if i < 0 || st.turn.Calls[i].Team != team {
+	t := g.turnOf(st)
+	i := t.callIndex(key)
+	if i < 0 || t.Calls[i].Team != team {
 		span.SetStatus(codes.Error, "result from a team that does not own the call")
 		log().WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
 		return
 	}
-	g.d.tel.result(ctx, st.turn, res)
-	g.d.inspect.stats.record(st.turn, res)
+	g.d.tel.result(ctx, t, res)
+	g.d.inspect.stats.record(t, res)
 	crashpoint.Reached(crashpoint.Gather, string(turnKey))
 	if g.add(st, i, res) {
 		g.d.engine.Close(string(turnKey))
@@ -224,6 +225,14 @@ func (g *gatherer) cached(key protocol.TurnKey) (*Turn, uint64) {
 		return st.turn, st.rev
 	}
 	return nil, 0
+}
+
+// turnOf returns the record st keeps now: the engine replaces it as it
+// writes the turn.
+func (g *gatherer) turnOf(st *gathering) *Turn {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return st.turn
 }
 
 // replace keeps t, at revision rev, as the record of a turn this replica
