@@ -66,7 +66,7 @@ func TestSimulation(t *testing.T) {
 	sum := simulateSeeds(t, "TestSimulation$", *simSeeds, cfg)
 	t.Logf("%d seeds: %d turns (%d created with no lease, %d cancelled), %d submissions (%d taken over, %d cut off), %d kills, %d stops, %d pauses, %d lost answers; "+
 		"repeats on a keep-every-submission platform from the documented windows: %d after a pause past the lease, %d after an answer lost, %d after a takeover",
-		*simSeeds, sum.turns, sum.unleased, sum.cancelled, sum.arrivals, sum.takeovers, sum.cutOffs, sum.kills, sum.stops, sum.pauses, sum.lostAnswers, sum.residualPause, sum.residualAmbiguous, sum.residualTakeover)
+		sum.seeds, sum.turns, sum.unleased, sum.cancelled, sum.arrivals, sum.takeovers, sum.cutOffs, sum.kills, sum.stops, sum.pauses, sum.lostAnswers, sum.residualPause, sum.residualAmbiguous, sum.residualTakeover)
 }
 
 // TestSimulationHandover runs processes that only ever stop cleanly (a
@@ -80,7 +80,7 @@ func TestSimulationHandover(t *testing.T) {
 		return
 	}
 	sum := simulateSeeds(t, "TestSimulationHandover", *simSeeds/5, cfg)
-	t.Logf("%d seeds: %d turns, %d submissions (%d taken over), %d stops", *simSeeds/5, sum.turns, sum.arrivals, sum.takeovers, sum.stops)
+	t.Logf("%d seeds: %d turns, %d submissions (%d taken over), %d stops", sum.seeds, sum.turns, sum.arrivals, sum.takeovers, sum.stops)
 }
 
 // replay runs the seed -seed with tracing.
@@ -90,11 +90,11 @@ func replay(t *testing.T, cfg simConfig) {
 	}
 }
 
-// simulateSeeds runs seeds 1 to n (at most 1000 with -short) on every
+// simulateSeeds runs seeds 1 to n (at most 1000 with -short or -race) on every
 // core and sums their reports; a failure reports the lowest seed that
 // fails, and how to replay it with the test named run.
 func simulateSeeds(t *testing.T, run string, n int, cfg simConfig) simReport {
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		n = min(n, 1000)
 	}
 	reports := make([]simReport, n+1)
@@ -120,6 +120,7 @@ func simulateSeeds(t *testing.T, run string, n int, cfg simConfig) simReport {
 		}
 		sum.add(r)
 	}
+	sum.seeds = n
 	return sum
 }
 
@@ -151,6 +152,7 @@ func TestSimulationFindsBugs(t *testing.T) {
 }
 
 type simReport struct {
+	seeds                                                                  int // summed reports only
 	violations, trace                                                      []string
 	turns, arrivals, takeovers, cutOffs, kills, stops, pauses, lostAnswers int
 	cancelled, unleased                                                    int
