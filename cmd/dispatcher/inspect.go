@@ -10,12 +10,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // The inspection commands (turns, turn, functions, watches) read a running
@@ -150,7 +152,7 @@ func turnsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		for _, t := range list.Recent {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Key, t.Platform, t.ObjectID, t.Outcome, callsSummary(t.Calls),
-				t.Duration, t.TimeLeftAtSubmit, t.SubmittedAt.Local().Format(time.TimeOnly), dash(t.TraceID))
+				dash(t.Duration), dash(t.TimeLeftAtSubmit), clockOf(t.SubmittedAt), dash(t.TraceID))
 		}
 	}
 	return tw.Flush()
@@ -165,8 +167,12 @@ func turnCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.Usage()
 		return errors.New("turn: give one turn key (dispatcher turns lists them)")
 	}
+	key, err := fullTurnKey(ctx, c, fs.Arg(0))
+	if err != nil {
+		return err
+	}
 	var t dispatch.TurnView
-	if err := c.get(ctx, "/v1/turns/"+url.PathEscape(fs.Arg(0)), nil, &t); err != nil {
+	if err := c.get(ctx, "/v1/turns/"+url.PathEscape(key), nil, &t); err != nil {
 		return err
 	}
 	if *asJSON {
@@ -180,6 +186,8 @@ func turnCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(tw, "deadline\t%s (run expires %s)\n", t.Deadline.Local().Format(time.DateTime), t.ExpiresAt.Local().Format(time.TimeOnly))
 	if t.Outcome == "open" {
 		fmt.Fprintf(tw, "time left\t%s\n", timeLeft(t.TimeLeftMS))
+	} else if t.SubmittedAt.IsZero() {
+		fmt.Fprintf(tw, "submitted\tnever: the turn closed without a submission\n")
 	} else {
 		fmt.Fprintf(tw, "submitted\t%s after %s, %s before the run expired\n", t.SubmittedAt.Local().Format(time.DateTime), t.Duration, t.TimeLeftAtSubmit)
 	}
@@ -209,6 +217,40 @@ func turnCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			attempts, oneLine(detail, 80))
 	}
 	return tw.Flush()
+}
+
+// fullTurnKey returns the turn key that key is, or that key begins (the
+// console shows the first 12 characters): a prefix must name one of the
+// turns the API lists, open or recently closed.
+func fullTurnKey(ctx context.Context, c *apiClient, key string) (string, error) {
+	if protocol.TurnKey(key).Validate() == nil || key == "" {
+		return key, nil
+	}
+	var list dispatch.TurnList
+	if err := c.get(ctx, "/v1/turns", url.Values{"limit": {"100000"}}, &list); err != nil {
+		return "", err
+	}
+	var found []string
+	for _, t := range slices.Concat(list.Open, list.Recent) {
+		if strings.HasPrefix(string(t.Key), key) && !slices.Contains(found, string(t.Key)) {
+			found = append(found, string(t.Key))
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return "", fmt.Errorf("turn: no open or recently closed turn begins with %q; give its whole key (32 characters)", key)
+	}
+	return "", fmt.Errorf("turn: %d turns begin with %q (%s); give more of the key", len(found), key, strings.Join(found, ", "))
+}
+
+// clockOf is t's local time of day, or "-" if t is zero.
+func clockOf(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(time.TimeOnly)
 }
 
 func functionsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {

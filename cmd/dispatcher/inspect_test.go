@@ -88,6 +88,13 @@ func TestInspectionCommands(t *testing.T) {
 			t.Errorf("turn table lacks %q:\n%s", want, one)
 		}
 	}
+	// The console shows 12 characters of a key: they are enough here.
+	if short := inspect(t, "turn", "-addr", addr, string(first.Key)[:12]); !strings.Contains(short, string(first.Key)) {
+		t.Errorf("turn by the key's first 12 characters:\n%s", short)
+	}
+	if _, err := inspectErr(t, "turn", "-addr", addr, "ffffffffffff"); err == nil || !strings.Contains(err.Error(), "whole key") {
+		t.Errorf("turn by a prefix no turn has: %v; want an error asking for the whole key", err)
+	}
 	fns := inspect(t, "functions", "-addr", addr)
 	for _, want := range []string{"FUNCTION", "getCityNickname", "demo", "get_horoscope"} {
 		if !strings.Contains(fns, want) {
