@@ -34,7 +34,7 @@ type FunctionStatus struct {
 // Changed reports whether the newest executor declares a definition
 // (description or schema) other than the one last accepted.
 func (s FunctionStatus) Changed() bool {
-	return s.Accepted != nil && definitionDigest(s.Spec) != definitionDigest(s.Accepted)
+	return s.Accepted != nil && DefinitionDigest(s.Spec) != DefinitionDigest(s.Accepted)
 }
 
 // Served reports whether a live executor serves the function.

@@ -1,12 +1,7 @@
 package dispatch
 
 import (
-	"cmp"
 	"encoding/json"
-	"fmt"
-	"net/http"
-	"slices"
-	"strings"
 
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -43,44 +38,8 @@ func ExportTools(specs []*protocol.FunctionSpec, p protocol.Platform) ([]Exporte
 	for i, def := range defs {
 		out[i].Definition = def
 		if i < len(specs) { // then tool_search, if any
-			out[i].Team, out[i].Function, out[i].DefinitionDigest = specs[i].Team, specs[i].Name, definitionDigest(specs[i])
+			out[i].Team, out[i].Function, out[i].DefinitionDigest = specs[i].Team, specs[i].Name, DefinitionDigest(specs[i])
 		}
 	}
 	return out, nil
-}
-
-// getTools answers GET /v1/tools?platform=responses&team=a,b: the tool
-// definitions of the functions live executors serve, of the caller's teams
-// (and of those named by team, which must be the caller's), each with its
-// team, as {"platform":..., "tools":[ExportedTool...]}.
-func (d *Dispatcher) getTools(w http.ResponseWriter, r *http.Request) {
-	caller := CallerOf(r)
-	q := r.URL.Query()
-	p := protocol.Platform(cmp.Or(q.Get("platform"), string(protocol.PlatformResponses)))
-	if p.Validate() != nil || p == protocol.PlatformMCP {
-		writeFieldError(w, &FieldError{Field: "platform", Message: "platform must be agents, assistants or responses"})
-		return
-	}
-	sees := caller.Sees
-	if list := q.Get("team"); list != "" {
-		teams := strings.Split(list, ",")
-		for _, t := range teams {
-			if !caller.Sees(t) {
-				writeQueryError(w, &FieldError{Field: "team", Err: ErrOutOfScope,
-					Message: fmt.Sprintf("team %s is not one of your teams (%s)", t, strings.Join(caller.Teams, ", "))})
-				return
-			}
-		}
-		sees = func(team string) bool { return slices.Contains(teams, team) }
-	}
-	if !d.Ready() {
-		writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
-		return
-	}
-	tools, err := ExportTools(d.registry.served(sees, d.opts.DefinitionApproval), p)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"platform": p, "tools": tools})
 }
