@@ -18,6 +18,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -100,7 +101,7 @@ func TestDefinitionApproval(t *testing.T) {
 	agentsRead := func() string {
 		t.Helper()
 		got := do(t, http.MethodGet, hs.URL+"/v1/tools", tokens["admin"], "")
-		var x struct{ Tools []dispatch.ExportedTool }
+		var x struct{ Tools []tooldef.Tool }
 		if err := json.Unmarshal(got.body, &x); err != nil || len(x.Tools) != 1 {
 			return ""
 		}

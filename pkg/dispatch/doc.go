@@ -60,6 +60,8 @@
 //     ([Dispatcher.AcceptDefinition]), the MCP server at /mcp, health
 //     checks ([Dispatcher.Ready], [Dispatcher.Connected]), and the guard
 //     that authenticates each [Caller];
+//   - package tooldef renders served functions as a platform's tool
+//     definitions (GET /v1/tools, the dispatcher command's tools command);
 //   - package internal/console, the operator console, reads the Inspect
 //     methods beside it.
 //
@@ -151,5 +153,5 @@
 //   - caller: who asks the dispatcher for something, and which teams it
 //     sees ([Caller]); scope: those teams.
 //   - front door: a package that serves the engine to the outside
-//     through its exported API only (httpapi).
+//     through its exported API only (httpapi, tooldef).
 package dispatch

@@ -18,6 +18,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
@@ -87,7 +88,7 @@ func TestToolSetsAndOwners(t *testing.T) {
 
 	type export struct {
 		Platform string
-		Tools    []dispatch.ExportedTool
+		Tools    []tooldef.Tool
 	}
 	tools := func(token, query string) (int, export, string) {
 		t.Helper()

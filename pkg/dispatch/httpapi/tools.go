@@ -8,13 +8,14 @@ import (
 	"strings"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // getTools answers GET /v1/tools?platform=responses&team=a,b: the tool
 // definitions of the functions live executors serve, of the caller's teams
 // (and of those named by team, which must be the caller's), each with its
-// team, as {"platform":..., "tools":[dispatch.ExportedTool...]}.
+// team, as {"platform":..., "tools":[tooldef.Tool...]}.
 func (a *Handler) getTools(w http.ResponseWriter, r *http.Request) {
 	caller := CallerOf(r)
 	q := r.URL.Query()
@@ -39,7 +40,7 @@ func (a *Handler) getTools(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
 		return
 	}
-	tools, err := dispatch.ExportTools(a.d.ServedFunctions(sees), p)
+	tools, err := tooldef.Export(a.d.ServedFunctions(sees), p)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
