@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
-	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 )
 
 // runBin runs a built binary to completion and returns its stdout, stderr
@@ -110,7 +110,7 @@ func TestBuiltDevLoop(t *testing.T) {
 		t.Errorf("tools -team orders = %s, want %s", strings.Join(got, ","), want)
 	}
 	out, errOut, code = runBin(t, bins["dispatcher"], natsEnv, "tools", "-owners", "-team", "orders,billing")
-	var owned []dispatch.ExportedTool
+	var owned []tooldef.Tool
 	if code != 0 || json.Unmarshal([]byte(out), &owned) != nil || len(owned) != len(defs) || owned[0].Team != "orders" ||
 		owned[0].Function != "get_order_status" || !strings.Contains(string(owned[0].Definition), `"name": "get_order_status"`) {
 		t.Errorf("tools -owners -team orders,billing: exit %d, %s %s; want %d definitions, each with its team", code, out, errOut, len(defs))

@@ -9,6 +9,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 // "dispatcher -h" lists every command, and the service's settings.
@@ -42,7 +43,7 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_STEPS", cfg.MaxSteps, dispatch.DefaultMaxSteps},
 		{"TOOLRELAY_SERVE_GRACE", cfg.ServeGrace, dispatch.DefaultServeGrace},
 		{"TOOLRELAY_SWEEP_INTERVAL", cfg.SweepInterval, dispatch.DefaultSweepInterval},
-		{"TOOLRELAY_MCP_CALL_TIMEOUT", cfg.MCPTimeout, dispatch.DefaultMCPCallTimeout},
+		{"TOOLRELAY_MCP_CALL_TIMEOUT", cfg.MCPTimeout, httpapi.DefaultMCPCallTimeout},
 		{"TOOLRELAY_MAX_INFLIGHT", cfg.MaxInFlight, dispatch.DefaultMaxInFlightPublishes},
 		{"TOOLRELAY_MAX_INFLIGHT_PER_TEAM", cfg.MaxPerTeam, dispatch.DefaultMaxInFlightPerTeam},
 		{"TOOLRELAY_SHUTDOWN_TIMEOUT", cfg.Shutdown, dispatch.DefaultShutdownTimeout},

@@ -26,6 +26,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformauth"
 	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 )
 
@@ -83,7 +84,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log := cliutil.Logger(stderr, cfg.LogLevel)
 	var wg sync.WaitGroup
 	defer wg.Wait() // the tokens file's follower, once the stopTokens deferred below has run
-	var auth dispatch.Authenticator
+	var auth httpapi.Authenticator
 	if cfg.APITokens != "" {
 		tokens, err := apiauth.Open(cfg.APITokens, apiauth.Options{Logger: log.With("component", "api-tokens")})
 		if err != nil {
@@ -137,10 +138,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	client := openai.NewClient(opts...)
 	dopts := dispatch.Options{
 		Logger: log, SubmitMargin: cfg.SubmitMargin, RunTTL: cfg.RunTTL, MaxSteps: cfg.MaxSteps, Replicas: cfg.Replicas,
-		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval, MCPCallTimeout: cfg.MCPTimeout,
+		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
 		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls, TeamAPIPrefix: cfg.TeamAPIPrefix,
-		Authenticator: auth, DefinitionApproval: cfg.DefApproval,
+		DefinitionApproval: cfg.DefApproval,
 	}
 	if cfg.WebhookSecret != "" {
 		dopts.Webhooks = openaiplatform.Webhooks(string(cfg.WebhookSecret))
@@ -163,8 +164,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.Metrics)
-	mux.Handle("/", d.Handler())
-	ui, err := console.New(d, console.Options{Logger: log, TraceURL: cfg.TraceURL})
+	api := httpapi.New(d, httpapi.Options{Logger: log, Authenticator: auth, MCPCallTimeout: cfg.MCPTimeout})
+	mux.Handle("/", api)
+	ui, err := console.New(d, api, console.Options{Logger: log, TraceURL: cfg.TraceURL})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -99,9 +100,9 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var out any
 	if *owners {
-		out, err = dispatch.ExportTools(specs, p)
+		out, err = tooldef.Export(specs, p)
 	} else {
-		out, err = dispatch.ToolDefinitions(specs, p)
+		out, err = tooldef.Definitions(specs, p)
 	}
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/tenancy"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -71,12 +72,13 @@ func TestNoTeamCanImportAnothersReadPaths(t *testing.T) {
 // dispatcher, to loopback clients (no tokens: they see every team).
 func (x *deployment) console() string {
 	x.t.Helper()
-	ui, err := console.New(x.d, console.Options{Logger: testutil.Logger(x.t)})
+	api := httpapi.New(x.d, httpapi.Options{Logger: testutil.Logger(x.t)})
+	ui, err := console.New(x.d, api, console.Options{Logger: testutil.Logger(x.t)})
 	if err != nil {
 		x.t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", x.d.Handler())
+	mux.Handle("/", api)
 	ui.Mount(mux)
 	hs := httptest.NewServer(mux)
 	x.t.Cleanup(hs.Close)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 // DefaultInterval is how often Run looks at the file.
@@ -31,7 +32,7 @@ type Options struct {
 }
 
 // File is the tokens of a tokens file, kept up to date by Run. It is a
-// dispatch.Authenticator; its methods are safe for concurrent use.
+// httpapi.Authenticator; its methods are safe for concurrent use.
 type File struct {
 	path  string
 	log   *slog.Logger
@@ -45,7 +46,7 @@ type File struct {
 	seen [sha256.Size]byte
 }
 
-var _ dispatch.Authenticator = (*File)(nil)
+var _ httpapi.Authenticator = (*File)(nil)
 
 // Open reads the tokens file at path. A file that cannot be read or is
 // malformed is an error naming the file (and the line).

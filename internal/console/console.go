@@ -12,8 +12,8 @@
 // account; it reads them team by team through the dispatcher's way into
 // that account ([dispatch.Dispatcher.TeamJetStream]: the same account in a
 // single-account deployment, read-only paths under dispatcher
-// nats-config), the newest [DeadLetterRecords] records of each. Everything is behind the dispatcher's
-// guard ([dispatch.Dispatcher.Guard]): the API's tokens, or loopback
+// nats-config), the newest [DeadLetterRecords] records of each. Everything is behind the HTTP API's
+// guard ([httpapi.Handler.Guard]): the API's tokens, or loopback
 // clients only without them. A browser gives its token once, to the login
 // form, which keeps it in an HttpOnly, SameSite=Strict cookie.
 package console
@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -62,15 +63,17 @@ const DefaultSessionMaxAge = 12 * time.Hour
 // Console serves the operator console of one dispatcher.
 type Console struct {
 	d     *dispatch.Dispatcher
+	api   *httpapi.Handler
 	opts  Options
 	log   *slog.Logger
 	pages map[string]*template.Template
 }
 
-// New returns the console of d.
-func New(d *dispatch.Dispatcher, opts Options) (*Console, error) {
-	if d == nil {
-		return nil, errors.New("console: a dispatcher is required")
+// New returns the console of d, served beside api (d's HTTP API), whose
+// guard and tokens it shares.
+func New(d *dispatch.Dispatcher, api *httpapi.Handler, opts Options) (*Console, error) {
+	if d == nil || api == nil {
+		return nil, errors.New("console: a dispatcher and its HTTP API are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -78,7 +81,7 @@ func New(d *dispatch.Dispatcher, opts Options) (*Console, error) {
 	if opts.SessionMaxAge <= 0 {
 		opts.SessionMaxAge = DefaultSessionMaxAge
 	}
-	c := &Console{d: d, opts: opts, log: opts.Logger.With("component", "console"), pages: map[string]*template.Template{}}
+	c := &Console{d: d, api: api, opts: opts, log: opts.Logger.With("component", "console"), pages: map[string]*template.Template{}}
 	funcs := template.FuncMap{"traceURL": c.traceURL, "pct": pct, "clock": clock, "join": strings.Join, "ago": ago, "ms": ms,
 		"unixms": func(t time.Time) int64 { return t.UnixMilli() }, "short": short, "shortid": shortID, "list": func(s ...string) []string { return s },
 		"deref": func(s *string) string { return *s }, "percent": func(f float64) float64 { return 100 * f }, "jsontext": jsonText}
@@ -109,7 +112,7 @@ func (c *Console) Mount(mux *http.ServeMux) {
 	m.HandleFunc("GET /ui/watches", c.watchesPage)
 	m.HandleFunc("GET /v1/deadletters", c.getDeadLetters)
 	m.HandleFunc("POST /v1/deadletters/replay", c.postReplay)
-	h := securityHeaders(c.d.Guard(m))
+	h := securityHeaders(c.api.Guard(m))
 	mux.Handle("/ui", http.RedirectHandler("/ui/turns", http.StatusSeeOther))
 	mux.Handle("/ui/", h)
 	mux.Handle("/v1/deadletters", h)
@@ -148,10 +151,10 @@ type page struct {
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
-	p.Caller = dispatch.CallerOf(r)
+	p.Caller = httpapi.CallerOf(r)
 	p.Show = p.Data != nil
-	_, err := r.Cookie(dispatch.SessionCookie)
-	p.Login = err == nil && c.d.TokensRequired()
+	_, err := r.Cookie(httpapi.SessionCookie)
+	p.Login = err == nil && c.api.TokensRequired()
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)

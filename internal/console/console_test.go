@@ -11,7 +11,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/console"
 	"github.com/toolrelay/toolrelay/internal/demo"
 	"github.com/toolrelay/toolrelay/internal/testutil"
-	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 // noRedirects is a client that shows redirects instead of following them.
@@ -63,7 +63,7 @@ func TestConsoleHTTP(t *testing.T) {
 			cookie = resp.Cookies()[0]
 		}
 		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/turns" || cookie == nil ||
-			cookie.Name != dispatch.SessionCookie || !cookie.HttpOnly || cookie.SameSite != http.SameSiteStrictMode || cookie.Path != "/" {
+			cookie.Name != httpapi.SessionCookie || !cookie.HttpOnly || cookie.SameSite != http.SameSiteStrictMode || cookie.Path != "/" {
 			t.Fatalf("login: %d to %q, cookie %+v; want 303 to /ui/turns (not another site) and an HttpOnly SameSite=Strict cookie",
 				resp.StatusCode, resp.Header.Get("Location"), cookie)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -155,7 +156,7 @@ func (c *Console) deadLettersPage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	team, function := r.URL.Query().Get("team"), r.URL.Query().Get("function")
-	list, err := c.deadLetters(ctx, dispatch.CallerOf(r), team, function)
+	list, err := c.deadLetters(ctx, httpapi.CallerOf(r), team, function)
 	if err != nil {
 		c.deadLetterError(w, r, err, func(status int, msg string) {
 			c.render(w, r, status, "deadletters", page{Title: "Dead letters", Nav: "deadletters", Error: msg})
@@ -170,7 +171,7 @@ func (c *Console) deadLettersPage(w http.ResponseWriter, r *http.Request) {
 func (c *Console) getDeadLetters(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	list, err := c.deadLetters(ctx, dispatch.CallerOf(r), r.URL.Query().Get("team"), r.URL.Query().Get("function"))
+	list, err := c.deadLetters(ctx, httpapi.CallerOf(r), r.URL.Query().Get("team"), r.URL.Query().Get("function"))
 	if err != nil {
 		c.deadLetterError(w, r, err, func(status int, msg string) { writeError(w, status, msg) })
 		return
@@ -234,7 +235,7 @@ func (c *Console) postReplay(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	caller := dispatch.CallerOf(r)
+	caller := httpapi.CallerOf(r)
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	teams, _ := c.teamsOf(caller, "")

@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 // loginData is the login page.
@@ -26,7 +26,7 @@ func safeNext(next string) string {
 
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "login", page{Title: "Log in", Nav: "login",
-		Data: loginData{Next: safeNext(r.URL.Query().Get("next")), NoTokens: !c.d.TokensRequired()}})
+		Data: loginData{Next: safeNext(r.URL.Query().Get("next")), NoTokens: !c.api.TokensRequired()}})
 }
 
 // login takes a token from the form and, if the dispatcher knows it, keeps
@@ -34,26 +34,26 @@ func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
 	next := safeNext(r.PostFormValue("next"))
-	if !c.d.TokensRequired() {
+	if !c.api.TokensRequired() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
 	token := strings.TrimSpace(r.PostFormValue("token"))
-	caller, ok := c.d.CheckToken(token)
+	caller, ok := c.api.CheckToken(token)
 	if !ok {
 		c.log.WarnContext(r.Context(), "console login with an unknown token refused", "remote", r.RemoteAddr)
 		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Log in", Nav: "login", Error: "That token is not known to this dispatcher.",
 			Data: loginData{Next: next}})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: dispatch.SessionCookie, Value: token, Path: "/", MaxAge: int(c.opts.SessionMaxAge.Seconds()),
+	http.SetCookie(w, &http.Cookie{Name: httpapi.SessionCookie, Value: token, Path: "/", MaxAge: int(c.opts.SessionMaxAge.Seconds()),
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: overTLS(r)})
 	c.log.InfoContext(r.Context(), "console login", "caller", caller)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: dispatch.SessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: httpapi.SessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: overTLS(r)})
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -31,8 +32,8 @@ type turnsData struct {
 }
 
 func (c *Console) turnsPage(w http.ResponseWriter, r *http.Request) {
-	caller := dispatch.CallerOf(r)
-	q, fe := dispatch.ParseTurnQuery(caller, r)
+	caller := httpapi.CallerOf(r)
+	q, fe := httpapi.ParseTurnQuery(caller, r)
 	if fe != nil {
 		c.inspectError(w, r, "turns", fe)
 		return
@@ -72,7 +73,7 @@ func (c *Console) turnsPage(w http.ResponseWriter, r *http.Request) {
 func (c *Console) turnPage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	v, err := c.d.InspectTurn(ctx, dispatch.CallerOf(r), protocol.TurnKey(r.PathValue("key")))
+	v, err := c.d.InspectTurn(ctx, httpapi.CallerOf(r), protocol.TurnKey(r.PathValue("key")))
 	switch {
 	case errors.Is(err, dispatch.ErrNotFound):
 		c.render(w, r, http.StatusNotFound, "turn", page{Title: "Turn", Nav: "turns", Error: "No turn with key " + r.PathValue("key") + " (closed turns are kept for two hours)."})
@@ -88,13 +89,13 @@ func (c *Console) turnPage(w http.ResponseWriter, r *http.Request) {
 func (c *Console) functionsPage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	c.render(w, r, http.StatusOK, "functions", page{Title: "Functions", Nav: "functions", Data: c.d.InspectFunctions(ctx, dispatch.CallerOf(r))})
+	c.render(w, r, http.StatusOK, "functions", page{Title: "Functions", Nav: "functions", Data: c.d.InspectFunctions(ctx, httpapi.CallerOf(r))})
 }
 
 func (c *Console) watchesPage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	ws, err := c.d.InspectWatches(ctx, dispatch.CallerOf(r))
+	ws, err := c.d.InspectWatches(ctx, httpapi.CallerOf(r))
 	if err != nil {
 		c.inspectError(w, r, "watches", err)
 		return

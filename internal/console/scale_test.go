@@ -13,6 +13,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/internal/turnfixture"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 // With 10,000 open turns the turns page shows the 200 nearest their
@@ -47,12 +48,13 @@ func BenchmarkTurnsPage(b *testing.B) {
 func consoleOver(tb testing.TB, n int) string {
 	tb.Helper()
 	d, _ := turnfixture.Dispatcher(tb, n)
-	ui, err := console.New(d, console.Options{Logger: testutil.Logger(tb)})
+	api := httpapi.New(d, httpapi.Options{Logger: testutil.Logger(tb)})
+	ui, err := console.New(d, api, console.Options{Logger: testutil.Logger(tb)})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", d.Handler())
+	mux.Handle("/", api)
 	ui.Mount(mux)
 	hs := httptest.NewServer(mux)
 	tb.Cleanup(hs.Close)

@@ -27,6 +27,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -135,18 +136,19 @@ func newStack(t *testing.T) *stack {
 	// A tracer, so that turns have trace ids to link.
 	tp := sdktrace.NewTracerProvider()
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	d, err := dispatch.New(js, openaiplatform.New(s.client), dispatch.Options{Logger: log, Authenticator: tokens, RunTTL: 40 * time.Second,
+	d, err := dispatch.New(js, openaiplatform.New(s.client), dispatch.Options{Logger: log, RunTTL: 40 * time.Second,
 		TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.d = d
-	ui, err := console.New(d, console.Options{Logger: log, TraceURL: "https://traces.example/trace/{trace_id}"})
+	api := httpapi.New(d, httpapi.Options{Logger: log, Authenticator: tokens})
+	ui, err := console.New(d, api, console.Options{Logger: log, TraceURL: "https://traces.example/trace/{trace_id}"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", d.Handler())
+	mux.Handle("/", api)
 	ui.Mount(mux)
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close) // after the dispatcher stops, which ends event streams

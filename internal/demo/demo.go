@@ -24,6 +24,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -152,7 +153,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return fmt.Errorf("demo: listen for the dispatcher's HTTP API: %w", err)
 	}
-	apiServer := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	apiServer := &http.Server{Handler: httpapi.New(d, httpapi.Options{Logger: opts.Logger, TracerProvider: tp}), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = apiServer.Serve(api) }()
 	defer func() { _ = apiServer.Close() }()
 	mcpURL := "http://" + api.Addr().String() + "/mcp"

@@ -24,6 +24,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
@@ -151,7 +152,7 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 	p.scenarios.Store(&scenarios)
 	mux := http.NewServeMux()
 	mux.Handle("POST /dev/play", playHandler(ctx, plays))
-	mux.Handle("/", d.Handler())
+	mux.Handle("/", httpapi.New(d, httpapi.Options{Logger: opts.Logger, TracerProvider: tp}))
 	apiSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	wg.Go(func() { _ = apiSrv.Serve(api) })
 	defer func() { _ = apiSrv.Close() }()

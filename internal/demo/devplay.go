@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -230,7 +231,7 @@ func (p *devPlayer) start(ctx context.Context, platform protocol.Platform, promp
 	if err != nil {
 		return dispatch.Ref{}, err
 	}
-	tools, err := dispatch.ToolDefinitions(specs, platform)
+	tools, err := tooldef.Definitions(specs, platform)
 	if err != nil {
 		return dispatch.Ref{}, err
 	}

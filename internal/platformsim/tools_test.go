@@ -10,7 +10,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
-	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -74,7 +74,7 @@ func TestToolDefinitionsAreAccepted(t *testing.T) {
 		{Name: "issue_refund", Description: "refund", Parameters: params, DeferLoading: true},
 	}
 	for _, p := range []protocol.Platform{protocol.PlatformAgents, protocol.PlatformResponses} {
-		defs, err := dispatch.ToolDefinitions(specs, p)
+		defs, err := tooldef.Definitions(specs, p)
 		if err != nil {
 			t.Fatal(err)
 		}

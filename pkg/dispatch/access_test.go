@@ -17,6 +17,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -119,8 +120,8 @@ func TestAPITokens(t *testing.T) {
 	go func() { file.Run(ctx); close(following) }()
 	t.Cleanup(func() { cancel(); <-following })
 
-	d, _ := e.dispatcher(dispatch.Options{Authenticator: file})
-	hs := httptest.NewServer(d.Handler())
+	d, _ := e.dispatcher(dispatch.Options{})
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file}))
 	t.Cleanup(hs.Close)
 	ref := e.response("order and invoice")
 	body := `{"platform":"responses","response_id":"` + ref.ResponseID + `"}`
@@ -298,7 +299,7 @@ func TestAPIServesLoopbackOnlyWithoutTokens(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
-	h := d.Handler()
+	h := httpapi.New(d, httpapi.Options{})
 	serve := func(method, target, remote string, header http.Header) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(method, target, strings.NewReader(`{"platform":"agents","session_id":"sess_nope"}`))
 		req.RemoteAddr = remote

@@ -48,43 +48,48 @@ const (
 	directCancelTimeout = 5 * time.Second
 )
 
-// directCall is a call of one function by a waiting client.
-type directCall struct {
-	name string
-	args json.RawMessage
-	// timeout bounds the call: its turn's deadline is this long after
-	// intake.
-	timeout time.Duration
-	// progress, if set, is called every progressEvery while the call runs,
-	// with how long it has run.
-	progress      func(elapsed time.Duration)
-	progressEvery time.Duration
+// DirectCall is a call of one function by a client that waits for its
+// result on an open request.
+type DirectCall struct {
+	// Function names the function; Arguments are its arguments, a JSON
+	// object.
+	Function  string
+	Arguments json.RawMessage
+	// Timeout bounds the call: its turn's deadline is this long after
+	// intake. Required.
+	Timeout time.Duration
+	// Progress, if set, is called every ProgressEvery while the call runs,
+	// with how long it has run. It must not block for long.
+	Progress      func(elapsed time.Duration)
+	ProgressEvery time.Duration
 }
 
-// callDirect runs c as a turn of one call and returns its result: an
-// output, or a failure written for the model (invalid arguments, function
-// error, timeout, unavailable), exactly as a platform would get it. It
+// Call runs c as a turn of one call of the pseudo-platform "mcp"
+// ([protocol.PlatformMCP]) and returns its result: an output, or a
+// failure written for the model (invalid arguments, function error,
+// timeout, unavailable), exactly as a platform would get it. Any replica
+// may gather the turn; this one learns the outcome from its record. It
 // returns an error only if the call could not be taken in, or, wrapping
 // ctx's cause, if ctx ended first: then the turn is cancelled and its
 // executors are told, so a running handler is cancelled too.
-func (d *Dispatcher) callDirect(ctx context.Context, c directCall) (*protocol.Result, error) {
+func (d *Dispatcher) Call(ctx context.Context, c DirectCall) (*protocol.Result, error) {
 	if !d.Ready() {
-		return d.directFailure(c.name, "", protocol.CodeUnavailable,
-			fmt.Sprintf("%s is unavailable: the dispatcher is starting or stopping. Try again shortly.", c.name)), nil
+		return d.directFailure(c.Function, "", protocol.CodeUnavailable,
+			fmt.Sprintf("%s is unavailable: the dispatcher is starting or stopping. Try again shortly.", c.Function)), nil
 	}
 	id := uuid.NewString()
 	callID := "call_" + id
-	deadline := time.Now().Add(c.timeout)
+	deadline := time.Now().Add(c.Timeout)
 	t, err := d.Intake(ctx, &TurnRequest{
 		Ref: Ref{Platform: protocol.PlatformMCP}, Scope: "mcp/" + id, Channel: "mcp",
-		Calls:     []CallRequest{{ID: callID, Name: c.name, Arguments: c.args}},
+		Calls:     []CallRequest{{ID: callID, Name: c.Function, Arguments: c.Arguments}},
 		ExpiresAt: deadline.Add(directAnswerSlack), Deadline: deadline,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if c.progress != nil && c.progressEvery > 0 {
-		stop := progressEvery(c.progressEvery, c.progress)
+	if c.Progress != nil && c.ProgressEvery > 0 {
+		stop := progressEvery(c.ProgressEvery, c.Progress)
 		defer stop()
 	}
 	wctx, cancel := context.WithDeadline(ctx, t.ExpiresAt)
@@ -95,18 +100,18 @@ func (d *Dispatcher) callDirect(ctx context.Context, c directCall) (*protocol.Re
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelTimeout)
 		defer ccancel()
 		if d.cancelTurn(cctx, t.Key, "not answered: the MCP client cancelled the call", "the MCP client cancelled the call") {
-			d.log.InfoContext(ctx, "MCP call cancelled by its client", "turn", t.Key, "fn", c.name)
+			d.log.InfoContext(ctx, "MCP call cancelled by its client", "turn", t.Key, "fn", c.Function)
 		}
-		return nil, fmt.Errorf("dispatch: call %s: %w", c.name, context.Cause(ctx))
+		return nil, fmt.Errorf("dispatch: call %s: %w", c.Function, context.Cause(ctx))
 	case err != nil:
 		// No replica closed the turn by its expiry (JetStream unreachable
 		// all along): the caller cannot wait longer.
-		return d.directFailure(c.name, t.Calls[0].Team, protocol.CodeTimeout,
+		return d.directFailure(c.Function, t.Calls[0].Team, protocol.CodeTimeout,
 			fmt.Sprintf("%s timed out after %s. Continue without its result, or try again with a simpler request.",
-				c.name, c.timeout.Round(time.Second))), nil
+				c.Function, c.Timeout.Round(time.Second))), nil
 	case final.State == TurnFailed:
-		return d.directFailure(c.name, t.Calls[0].Team, protocol.CodeUnavailable,
-			fmt.Sprintf("%s was not run to completion (%s). Try again later or continue without it.", c.name, final.Outcome().Error)), nil
+		return d.directFailure(c.Function, t.Calls[0].Team, protocol.CodeUnavailable,
+			fmt.Sprintf("%s was not run to completion (%s). Try again later or continue without it.", c.Function, final.Outcome().Error)), nil
 	}
 	if outputs == nil {
 		if outputs, err = d.outputs(ctx, final); err != nil {

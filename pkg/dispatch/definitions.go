@@ -4,13 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -46,9 +41,10 @@ type definitionChange struct {
 	previous string
 }
 
-// definitionDigest identifies a function's definition (description and
-// parameters' schema) by content: 16 hex characters.
-func definitionDigest(s *protocol.FunctionSpec) string {
+// DefinitionDigest identifies a function's definition (its description
+// and its parameters' schema: what the model reads) by content, as 16 hex
+// characters: the definition_digest of the HTTP API.
+func DefinitionDigest(s *protocol.FunctionSpec) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s\x00%s", len(s.Description), s.Description, schema.Digest(s.Parameters))
 	return hex.EncodeToString(h.Sum(nil)[:8])
@@ -64,13 +60,13 @@ const definitionUpdateTries = 3
 // live declaration's either way, only the record of the change is missing.
 func (d *Dispatcher) noteDefinition(ctx context.Context, decl *protocol.Declaration) {
 	claim, _ := d.registry.claimOf(decl.Spec.Name)
-	if claim == nil || claim.Team != decl.Spec.Team || definitionDigest(claim) == definitionDigest(&decl.Spec) {
+	if claim == nil || claim.Team != decl.Spec.Team || DefinitionDigest(claim) == DefinitionDigest(&decl.Spec) {
 		return
 	}
 	if d.opts.DefinitionApproval {
 		d.log.WarnContext(ctx, "a function's definition (description or schema) changed and awaits an admin's acceptance; agents read the one accepted before",
 			"fn", decl.Spec.Name, "team", decl.Spec.Team, "executor", decl.Executor, "instance", decl.Instance,
-			"definition", definitionDigest(&decl.Spec), "accepted_definition", definitionDigest(claim),
+			"definition", DefinitionDigest(&decl.Spec), "accepted_definition", DefinitionDigest(claim),
 			"accept", "POST /v1/functions/"+decl.Spec.Name+"/accept")
 		return
 	}
@@ -89,7 +85,7 @@ func (d *Dispatcher) replaceDefinition(ctx context.Context, spec protocol.Functi
 		if claim == nil || claim.Team != spec.Team {
 			return nil
 		}
-		was, now := definitionDigest(claim), definitionDigest(&spec)
+		was, now := DefinitionDigest(claim), DefinitionDigest(&spec)
 		if was == now {
 			return nil
 		}
@@ -123,43 +119,21 @@ func (d *Dispatcher) replaceDefinition(ctx context.Context, spec protocol.Functi
 	return fmt.Errorf("dispatch: replace the definition of %s: the claim kept changing", spec.Name)
 }
 
-// postAccept answers POST /v1/functions/{name}/accept
-// {"definition_digest":"..."}: an admin accepts a definition that live
-// executors of the function declare (PendingDefinition), which agents then
-// read. 403 for a caller that is not an admin; 404 when no live executor
-// declares that definition.
-func (d *Dispatcher) postAccept(w http.ResponseWriter, r *http.Request) {
-	caller := CallerOf(r)
-	if !caller.Admin {
-		writeError(w, http.StatusForbidden, "only an admin token may accept a function's definition")
-		return
-	}
-	// A page of another site can make a browser send a form (riding on
-	// loopback trust), not a JSON request: that needs a CORS preflight.
-	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-		writeError(w, http.StatusUnsupportedMediaType, "send the body as Content-Type: application/json")
-		return
-	}
-	var body struct {
-		Digest string `json:"definition_digest"`
-	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&body); err != nil || body.Digest == "" {
-		writeFieldError(w, &FieldError{Field: "definition_digest", Message: `want {"definition_digest":"<a pending definition's digest>"}`})
-		return
-	}
-	name := r.PathValue("name")
-	spec := d.registry.liveDefinition(name, body.Digest)
+// AcceptDefinition makes the definition with digest (see
+// [DefinitionDigest]) that a live executor of the function name declares
+// the one agents read, recording by (who accepted it) in the log: how an
+// admin accepts a changed definition under [Options.DefinitionApproval].
+// It returns an error wrapping [ErrNotFound] when no live executor of name
+// declares that definition, and other errors when the registry cannot be
+// written; it waits for JetStream at most 5 s.
+func (d *Dispatcher) AcceptDefinition(ctx context.Context, name, digest, by string) error {
+	spec := d.registry.liveDefinition(name, digest)
 	if spec == nil {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no live executor of %s declares definition %s (GET /v1/functions lists its pending_definitions)", name, body.Digest))
-		return
+		return fmt.Errorf("%w: no live executor of %s declares definition %s", ErrNotFound, name, digest)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), declareTimeout)
+	ctx, cancel := context.WithTimeout(ctx, declareTimeout)
 	defer cancel()
-	if err := d.replaceDefinition(ctx, *spec, "admin "+caller.Name); err != nil {
-		writeError(w, http.StatusServiceUnavailable, strings.TrimPrefix(err.Error(), "dispatch: "))
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"function": name, "definition_digest": body.Digest, "accepted_by": caller.Name})
+	return d.replaceDefinition(ctx, *spec, by)
 }
 
 // liveDefinition returns the spec of a live declaration of name, of its
@@ -172,7 +146,7 @@ func (r *registry) liveDefinition(name, digest string) *protocol.FunctionSpec {
 		return nil
 	}
 	for _, d := range r.liveOf(name, owner.Team) {
-		if definitionDigest(&d.decl.Spec) == digest {
+		if DefinitionDigest(&d.decl.Spec) == digest {
 			spec := d.decl.Spec
 			return &spec
 		}
@@ -192,7 +166,7 @@ func (r *registry) claimOf(name string) (*protocol.FunctionSpec, uint64) {
 // r.mu is held.
 func (r *registry) noteClaim(spec *protocol.FunctionSpec, e jetstream.KeyValueEntry) {
 	if old := r.owners[spec.Name]; old != nil && old.Team == spec.Team {
-		if was := definitionDigest(old); was != definitionDigest(spec) {
+		if was := DefinitionDigest(old); was != DefinitionDigest(spec) {
 			r.changes[spec.Name] = definitionChange{at: e.Created(), previous: was}
 		}
 	}

@@ -17,6 +17,8 @@ import (
 	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -91,15 +93,15 @@ func TestDefinitionApproval(t *testing.T) {
 		t.Fatal(err)
 	}
 	reader := sdkmetric.NewManualReader()
-	d, _ := e.dispatcher(dispatch.Options{DefinitionApproval: true, Authenticator: file,
+	d, _ := e.dispatcher(dispatch.Options{DefinitionApproval: true,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file}))
 	t.Cleanup(hs.Close)
 	start := func(description string) { t.Helper(); declareWeather(t, e, description) }
 	agentsRead := func() string {
 		t.Helper()
 		got := do(t, http.MethodGet, hs.URL+"/v1/tools", tokens["admin"], "")
-		var x struct{ Tools []dispatch.ExportedTool }
+		var x struct{ Tools []tooldef.Tool }
 		if err := json.Unmarshal(got.body, &x); err != nil || len(x.Tools) != 1 {
 			return ""
 		}

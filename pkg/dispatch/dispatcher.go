@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -35,7 +36,6 @@ const (
 	DefaultMaxInFlightPublishes = 4096
 	DefaultMaxInFlightPerTeam   = 1024
 	DefaultSweepInterval        = 10 * time.Second
-	DefaultMCPCallTimeout       = 60 * time.Second
 	// DefaultMaxDeclarationsPerTeam bounds the live declarations (one per
 	// function and executor process) a team may have at once.
 	DefaultMaxDeclarationsPerTeam = 4096
@@ -96,11 +96,6 @@ type Options struct {
 	// submissions in progress before cancelling them (another replica, or
 	// this one restarted, then repeats them). Default: 10s.
 	ShutdownTimeout time.Duration
-	// MCPCallTimeout caps how long a tools/call on /mcp may run: its
-	// deadline is the function's own timeout, or this if that is longer or
-	// unset. MCP clients wait on an open HTTP request, so this is shorter
-	// than RunTTL. Default: 60s.
-	MCPCallTimeout time.Duration
 	// OnEvent, if set, is called after each turn is taken in, submitted or
 	// failed. It must not block.
 	OnEvent func(Event)
@@ -108,10 +103,6 @@ type Options struct {
 	// webhooks: openaiplatform.Webhooks(secret)). Nil: every webhook gets
 	// 401.
 	Webhooks WebhookVerifier
-	// Authenticator, if set, checks the bearer tokens that /v1 (and /mcp
-	// and /ui) need, and says which teams each caller sees. Nil: those
-	// routes serve loopback clients only, who see everything.
-	Authenticator Authenticator
 	// TeamAPIPrefix is where the dispatcher reaches each team's account's
 	// JetStream API, "{team}" standing for the team: the read-only paths
 	// of a deployment with an account per team (dispatcher nats-config:
@@ -254,9 +245,6 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = DefaultSweepInterval
 	}
-	if opts.MCPCallTimeout <= 0 {
-		opts.MCPCallTimeout = DefaultMCPCallTimeout
-	}
 	if opts.ResultStreamBytes <= 0 {
 		opts.ResultStreamBytes = protocol.DefaultResultStreamBytes
 	}
@@ -297,6 +285,9 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 
 // Ready reports whether Run has provisioned everything and is consuming.
 func (d *Dispatcher) Ready() bool { return d.ready.Load() }
+
+// Connected reports whether the dispatcher's NATS connection is up now.
+func (d *Dispatcher) Connected() bool { return d.js.Conn().Status() == nats.CONNECTED }
 
 // Run provisions streams and buckets, resumes open turns and watches, and
 // serves until ctx ends; then it stops consuming and waits for submissions

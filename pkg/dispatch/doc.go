@@ -47,19 +47,34 @@
 // stream where there is one), takes in each required action and, for
 // Responses, follows each continuation.
 //
-// # The MCP front door
+// # Front doors
 //
-// [Dispatcher.Handler] also serves /mcp: the fleet as a remote MCP server
-// (Streamable HTTP, stateless, on the official MCP Go SDK: a protocol the
-// dispatcher serves, not a platform it drives). tools/list reads the live
-// registry, scoped to the caller's teams; each tools/call is a turn of one
-// call of the pseudo-platform "mcp" ([protocol.PlatformMCP]), taken in,
-// validated, fanned out, timed and gathered like any other, whose
-// submission is the answer to the waiting request. Any replica may gather
-// it; the one holding the request learns the outcome from the turn record.
-// Its deadline is the function's timeout capped by
-// [Options.MCPCallTimeout]; a client that goes away cancels the call on
-// its executor.
+// This package is the turn engine. What reaches it from outside goes
+// through its exported API only, from packages of its own:
+//
+//   - package httpapi serves the HTTP API: the watch API
+//     ([Dispatcher.AnswerWatchRequest], [Dispatcher.AnswerWatchStatus]),
+//     the inspection API (the Inspect methods and [Dispatcher.FollowTurns]),
+//     signed webhooks ([Dispatcher.TakeInWebhook]), the tool export
+//     ([Dispatcher.ServedFunctions]), definition acceptance
+//     ([Dispatcher.AcceptDefinition]), the MCP server at /mcp, health
+//     checks ([Dispatcher.Ready], [Dispatcher.Connected]), and the guard
+//     that authenticates each [Caller];
+//   - package tooldef renders served functions as a platform's tool
+//     definitions (GET /v1/tools, the dispatcher command's tools command);
+//   - package internal/console, the operator console, reads the Inspect
+//     methods beside it.
+//
+// The MCP server is the fleet as a remote MCP server (a protocol the
+// dispatcher serves, not a platform it drives). Each tools/call is a
+// direct call ([Dispatcher.Call]): a turn of one call of the
+// pseudo-platform "mcp" ([protocol.PlatformMCP]), taken in, validated,
+// fanned out, timed and gathered like any other, whose submission is the
+// answer to the waiting request. Any replica may gather it; the one
+// holding the request learns the outcome from the turn record.
+//
+// The watch API is also served on NATS (protocol.WatchSubject and
+// protocol.WatchStatusSubject) by [Dispatcher.Run], with the same answers.
 //
 // # Replicas and crashes
 //
@@ -88,15 +103,15 @@
 // request or webhook when there is one; metrics answer whether turns make
 // the window (time left at submission) and which function is slow or
 // failing. [Options] takes the providers; the globals are the default.
-// [Dispatcher.Handler] serves the HTTP API.
 //
 // What is happening now — open turns and their deadlines, recently closed
 // turns, functions and their executors, watches — is read from an index
 // each replica keeps of the turn and watch buckets, built on first use and
-// kept current by watching them: [Dispatcher.InspectTurns],
+// kept current by following them: [Dispatcher.InspectTurns],
 // [Dispatcher.InspectTurn], [Dispatcher.InspectFunctions] and
-// [Dispatcher.InspectWatches], served as GET /v1/turns (and its event
-// stream), /v1/functions and /v1/watches, and read by the console
+// [Dispatcher.InspectWatches] (and [Dispatcher.FollowTurns] for the
+// changes), served as GET /v1/turns (and its event stream), /v1/functions
+// and /v1/watches by package httpapi, and read by the console
 // (internal/console) and the dispatcher command's inspection commands.
 // What lives in a team's own account (its call stream's consumers: the
 // functions' queue figures; its dead letters) is read through
@@ -121,4 +136,22 @@
 //   - index: the in-memory view of the turn and watch buckets the
 //     inspection API reads.
 //   - roll-up marker: the message that removes a closed turn's timer.
+//   - watch: the dispatcher driving a platform object it cannot learn of
+//     by webhook ([Watch]); never a KV watcher, which this documentation
+//     calls following or mirroring a bucket.
+//   - driver: the goroutine of the replica that drives a watch.
+//   - intake: taking a turn in (its record, timer and calls); channel:
+//     how intake heard of it ([TurnRequest] Channel: a webhook, a
+//     watch's poll or event stream, an MCP call).
+//   - direct call: a call a client waits for on an open request (an MCP
+//     tools/call), run as a turn of one call ([Dispatcher.Call]).
+//   - declaration: an executor process's announcement of a function it
+//     serves, an entry of the declaration bucket that lapses unless the
+//     process renews it (live: not lapsed); definition: a
+//     function's description and schema, what the model reads
+//     ([DefinitionDigest]).
+//   - caller: who asks the dispatcher for something, and which teams it
+//     sees ([Caller]); scope: those teams.
+//   - front door: a package that serves the engine to the outside
+//     through its exported API only (httpapi, tooldef).
 package dispatch

@@ -28,6 +28,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -89,7 +90,7 @@ func newEnvWith(t *testing.T, opts platformsim.Options, scenarios ...platformsim
 
 // webhooksTo sends the simulator's webhooks to d's HTTP API.
 func (e *env) webhooksTo(d *dispatch.Dispatcher) {
-	h := d.Handler()
+	var h http.Handler = httpapi.New(d, httpapi.Options{})
 	e.hookTo.Store(&h)
 }
 

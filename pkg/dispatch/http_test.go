@@ -20,6 +20,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -120,7 +121,7 @@ func TestWatchReportShowsEachResult(t *testing.T) {
 		return res, false
 	})
 	d, _ := e.dispatcher(dispatch.Options{})
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{}))
 	t.Cleanup(hs.Close)
 
 	ref := e.response("full report")
@@ -176,7 +177,7 @@ func TestWatchOfAnUnknownObjectIs404(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{}))
 	t.Cleanup(hs.Close)
 	nc, _ := e.srv.Connect(t)
 	run := e.assistantsRun("hello", nil)
@@ -267,7 +268,7 @@ func TestWatchAcceptedWhileThePlatformFails(t *testing.T) {
 	}))
 	t.Cleanup(flaky.Close)
 	d, _ := e.dispatcherOn(openai.NewClient(option.WithBaseURL(flaky.URL+"/v1"), option.WithAPIKey("sk-test")), dispatch.Options{})
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{}))
 	t.Cleanup(hs.Close)
 
 	ref := e.response("hello")
@@ -295,7 +296,7 @@ func TestWatchBodyOverTheLimitIs413(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{}))
 	t.Cleanup(hs.Close)
 	status, reply := postWatch(t, hs.URL, `{"platform":"responses","response_id":"`+strings.Repeat("r", 1<<20)+`"}`)
 	errObj, _ := reply["error"].(map[string]any)

@@ -63,10 +63,10 @@ type PendingDefinition struct {
 
 // pendingDefinitions are the definitions of live other than claim's.
 func pendingDefinitions(claim *protocol.FunctionSpec, live []*declared) []PendingDefinition {
-	accepted := definitionDigest(claim)
+	accepted := DefinitionDigest(claim)
 	var out []PendingDefinition
 	for _, d := range live { // newest first
-		digest := definitionDigest(&d.decl.Spec)
+		digest := DefinitionDigest(&d.decl.Spec)
 		if digest == accepted {
 			continue
 		}
@@ -162,7 +162,7 @@ func (r *registry) views(caller Caller, accepted bool) []FunctionView {
 			v.Description, v.Parameters, v.SchemaDigest = claim.Description, claim.Parameters, schema.Digest(claim.Parameters)
 			v.PendingDefinitions = pendingDefinitions(claim, live)
 		}
-		v.DefinitionDigest = definitionDigest(&protocol.FunctionSpec{Description: v.Description, Parameters: v.Parameters})
+		v.DefinitionDigest = DefinitionDigest(&protocol.FunctionSpec{Description: v.Description, Parameters: v.Parameters})
 		if c, ok := r.changes[name]; ok {
 			v.DefinitionChangedAt, v.PreviousDefinitionDigest = &c.at, c.previous
 		}

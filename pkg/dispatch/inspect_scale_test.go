@@ -14,6 +14,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/internal/turnfixture"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 // kvScan reads every turn record the way a request without the index
@@ -40,7 +41,7 @@ func kvScan(tb testing.TB, kv jetstream.KeyValue) int {
 func scaleDispatcher(tb testing.TB, n int) (string, jetstream.KeyValue) {
 	tb.Helper()
 	d, js := turnfixture.Dispatcher(tb, n)
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{}))
 	tb.Cleanup(hs.Close)
 	var list dispatch.TurnList
 	// Seconds as a rule; a minute and more under -race on a busy machine.

@@ -17,6 +17,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -58,8 +59,8 @@ func TestInspectionAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, stop := e.dispatcher(dispatch.Options{Authenticator: file})
-	hs := httptest.NewServer(d.Handler())
+	d, stop := e.dispatcher(dispatch.Options{})
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file}))
 	t.Cleanup(hs.Close)
 
 	// A stream of turn changes, opened before the turn exists.
@@ -203,8 +204,8 @@ func TestInspectionAPI(t *testing.T) {
 	})
 
 	t.Run("a replica started later knows the recently closed turn", func(t *testing.T) {
-		later, _ := e.dispatcher(dispatch.Options{Authenticator: file})
-		ls := httptest.NewServer(later.Handler())
+		later, _ := e.dispatcher(dispatch.Options{})
+		ls := httptest.NewServer(httpapi.New(later, httpapi.Options{Authenticator: file}))
 		defer ls.Close()
 		var l dispatch.TurnList
 		if status := getAs(t, ls.URL+"/v1/turns", tokens["admin"], &l); status != http.StatusOK || len(l.Recent) != 1 || l.Recent[0].Key != turn.Key {

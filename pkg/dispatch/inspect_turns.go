@@ -179,7 +179,7 @@ func (d *Dispatcher) callReports(ctx context.Context, t *Turn) []callReport {
 	return out
 }
 
-// seenCalls is calls as caller may see them (see watchReport.seenBy).
+// seenCalls is calls as caller may see them (as AnswerWatchStatus shows them).
 func seenCalls(caller Caller, calls []callReport) []callReport {
 	out := make([]callReport, len(calls))
 	for i, c := range calls {

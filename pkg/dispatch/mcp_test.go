@@ -28,6 +28,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/apiauth"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -106,7 +107,7 @@ func newMCPFleet(t *testing.T, replicas int, opts dispatch.Options) *mcpFleet {
 			}
 		}
 		d, _ := f.e.dispatcher(o)
-		hs := httptest.NewServer(d.Handler())
+		hs := httptest.NewServer(httpapi.New(d, httpapi.Options{TracerProvider: f.tp}))
 		t.Cleanup(hs.Close)
 		f.urls = append(f.urls, hs.URL+"/mcp")
 	}
@@ -564,12 +565,12 @@ func TestMCPTeamTokens(t *testing.T) {
 	}
 	f := &mcpFleet{e: e, rec: tracetest.NewSpanRecorder()}
 	f.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(f.rec))
-	d, _ := e.dispatcher(dispatch.Options{Authenticator: file})
+	d, _ := e.dispatcher(dispatch.Options{})
 	f.executor(t, "orders", exec.Function{Name: "echo", Parameters: json.RawMessage(echoSchema),
 		Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) { return inv.Call.Arguments, nil })})
 	f.executor(t, "billing", exec.Function{Name: "invoice",
 		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"invoice 7"`), nil })})
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file}))
 	t.Cleanup(hs.Close)
 
 	ctx := t.Context()

@@ -38,7 +38,7 @@ func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
 		rctx, cancel := context.WithTimeout(ctx, natsRequestTimeout)
 		defer cancel()
 		rctx = d.tel.prop.Extract(rctx, protocol.HeaderCarrier(m.Header))
-		status, body := d.watchRequest(rctx, m.Data)
+		status, body := d.AnswerWatchRequest(rctx, m.Data)
 		reply(m, status, body)
 	})
 	if err != nil {
@@ -54,7 +54,7 @@ func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, natsRequestTimeout)
 		defer cancel()
-		code, body := d.watchReport(rctx, req.ID)
+		code, body := d.AnswerWatchStatus(rctx, Caller{Admin: true}, req.ID)
 		reply(m, code, body)
 	})
 	if err != nil {

@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -34,7 +33,7 @@ type FunctionStatus struct {
 // Changed reports whether the newest executor declares a definition
 // (description or schema) other than the one last accepted.
 func (s FunctionStatus) Changed() bool {
-	return s.Accepted != nil && definitionDigest(s.Spec) != definitionDigest(s.Accepted)
+	return s.Accepted != nil && DefinitionDigest(s.Spec) != DefinitionDigest(s.Accepted)
 }
 
 // Served reports whether a live executor serves the function.
@@ -134,93 +133,4 @@ func Functions(ctx context.Context, js jetstream.JetStream) ([]*protocol.Functio
 		}
 	}
 	return specs, nil
-}
-
-// ToolDefinitions renders functions as the tool definitions a platform's
-// agent configuration takes: Agents function tools, Assistants functions,
-// or Responses functions. "strict" (Assistants, Responses) is set when the
-// schema meets strict mode's rules: every object closed with
-// additionalProperties false and every property required.
-//
-// A function marked DeferLoading is emitted with "defer_loading": true for
-// Agents and Responses, and then one {"type":"tool_search"} tool follows
-// the functions, so the model can load deferred ones on demand. Assistants
-// have no such field: every function is emitted in full.
-func ToolDefinitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]json.RawMessage, error) {
-	if err := p.Validate(); err != nil {
-		return nil, err
-	}
-	if p == protocol.PlatformMCP {
-		return nil, errors.New("dispatch: MCP clients list the tools themselves (tools/list on /mcp); there are no definitions to give them")
-	}
-	out := make([]json.RawMessage, 0, len(specs))
-	for _, s := range specs {
-		var schema map[string]any
-		if err := json.Unmarshal(s.Parameters, &schema); err != nil {
-			return nil, fmt.Errorf("dispatch: schema of %s: %w", s.Name, err)
-		}
-		strict := strictCompatible(schema)
-		var def map[string]any
-		switch p {
-		case protocol.PlatformAgents:
-			def = map[string]any{"type": "function", "name": s.Name, "description": s.Description, "parameters": s.Parameters}
-		case protocol.PlatformAssistants:
-			def = map[string]any{"type": "function", "function": map[string]any{
-				"name": s.Name, "description": s.Description, "parameters": s.Parameters, "strict": strict}}
-		case protocol.PlatformResponses:
-			def = map[string]any{"type": "function", "name": s.Name, "description": s.Description, "parameters": s.Parameters, "strict": strict}
-		}
-		if s.DeferLoading && p != protocol.PlatformAssistants {
-			def["defer_loading"] = true
-		}
-		b, err := json.Marshal(def)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, b)
-	}
-	if p != protocol.PlatformAssistants && slices.ContainsFunc(specs, func(s *protocol.FunctionSpec) bool { return s.DeferLoading }) {
-		out = append(out, json.RawMessage(`{"type":"tool_search"}`))
-	}
-	return out, nil
-}
-
-// strictCompatible reports whether a schema meets the platforms' strict
-// mode: each object lists every property as required and forbids others.
-func strictCompatible(schema map[string]any) bool {
-	if t, _ := schema["type"].(string); t == "object" || schema["properties"] != nil {
-		if ap, ok := schema["additionalProperties"].(bool); !ok || ap {
-			return false
-		}
-		props, _ := schema["properties"].(map[string]any)
-		required := map[string]bool{}
-		if req, ok := schema["required"].([]any); ok {
-			for _, r := range req {
-				if s, ok := r.(string); ok {
-					required[s] = true
-				}
-			}
-		}
-		for name, sub := range props {
-			if !required[name] {
-				return false
-			}
-			if m, ok := sub.(map[string]any); ok && !strictCompatible(m) {
-				return false
-			}
-		}
-	}
-	if items, ok := schema["items"].(map[string]any); ok && !strictCompatible(items) {
-		return false
-	}
-	for _, key := range []string{"anyOf", "oneOf", "allOf"} {
-		if list, ok := schema[key].([]any); ok {
-			for _, sub := range list {
-				if m, ok := sub.(map[string]any); ok && !strictCompatible(m) {
-					return false
-				}
-			}
-		}
-	}
-	return true
 }

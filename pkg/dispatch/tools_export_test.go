@@ -17,6 +17,8 @@ import (
 	"github.com/toolrelay/toolrelay/internal/apiauth"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
@@ -61,12 +63,12 @@ func TestToolSetsAndOwners(t *testing.T) {
 	}
 	f := &mcpFleet{e: e, rec: tracetest.NewSpanRecorder()}
 	f.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(f.rec))
-	d, _ := e.dispatcher(dispatch.Options{Authenticator: file})
+	d, _ := e.dispatcher(dispatch.Options{})
 	f.executor(t, "orders", exec.Function{Name: "echo", Description: "Echoes its arguments.", Parameters: json.RawMessage(echoSchema),
 		Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) { return inv.Call.Arguments, nil })})
 	f.executor(t, "billing", exec.Function{Name: "invoice", Description: "Finds an invoice.",
 		Handler: exec.HandlerFunc(func(context.Context, *exec.Invocation) ([]byte, error) { return []byte(`"invoice 7"`), nil })})
-	hs := httptest.NewServer(d.Handler())
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file}))
 	t.Cleanup(hs.Close)
 
 	// The agent's token over MCP: its team's tool, with the team in _meta.
@@ -86,7 +88,7 @@ func TestToolSetsAndOwners(t *testing.T) {
 
 	type export struct {
 		Platform string
-		Tools    []dispatch.ExportedTool
+		Tools    []tooldef.Tool
 	}
 	tools := func(token, query string) (int, export, string) {
 		t.Helper()

@@ -2,10 +2,9 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -63,8 +62,9 @@ func (idlePlatform) Submit(context.Context, *Turn, []Output) (*Submission, error
 	return &Submission{}, nil
 }
 
-// With JetStream gone, POST /v1/watch answers 503 with Retry-After once the
-// wait for a failover is over, not 500: the caller's retry will succeed.
+// With JetStream gone, a watch request (POST /v1/watch) is answered 503
+// once the wait for a failover is over, not 500: the caller's retry will
+// succeed.
 func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t)
@@ -79,19 +79,13 @@ func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 	go func() { _ = d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	testutil.WaitForWhat(t, 30*time.Second, "the dispatcher to be ready", d.Ready)
-	hs := httptest.NewServer(d.Handler())
-	t.Cleanup(hs.Close)
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	resp, err := http.Post(hs.URL+"/v1/watch", "application/json", strings.NewReader(`{"platform":"responses","response_id":"resp_away"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("POST /v1/watch with JetStream away: %d (Retry-After %q) %s; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	status, reply := d.AnswerWatchRequest(t.Context(), []byte(`{"platform":"responses","response_id":"resp_away"}`))
+	body, _ := json.Marshal(reply)
+	if status != http.StatusServiceUnavailable {
+		t.Fatalf("watch request with JetStream away: %d %s; want 503", status, body)
 	}
 	if !strings.Contains(string(body), "unavailable") {
 		t.Errorf("body %s does not say JetStream is unavailable", body)

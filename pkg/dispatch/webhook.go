@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"io"
+	"fmt"
 	"net/http"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -15,7 +15,7 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// POST /webhooks/openai takes in the platform's signed webhooks:
+// A platform's signed webhooks (POST /webhooks/openai, package httpapi):
 //
 //   - the signature (Standard Webhooks, verified by the SDK) and a
 //     timestamp within 5 minutes are required, or 401 and nothing happens;
@@ -25,8 +25,8 @@ import (
 //     action taken in as a turn;
 //   - response.completed: the function calls of a response a watch drives
 //     are taken in as a turn;
-//   - 2xx only once the intake is durable; 503 (the platform retries) if it
-//     cannot be.
+//   - accepted only once the intake is durable; an error (503: the
+//     platform retries) if it cannot be.
 
 // WebhookEvent is what a verified webhook says happened.
 type WebhookEvent struct {
@@ -46,41 +46,50 @@ type WebhookVerifier interface {
 	Verify(body []byte, header http.Header) (*WebhookEvent, error)
 }
 
-func (d *Dispatcher) postWebhook(w http.ResponseWriter, r *http.Request) {
-	ctx := d.tel.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+// Why [Dispatcher.TakeInWebhook] refused a webhook: nothing was done.
+var (
+	// ErrNoWebhookVerifier: no [Options.Webhooks] is set, so no webhook
+	// can be authenticated.
+	ErrNoWebhookVerifier = errors.New("dispatch: webhooks are not configured on this dispatcher")
+	// ErrWebhookNotAuthentic: the verifier refused the webhook (a bad
+	// signature, or a timestamp too far off).
+	ErrWebhookNotAuthentic = errors.New("dispatch: webhook signature verification failed")
+)
+
+// TakeInWebhook authenticates a platform's webhook (its body and headers)
+// with [Options.Webhooks] and acts on its event, once per webhook-id on any
+// replica. It returns "accepted" (a turn was taken in, durably), "ignored"
+// (nothing to do) or "duplicate" (already taken in). It returns
+// ErrNoWebhookVerifier or an error wrapping ErrWebhookNotAuthentic when the
+// webhook cannot be trusted, and other errors when the intake failed (the
+// platform should retry). A traceparent in header makes the turn its
+// child. Every outcome is counted (toolrelay.webhooks).
+func (d *Dispatcher) TakeInWebhook(ctx context.Context, body []byte, header http.Header) (outcome string, err error) {
+	ctx = d.tel.prop.Extract(ctx, propagation.HeaderCarrier(header))
 	count := func(typ, outcome string) {
 		d.tel.webhooks.Add(ctx, 1, metric.WithAttributes(attrEventType.String(typ), attrOutcome.String(outcome)))
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "could not read the body")
-		return
 	}
 	if d.opts.Webhooks == nil {
 		count("", "rejected")
 		d.log.WarnContext(ctx, "webhook refused: no webhook verifier (OPENAI_WEBHOOK_SECRET) is set")
-		writeError(w, http.StatusUnauthorized, "webhooks are not configured on this dispatcher")
-		return
+		return "", ErrNoWebhookVerifier
 	}
-	ev, err := d.opts.Webhooks.Verify(body, r.Header)
+	ev, err := d.opts.Webhooks.Verify(body, header)
 	if err != nil {
 		count("", "rejected")
-		d.log.WarnContext(ctx, "webhook refused", "webhook_id", r.Header.Get("webhook-id"), "size", len(body), "err", err)
-		writeError(w, http.StatusUnauthorized, "signature verification failed")
-		return
+		d.log.WarnContext(ctx, "webhook refused", "webhook_id", header.Get("webhook-id"), "size", len(body), "err", err)
+		return "", fmt.Errorf("%w: %w", ErrWebhookNotAuthentic, err)
 	}
 	seenKey := webhookKey(ev.ID)
 	if _, err := d.webhooksSeen.Get(ctx, seenKey); err == nil {
 		count(ev.Type, "duplicate")
-		writeJSON(w, http.StatusOK, map[string]string{"status": "duplicate"})
-		return
+		return "duplicate", nil
 	}
-	outcome, err := d.takeInEvent(ctx, ev.Type, ev.ObjectID)
+	outcome, err = d.takeInEvent(ctx, ev.Type, ev.ObjectID)
 	if err != nil {
 		count(ev.Type, "error")
 		d.log.ErrorContext(ctx, "webhook intake failed; the platform will retry", "type", ev.Type, "id", ev.ObjectID, "err", err)
-		writeError(w, http.StatusServiceUnavailable, "intake failed; retry")
-		return
+		return "", err
 	}
 	// Only now is the event remembered: a crash before this point makes the
 	// platform's retry take it in (intake is idempotent).
@@ -88,7 +97,7 @@ func (d *Dispatcher) postWebhook(w http.ResponseWriter, r *http.Request) {
 		d.log.WarnContext(ctx, "remembering the webhook-id failed", "err", err)
 	}
 	count(ev.Type, outcome)
-	writeJSON(w, http.StatusOK, map[string]string{"status": outcome})
+	return outcome, nil
 }
 
 // webhookKey is a valid KV key for any webhook-id.

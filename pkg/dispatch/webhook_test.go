@@ -19,6 +19,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -84,7 +85,7 @@ func post(t *testing.T, d *dispatch.Dispatcher, body []byte, h http.Header) (int
 		req.Header[k] = v
 	}
 	rec := httptest.NewRecorder()
-	d.Handler().ServeHTTP(rec, req)
+	httpapi.New(d, httpapi.Options{}).ServeHTTP(rec, req)
 	b, _ := io.ReadAll(rec.Body)
 	return rec.Code, string(b)
 }

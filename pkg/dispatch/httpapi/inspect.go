@@ -1,6 +1,7 @@
-package dispatch
+package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -28,48 +30,49 @@ import (
 //	                       (with Options.DefinitionApproval; definitions.go)
 //	GET /v1/tools?platform=&team=
 //	                       the served functions as a platform's tool
-//	                       definitions, each with its team (tools_export.go)
+//	                       definitions, each with its team (tools.go)
 //
 // A caller scoped to teams sees only turns calling its teams' functions
 // (other calls only by id, function, team and result), its teams'
 // functions, and watches driving its teams' calls; a caller scoped to
 // tools only (Caller.ToolsOnly) reaches GET /v1/tools alone of these.
-func (d *Dispatcher) routeInspect(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/turns", d.getTurns)
-	mux.HandleFunc("GET /v1/turns/stream", d.streamTurns)
-	mux.HandleFunc("GET /v1/turns/{key}", d.getTurn)
-	mux.HandleFunc("GET /v1/functions", d.getFunctions)
-	mux.HandleFunc("GET /v1/watches", d.getWatches)
-	mux.HandleFunc("GET /v1/tools", d.getTools)
-	mux.HandleFunc("POST /v1/functions/{name}/accept", d.postAccept)
+func (a *Handler) routeInspect(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/turns", a.getTurns)
+	mux.HandleFunc("GET /v1/turns/stream", a.streamTurns)
+	mux.HandleFunc("GET /v1/turns/{key}", a.getTurn)
+	mux.HandleFunc("GET /v1/functions", a.getFunctions)
+	mux.HandleFunc("GET /v1/watches", a.getWatches)
+	mux.HandleFunc("GET /v1/tools", a.getTools)
+	mux.HandleFunc("POST /v1/functions/{name}/accept", a.postAccept)
 }
 
-// ParseTurnQuery reads a TurnQuery from the query of a request of caller:
-// a problem names its parameter.
-func ParseTurnQuery(caller Caller, r *http.Request) (TurnQuery, *FieldError) {
+// ParseTurnQuery reads a [dispatch.TurnQuery] from the query of a request
+// of caller: a problem names its parameter, and a team out of caller's
+// scope wraps [dispatch.ErrOutOfScope].
+func ParseTurnQuery(caller dispatch.Caller, r *http.Request) (dispatch.TurnQuery, *dispatch.FieldError) {
 	v := r.URL.Query()
-	q := TurnQuery{Team: v.Get("team"), Function: v.Get("function"), Platform: protocol.Platform(v.Get("platform")), Outcome: v.Get("outcome")}
+	q := dispatch.TurnQuery{Team: v.Get("team"), Function: v.Get("function"), Platform: protocol.Platform(v.Get("platform")), Outcome: v.Get("outcome")}
 	switch open := v.Get("open"); open {
 	case "", "0", "false":
 	case "1", "true":
 		q.OpenOnly = true
 	default:
-		return q, &FieldError{Field: "open", Message: "open must be 1 or 0"}
+		return q, &dispatch.FieldError{Field: "open", Message: "open must be 1 or 0"}
 	}
 	switch q.Platform {
 	case "", protocol.PlatformAgents, protocol.PlatformAssistants, protocol.PlatformResponses:
 	default:
-		return q, &FieldError{Field: "platform", Message: "platform must be agents, assistants or responses"}
+		return q, &dispatch.FieldError{Field: "platform", Message: "platform must be agents, assistants or responses"}
 	}
 	switch q.Outcome {
 	case "", "open", "submitted", "cut_off", "failed":
 	default:
-		return q, &FieldError{Field: "outcome", Message: "outcome must be open, submitted, cut_off or failed"}
+		return q, &dispatch.FieldError{Field: "outcome", Message: "outcome must be open, submitted, cut_off or failed"}
 	}
 	if l := v.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 0 {
-			return q, &FieldError{Field: "limit", Message: "limit must be a whole number, 0 for no limit"}
+			return q, &dispatch.FieldError{Field: "limit", Message: "limit must be a whole number, 0 for no limit"}
 		}
 		q.Limit = n
 		if n == 0 {
@@ -77,26 +80,19 @@ func ParseTurnQuery(caller Caller, r *http.Request) (TurnQuery, *FieldError) {
 		}
 	}
 	if q.Team != "" && !caller.Sees(q.Team) {
-		return q, &FieldError{Field: "team", Err: ErrOutOfScope, Message: fmt.Sprintf("team %s is not one of your teams (%s)", q.Team, strings.Join(caller.Teams, ", "))}
+		return q, &dispatch.FieldError{Field: "team", Err: dispatch.ErrOutOfScope, Message: fmt.Sprintf("team %s is not one of your teams (%s)", q.Team, strings.Join(caller.Teams, ", "))}
 	}
 	return q, nil
 }
 
-// CallerOf returns the caller the API's guard found for r; a request
-// that did not pass the guard has none and sees nothing.
-func CallerOf(r *http.Request) Caller {
-	c, _ := callerFrom(r.Context())
-	return c
-}
-
-func (d *Dispatcher) getTurns(w http.ResponseWriter, r *http.Request) {
+func (a *Handler) getTurns(w http.ResponseWriter, r *http.Request) {
 	caller := CallerOf(r)
 	q, fe := ParseTurnQuery(caller, r)
 	if fe != nil {
 		writeQueryError(w, fe)
 		return
 	}
-	list, err := d.InspectTurns(r.Context(), caller, q)
+	list, err := a.d.InspectTurns(r.Context(), caller, q)
 	if err != nil {
 		writeInspectError(w, err)
 		return
@@ -104,13 +100,13 @@ func (d *Dispatcher) getTurns(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, list)
 }
 
-func (d *Dispatcher) getTurn(w http.ResponseWriter, r *http.Request) {
-	v, err := d.InspectTurn(r.Context(), CallerOf(r), protocol.TurnKey(r.PathValue("key")))
-	var fe *FieldError
+func (a *Handler) getTurn(w http.ResponseWriter, r *http.Request) {
+	v, err := a.d.InspectTurn(r.Context(), CallerOf(r), protocol.TurnKey(r.PathValue("key")))
+	var fe *dispatch.FieldError
 	switch {
 	case errors.As(err, &fe):
 		writeFieldError(w, fe)
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, dispatch.ErrNotFound):
 		writeError(w, http.StatusNotFound, "no turn with key "+r.PathValue("key"))
 	case err != nil:
 		writeInspectError(w, err)
@@ -119,12 +115,12 @@ func (d *Dispatcher) getTurn(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (d *Dispatcher) getFunctions(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"functions": d.InspectFunctions(r.Context(), CallerOf(r))})
+func (a *Handler) getFunctions(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"functions": a.d.InspectFunctions(r.Context(), CallerOf(r))})
 }
 
-func (d *Dispatcher) getWatches(w http.ResponseWriter, r *http.Request) {
-	ws, err := d.InspectWatches(r.Context(), CallerOf(r))
+func (a *Handler) getWatches(w http.ResponseWriter, r *http.Request) {
+	ws, err := a.d.InspectWatches(r.Context(), CallerOf(r))
 	if err != nil {
 		writeInspectError(w, err)
 		return
@@ -142,27 +138,19 @@ const sseKeepAlive = 15 * time.Second
 // select, open or closed. A client that falls behind gets a "reset" event
 // and the stream ends; EventSource reconnects and starts from a snapshot.
 // The stream ends when the dispatcher stops.
-func (d *Dispatcher) streamTurns(w http.ResponseWriter, r *http.Request) {
+func (a *Handler) streamTurns(w http.ResponseWriter, r *http.Request) {
 	caller := CallerOf(r)
 	q, fe := ParseTurnQuery(caller, r)
 	if fe != nil {
 		writeQueryError(w, fe)
 		return
 	}
-	if err := d.inspect.ensure(r.Context()); err != nil {
-		writeInspectError(w, err)
-		return
-	}
-	ctx, stop := d.withRunContext(r.Context())
-	defer stop()
-	sub, cancel := d.inspect.subscribe() // before the snapshot: nothing falls in between
-	defer cancel()
-	q.OpenOnly = true
-	list, err := d.InspectTurns(ctx, caller, q)
+	list, feed, err := a.d.FollowTurns(r.Context(), caller, q)
 	if err != nil {
 		writeInspectError(w, err)
 		return
 	}
+	defer feed.Close()
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
@@ -178,26 +166,23 @@ func (d *Dispatcher) streamTurns(w http.ResponseWriter, r *http.Request) {
 	if _, err := fmt.Fprint(w, "retry: 1000\n\n"); err != nil || !send("snapshot", list) {
 		return
 	}
-	q.Outcome = "" // every change is sent: the client moves a closed turn out of the open list
-	ping := time.NewTicker(sseKeepAlive)
-	defer ping.Stop()
 	for {
-		select {
-		case t := <-sub.ch:
-			if !q.matches(caller, t) {
-				continue
-			}
-			if !send("turn", view(caller, t, time.Now())) {
+		ctx, cancel := context.WithTimeout(r.Context(), sseKeepAlive)
+		v, err := feed.Next(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			if !send("turn", v) {
 				return
 			}
-		case <-sub.lost:
+		case errors.Is(err, dispatch.ErrFellBehind):
 			send("reset", map[string]string{"reason": "this client fell behind; reconnect for a fresh snapshot"})
 			return
-		case <-ping.C:
+		case errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
 			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil || rc.Flush() != nil {
 				return
 			}
-		case <-ctx.Done():
+		default: // the client went away, or the dispatcher stops
 			return
 		}
 	}
@@ -205,8 +190,8 @@ func (d *Dispatcher) streamTurns(w http.ResponseWriter, r *http.Request) {
 
 // writeQueryError answers a bad query parameter (400) or a team out of
 // the caller's scope (403).
-func writeQueryError(w http.ResponseWriter, fe *FieldError) {
-	if errors.Is(fe, ErrOutOfScope) {
+func writeQueryError(w http.ResponseWriter, fe *dispatch.FieldError) {
+	if errors.Is(fe, dispatch.ErrOutOfScope) {
 		writeJSON(w, http.StatusForbidden, fieldErrorBody(fe))
 		return
 	}
@@ -216,9 +201,9 @@ func writeQueryError(w http.ResponseWriter, fe *FieldError) {
 // writeInspectError answers an error of the inspection API.
 func writeInspectError(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, ErrOutOfScope):
-		writeError(w, http.StatusForbidden, strings.TrimPrefix(err.Error(), ErrOutOfScope.Error()+": "))
-	case errors.Is(err, ErrNotRunning):
+	case errors.Is(err, dispatch.ErrOutOfScope):
+		writeError(w, http.StatusForbidden, strings.TrimPrefix(err.Error(), dispatch.ErrOutOfScope.Error()+": "))
+	case errors.Is(err, dispatch.ErrNotRunning):
 		writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
 	default:
 		writeError(w, http.StatusServiceUnavailable, strings.TrimPrefix(err.Error(), "dispatch: "))

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -14,67 +13,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/propagation"
-
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// Handler serves the dispatcher's HTTP API:
-//
-//	POST /v1/watch       start driving a platform object (202; 400 naming the field,
-//	                     or 404 naming it when the platform has no such object)
-//	GET  /v1/watch/{id}  the watch, its turns and each call's result
-//	GET  /v1/turns, /v1/turns/{key}, /v1/turns/stream, /v1/functions,
-//	     /v1/watches     the inspection API (see routeInspect)
-//	POST /webhooks/openai signed platform webhooks (401 unless verified)
-//	GET  /healthz        200 while the process runs
-//	GET  /readyz         200 once NATS is connected and everything is provisioned
-//	POST /mcp            the MCP front door: Streamable HTTP, stateless (mcp.go)
-//
-// Everything under /v1 (and /mcp and /ui) needs a caller: with
-// [Options.Authenticator] set, a known bearer token (else 401 with
-// WWW-Authenticate: Bearer); without it, a loopback client (else 401).
-// A caller scoped to some teams sees other teams' calls in a watch without
-// their results, and gets 403 for a watch that calls none of its teams'
-// functions (see watchReport.seenBy).
-func (d *Dispatcher) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/watch", d.postWatch)
-	mux.HandleFunc("GET /v1/watch/{id}", d.getWatch)
-	mux.HandleFunc("POST /webhooks/openai", d.postWebhook)
-	mux.Handle("/mcp", d.mcpHandler())
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !d.Ready() || d.js.Conn().Status() != nats.CONNECTED {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	})
-	d.routeInspect(mux)
-	return d.guard(d.whenReady(mux))
-}
-
-// whenReady answers 503 (with Retry-After) to every request but the health
-// checks until Run is ready: before that the streams and buckets the
-// handlers use may not be provisioned yet (JetStream still electing its
-// leaders), and after Run stops they are no longer served. Found by the
-// soak: a webhook or an MCP call reaching a dispatcher restarted under load
-// dereferenced a bucket not yet set up.
-func (d *Dispatcher) whenReady(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !d.Ready() && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
-			w.Header().Set("Retry-After", "1")
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]string{
-				"message": "the dispatcher is starting or stopping; try again in a moment"}})
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
+// The watch API, served on two transports: POST /v1/watch and GET
+// /v1/watch/{id} (package httpapi), and protocol.WatchSubject and
+// protocol.WatchStatusSubject on NATS (nats.go). Its answers are the
+// same on both: an HTTP status and a JSON body.
 
 // watchRequest is the body of POST /v1/watch. "agent" is a Foundry agent
 // name, or an object with name and version.
@@ -109,30 +54,14 @@ func (req *watchRequest) ref() (Ref, error) {
 	return ref, ref.Validate()
 }
 
-// maxWatchBody bounds a POST /v1/watch body: a reference to a platform
-// object and a little metadata.
-const maxWatchBody = 64 << 10
-
-func (d *Dispatcher) postWatch(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWatchBody))
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than the %d KiB a watch request may be", maxWatchBody>>10))
-		return
-	}
-	if err != nil {
-		writeFieldError(w, &FieldError{Message: "could not read the body"})
-		return
-	}
-	// A traceparent on the request makes the watch's turns its children.
-	ctx := d.tel.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	status, reply := d.watchRequest(ctx, body)
-	writeJSON(w, status, reply)
-}
-
-// watchRequest starts a watch from the JSON of POST /v1/watch (or of a
-// request on protocol.WatchSubject) and returns the HTTP status and body.
-func (d *Dispatcher) watchRequest(ctx context.Context, body []byte) (int, any) {
+// AnswerWatchRequest starts a watch from the JSON body of a watch request
+// (POST /v1/watch, or a request on protocol.WatchSubject) and returns the
+// answer's HTTP status and its body, a value encoding/json encodes: 202
+// with {"id","status_url"}; 400 naming the field of a bad request; 404
+// naming it when the platform has no such object; 503 while the
+// dispatcher is starting or stopping or JetStream is unavailable; 500
+// otherwise. A traceparent in ctx makes the watch's turns its children.
+func (d *Dispatcher) AnswerWatchRequest(ctx context.Context, body []byte) (status int, reply any) {
 	req, fe := decodeWatchRequest(body)
 	if fe != nil {
 		return http.StatusBadRequest, fieldErrorBody(fe)
@@ -294,13 +223,18 @@ func runeStart(s string, i int) int {
 	return i
 }
 
-func (d *Dispatcher) getWatch(w http.ResponseWriter, r *http.Request) {
-	status, reply := d.watchReport(r.Context(), r.PathValue("id"))
+// AnswerWatchStatus returns the answer to a watch status request (GET
+// /v1/watch/{id}, or a request on protocol.WatchStatusSubject): its HTTP
+// status and its body, a value encoding/json encodes. 200 with the watch
+// and each of its turns and calls, as caller may see them; 403 for a
+// watch that calls none of caller's teams' functions; 404 for no such
+// watch; 503 while JetStream is unavailable; 500 otherwise.
+func (d *Dispatcher) AnswerWatchStatus(ctx context.Context, caller Caller, id string) (status int, reply any) {
+	status, reply = d.watchReport(ctx, id)
 	if rep, ok := reply.(watchReport); ok {
-		caller, _ := callerFrom(r.Context()) // none: sees no team
 		status, reply = rep.seenBy(caller)
 	}
-	writeJSON(w, status, reply)
+	return status, reply
 }
 
 // seenBy is rep as caller may see it, and its HTTP status. An admin sees
@@ -389,21 +323,4 @@ func fieldErrorBody(fe *FieldError) any {
 
 func errorBody(message string) any {
 	return map[string]any{"error": map[string]any{"message": message}}
-}
-
-func writeFieldError(w http.ResponseWriter, fe *FieldError) {
-	writeJSON(w, http.StatusBadRequest, fieldErrorBody(fe))
-}
-
-func writeError(w http.ResponseWriter, status int, message string) {
-	writeJSON(w, status, errorBody(message))
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "1")
-	}
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }

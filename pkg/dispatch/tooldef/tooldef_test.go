@@ -1,4 +1,4 @@
-package dispatch
+package tooldef
 
 import (
 	"encoding/json"
@@ -29,7 +29,7 @@ func TestToolDefinitions(t *testing.T) {
 		},
 	}
 	for p, w := range want {
-		defs, err := ToolDefinitions(specs, p)
+		defs, err := Definitions(specs, p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestToolDefinitions(t *testing.T) {
 			t.Errorf("%s (-want +got):\n%s", p, diff)
 		}
 	}
-	if _, err := ToolDefinitions(specs, "slack"); err == nil {
+	if _, err := Definitions(specs, "slack"); err == nil {
 		t.Error("unknown platform accepted")
 	}
 }

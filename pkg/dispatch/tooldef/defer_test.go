@@ -1,4 +1,4 @@
-package dispatch
+package tooldef
 
 import (
 	"encoding/json"
@@ -46,7 +46,7 @@ func TestToolDefinitionsDeferLoading(t *testing.T) {
 			responses.ToolUnionParam{OfToolSearch: &responses.ToolSearchToolParam{}}},
 	}
 	for p, sdk := range want {
-		defs, err := ToolDefinitions(specs, p)
+		defs, err := Definitions(specs, p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,7 @@ func TestToolDefinitionsDeferLoading(t *testing.T) {
 			t.Errorf("%s: our definitions vs the SDK's params (-want +got):\n%s", p, diff)
 		}
 	}
-	defs, err := ToolDefinitions(specs, protocol.PlatformAssistants)
+	defs, err := Definitions(specs, protocol.PlatformAssistants)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestToolDefinitionsDeferLoading(t *testing.T) {
 		}
 	}
 	// No deferred function: no tool_search.
-	defs, _ = ToolDefinitions(specs[:1], protocol.PlatformAgents)
+	defs, _ = Definitions(specs[:1], protocol.PlatformAgents)
 	if len(defs) != 1 {
 		t.Errorf("without deferred functions: %d definitions, want 1", len(defs))
 	}

@@ -1,4 +1,4 @@
-package dispatch
+package httpapi
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolrelay/toolrelay/internal/otelconv"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -24,8 +26,9 @@ import (
 // request needs the replica an earlier one reached (no Mcp-Session-Id).
 //
 // tools/list lists the functions live executors serve, of the teams the
-// caller sees; tools/call runs one as a direct call (call.go): the same
-// path as a platform's call, answered on the request. The SDK's tool
+// caller sees; tools/call runs one as a direct call
+// ([dispatch.Dispatcher.Call]): the same path as a platform's call,
+// answered on the request. The SDK's tool
 // registry is not used: the tools are the live registry's, they change as
 // executors come and go, and each caller sees its own teams' only, so the
 // two methods are answered by a middleware reading the registry.
@@ -41,17 +44,21 @@ const (
 	metaErrorType = "io.toolrelay/error_type"
 )
 
-// MCP attribute keys (OpenTelemetry semantic conventions for MCP).
+// Span attribute keys: MCP's (OpenTelemetry semantic conventions for MCP)
+// and the dispatcher's own.
 const (
 	attrMCPMethod = attribute.Key("mcp.method.name")
 	attrCaller    = attribute.Key("toolrelay.caller")
+	attrToolName  = otelconv.ToolName
+	attrTeam      = otelconv.Team
+	attrOutcome   = otelconv.Outcome
 )
 
 // mcpHandler returns the handler of /mcp.
-func (d *Dispatcher) mcpHandler() http.Handler {
+func (a *Handler) mcpHandler() http.Handler {
 	// The SDK logs every request's session at info (each request is one
 	// in stateless mode): only its warnings and errors are worth keeping.
-	sdkLog := slog.New(minLevel{d.log.With("component", "mcp").Handler(), slog.LevelWarn})
+	sdkLog := slog.New(minLevel{a.log.With("component", "mcp").Handler(), slog.LevelWarn})
 	srv := mcp.NewServer(&mcp.Implementation{Name: "toolrelay", Title: "toolrelay fleet", Version: fmt.Sprint(protocol.Version)},
 		&mcp.ServerOptions{
 			Instructions: "Functions served by the toolrelay fleet. Each call runs on an executor through JetStream, " +
@@ -59,7 +66,7 @@ func (d *Dispatcher) mcpHandler() http.Handler {
 			Logger:       sdkLog,
 			Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 		})
-	srv.AddReceivingMiddleware(d.mcpTools)
+	srv.AddReceivingMiddleware(a.mcpTools)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless:                    true,
 		Logger:                       sdkLog,
@@ -70,7 +77,7 @@ func (d *Dispatcher) mcpHandler() http.Handler {
 		// so that stays; with tokens a request needs one anyway, and a
 		// reverse proxy on the same host (which sends the public name)
 		// must get through.
-		DisableLocalhostProtection: d.opts.Authenticator != nil,
+		DisableLocalhostProtection: a.opts.Authenticator != nil,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The SDK cuts a handler's context loose from its request for older
@@ -97,19 +104,19 @@ func (m minLevel) WithGroup(name string) slog.Handler              { return minL
 
 // mcpTools answers tools/list and tools/call from the live registry; other
 // methods go to the SDK.
-func (d *Dispatcher) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
+func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
-			if !d.Ready() {
+			if !a.d.Ready() {
 				// Before the registry is loaded the list would be empty,
 				// and a client may keep it: better it asks again.
 				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
 					Message: "the dispatcher is starting or stopping; list the tools again shortly"}
 			}
-			return d.mcpListTools(ctx), nil
+			return a.mcpListTools(ctx), nil
 		case *mcp.CallToolRequest:
-			return d.mcpCallTool(ctx, r)
+			return a.mcpCallTool(ctx, r)
 		}
 		return next(ctx, method, req)
 	}
@@ -117,9 +124,9 @@ func (d *Dispatcher) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 
 // mcpListTools lists the functions the caller's teams own that live
 // executors serve.
-func (d *Dispatcher) mcpListTools(ctx context.Context) *mcp.ListToolsResult {
+func (a *Handler) mcpListTools(ctx context.Context) *mcp.ListToolsResult {
 	caller, _ := callerFrom(ctx) // none: sees no team
-	specs := d.registry.served(caller.Sees, d.opts.DefinitionApproval)
+	specs := a.d.ServedFunctions(caller.Sees)
 	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(specs))}
 	for _, s := range specs {
 		res.Tools = append(res.Tools, mcpTool(s))
@@ -146,24 +153,21 @@ func mcpTool(s *protocol.FunctionSpec) *mcp.Tool {
 // cannot see is unknown to it: a JSON-RPC error, as for a name nobody
 // owns. Every failure of a known tool is a result with isError, its text
 // the message the platforms get.
-func (d *Dispatcher) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	p := req.Params
 	caller, _ := callerFrom(ctx)
-	var f *function
-	if protocol.ValidateFunctionName(p.Name) == nil {
-		var err error
-		if f, err = d.registry.lookup(ctx, p.Name); err != nil {
-			return mcpError(protocol.CodeUnavailable,
-				fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", p.Name)), nil
-		}
+	f, err := a.d.Function(ctx, p.Name)
+	if err != nil && !errors.Is(err, dispatch.ErrNotFound) {
+		return mcpError(protocol.CodeUnavailable,
+			fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", p.Name)), nil
 	}
-	if f == nil || !caller.Sees(f.team) {
+	if f == nil || !caller.Sees(f.Spec.Team) {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", p.Name)}
 	}
 
-	ctx = d.mcpTraceContext(ctx, req)
-	ctx, span := d.tel.tracer.Start(ctx, "tools/call "+p.Name, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attrMCPMethod.String("tools/call"), attrToolName.String(p.Name), attrTeam.String(f.team),
+	ctx = mcpTraceContext(ctx, req)
+	ctx, span := a.tracer.Start(ctx, "tools/call "+p.Name, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attrMCPMethod.String("tools/call"), attrToolName.String(p.Name), attrTeam.String(f.Spec.Team),
 			attrCaller.String(caller.Name)))
 	defer span.End()
 	if r, ok := ctx.Value(httpRequestKey{}).(context.Context); ok {
@@ -178,22 +182,22 @@ func (d *Dispatcher) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) 
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
-	c := directCall{name: p.Name, args: args, timeout: d.mcpTimeout(f)}
+	c := dispatch.DirectCall{Function: p.Name, Arguments: args, Timeout: a.mcpTimeout(f)}
 	if token := p.GetProgressToken(); token != nil {
-		c.progressEvery = mcpProgressEvery
-		c.progress = func(elapsed time.Duration) {
+		c.ProgressEvery = mcpProgressEvery
+		c.Progress = func(elapsed time.Duration) {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token,
 				Progress: elapsed.Seconds(), Message: fmt.Sprintf("%s running for %s", p.Name, elapsed.Round(time.Second))})
 		}
 	}
-	res, err := d.callDirect(ctx, c)
+	res, err := a.d.Call(ctx, c)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "call not completed")
 		if ctx.Err() != nil {
 			return nil, err // nobody is left to read an answer
 		}
-		d.log.ErrorContext(ctx, "MCP call could not be taken in", "fn", p.Name, "err", err)
+		a.log.ErrorContext(ctx, "MCP call could not be taken in", "fn", p.Name, "err", err)
 		return mcpError(protocol.CodeUnavailable,
 			fmt.Sprintf("%s is unavailable right now (the call could not be queued). Try again later or continue without it.", p.Name)), nil
 	}
@@ -212,7 +216,7 @@ func (d *Dispatcher) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) 
 
 // errClientGone is the cause of a call's context cancelled because its
 // client's HTTP request ended.
-var errClientGone = errors.New("dispatch: the MCP client went away")
+var errClientGone = errors.New("httpapi: the MCP client went away")
 
 // mcpError is a failed call as an MCP tool result: isError, with the
 // message the model reads (its type in _meta, for programs).
@@ -223,10 +227,10 @@ func mcpError(code protocol.ErrorCode, message string) *mcp.CallToolResult {
 
 // mcpTimeout is a tools/call's deadline: the function's own timeout, capped
 // by MCPCallTimeout.
-func (d *Dispatcher) mcpTimeout(f *function) time.Duration {
-	timeout := d.opts.MCPCallTimeout
-	if len(f.live) > 0 {
-		if t := time.Duration(f.live[0].decl.Spec.Timeout); t > 0 && t < timeout {
+func (a *Handler) mcpTimeout(f *dispatch.FunctionStatus) time.Duration {
+	timeout := a.opts.MCPCallTimeout
+	if f.Served() {
+		if t := time.Duration(f.Spec.Timeout); t > 0 && t < timeout {
 			timeout = t
 		}
 	}
@@ -236,18 +240,18 @@ func (d *Dispatcher) mcpTimeout(f *function) time.Duration {
 // mcpTraceContext continues the client's trace: the traceparent in the
 // request's _meta (as the MCP semantic conventions carry it), else the one
 // of the HTTP request.
-func (d *Dispatcher) mcpTraceContext(ctx context.Context, req *mcp.CallToolRequest) context.Context {
+func mcpTraceContext(ctx context.Context, req *mcp.CallToolRequest) context.Context {
 	carrier := propagation.MapCarrier{}
-	for _, k := range d.tel.prop.Fields() {
+	for _, k := range otelconv.Propagator.Fields() {
 		if v, ok := req.Params.Meta[k].(string); ok {
 			carrier[k] = v
 		}
 	}
 	if carrier["traceparent"] != "" {
-		return d.tel.prop.Extract(ctx, carrier)
+		return otelconv.Propagator.Extract(ctx, carrier)
 	}
 	if req.Extra != nil && req.Extra.Header != nil {
-		return d.tel.prop.Extract(ctx, propagation.HeaderCarrier(req.Extra.Header))
+		return otelconv.Propagator.Extract(ctx, propagation.HeaderCarrier(req.Extra.Header))
 	}
 	return ctx
 }

@@ -1,10 +1,12 @@
-package dispatch
+package httpapi
 
 import (
 	"net/http"
 	"net/url"
 	"path"
 	"strings"
+
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 )
 
 // A browser cannot send a bearer token when it navigates, so the console
@@ -14,22 +16,22 @@ import (
 // (the console's pages and the /v1 API its scripts read).
 const SessionCookie = "toolrelay_session"
 
-// Guard lets a request through to h only with a caller, as Handler does
-// for its own routes: for handlers served beside Handler (the console) on
+// Guard lets a request through to h only with a caller, as the Handler
+// does for its own routes: for handlers served beside it (the console) on
 // the same paths' rules. The caller is read with CallerOf.
-func (d *Dispatcher) Guard(h http.Handler) http.Handler { return d.guard(h) }
+func (a *Handler) Guard(h http.Handler) http.Handler { return a.guard(h) }
 
 // TokensRequired reports whether the API needs bearer tokens (an
 // Authenticator is set); without, it serves loopback clients only.
-func (d *Dispatcher) TokensRequired() bool { return d.opts.Authenticator != nil }
+func (a *Handler) TokensRequired() bool { return a.opts.Authenticator != nil }
 
 // CheckToken returns the caller of a bearer token, or false if it is not
 // known (or the API takes no tokens).
-func (d *Dispatcher) CheckToken(token string) (Caller, bool) {
-	if d.opts.Authenticator == nil || token == "" {
-		return Caller{}, false
+func (a *Handler) CheckToken(token string) (dispatch.Caller, bool) {
+	if a.opts.Authenticator == nil || token == "" {
+		return dispatch.Caller{}, false
 	}
-	return d.opts.Authenticator.Authenticate(token)
+	return a.opts.Authenticator.Authenticate(token)
 }
 
 // sessionToken returns the token of r's session cookie.

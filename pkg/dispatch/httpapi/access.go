@@ -1,31 +1,15 @@
-package dispatch
+package httpapi
 
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/netip"
 	"path"
-	"slices"
 	"strings"
-)
 
-// Caller is who a request to the HTTP API comes from and what it may see.
-type Caller struct {
-	// Name identifies the caller in logs: the name of its token, or
-	// "loopback" when no Authenticator is set.
-	Name string
-	// Admin callers see everything.
-	Admin bool
-	// Teams are what a caller that is not an admin may see: the functions
-	// of these teams, their calls and results.
-	Teams []string
-	// ToolsOnly callers may list and call the tools of Teams (/mcp and
-	// GET /v1/tools) and reach nothing else: the scope to give an agent,
-	// which needs its tools, not the calls and dead letters of their teams.
-	ToolsOnly bool
-}
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+)
 
 // toolsPath reports whether a ToolsOnly caller may ask for p.
 func toolsPath(method, p string) bool {
@@ -33,41 +17,32 @@ func toolsPath(method, p string) bool {
 	return p == "/mcp" || p == "/v1/tools" && (method == http.MethodGet || method == http.MethodHead)
 }
 
-// Sees reports whether c may see what belongs to team.
-func (c Caller) Sees(team string) bool {
-	return c.Admin || slices.Contains(c.Teams, team)
-}
-
-// LogValue shows the caller's name and scope, never a credential.
-func (c Caller) LogValue() slog.Value {
-	scope := "admin"
-	switch {
-	case c.ToolsOnly:
-		scope = "tools:" + strings.Join(c.Teams, ",")
-	case !c.Admin:
-		scope = "teams:" + strings.Join(c.Teams, ",")
-	}
-	return slog.GroupValue(slog.String("name", c.Name), slog.String("scope", scope))
-}
-
 // Authenticator checks the bearer tokens of the HTTP API. Its methods are
 // called for every guarded request, concurrently.
 type Authenticator interface {
 	// Authenticate returns the caller token belongs to, or false if no
 	// token is known as it. It should compare in constant time.
-	Authenticate(token string) (Caller, bool)
+	Authenticate(token string) (dispatch.Caller, bool)
 }
 
 // loopbackCaller is every client of a dispatcher without an Authenticator:
 // only loopback clients get this far, and they see everything.
-var loopbackCaller = Caller{Name: "loopback", Admin: true}
+var loopbackCaller = dispatch.Caller{Name: "loopback", Admin: true}
 
 type callerKey struct{}
 
-// callerFrom returns the caller guard found for the request of ctx.
-func callerFrom(ctx context.Context) (Caller, bool) {
-	c, ok := ctx.Value(callerKey{}).(Caller)
+// callerFrom returns the caller the guard found for the request of ctx; a
+// request that did not pass the guard has none.
+func callerFrom(ctx context.Context) (dispatch.Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(dispatch.Caller)
 	return c, ok
+}
+
+// CallerOf returns the caller the guard found for r; a request that did
+// not pass the guard has none and sees nothing.
+func CallerOf(r *http.Request) dispatch.Caller {
+	c, _ := callerFrom(r.Context())
+	return c
 }
 
 // guarded reports whether requests for p need a caller: the API (/v1), the
@@ -84,17 +59,17 @@ func guarded(p string) bool {
 }
 
 // guard lets a request for a guarded path through only with a caller: a
-// known bearer token (or the console's session cookie holding one) when d
-// has an Authenticator, a loopback client otherwise; a browser without one
+// known bearer token (or the console's session cookie holding one) when the
+// API has an Authenticator, a loopback client otherwise; a browser without one
 // asking for a console page is sent to the login form. The caller goes into the request's context for the handler to
 // decide what it may see (403 or less detail).
-func (d *Dispatcher) guard(next http.Handler) http.Handler {
+func (a *Handler) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !guarded(r.URL.Path) || openConsolePath(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		caller, ok := d.authenticate(w, r)
+		caller, ok := a.authenticate(w, r)
 		if !ok {
 			return
 		}
@@ -108,8 +83,8 @@ func (d *Dispatcher) guard(next http.Handler) http.Handler {
 }
 
 // authenticate finds the caller of r, or answers 401 and returns false.
-func (d *Dispatcher) authenticate(w http.ResponseWriter, r *http.Request) (Caller, bool) {
-	auth := d.opts.Authenticator
+func (a *Handler) authenticate(w http.ResponseWriter, r *http.Request) (dispatch.Caller, bool) {
+	auth := a.opts.Authenticator
 	if auth == nil {
 		// The connection's own address: a header such as X-Forwarded-For
 		// is whatever the client chose to send.
@@ -117,7 +92,7 @@ func (d *Dispatcher) authenticate(w http.ResponseWriter, r *http.Request) (Calle
 			return loopbackCaller, true
 		}
 		unauthorized(w, "", "this API serves loopback clients only; to serve others, give the dispatcher API tokens (TOOLRELAY_API_TOKENS_FILE)")
-		return Caller{}, false
+		return dispatch.Caller{}, false
 	}
 	token, ok := bearerToken(r.Header.Get("Authorization"))
 	if !ok {
@@ -127,15 +102,15 @@ func (d *Dispatcher) authenticate(w http.ResponseWriter, r *http.Request) (Calle
 		if !toLogin(w, r) {
 			unauthorized(w, "", "missing bearer token: send Authorization: Bearer <token>")
 		}
-		return Caller{}, false
+		return dispatch.Caller{}, false
 	}
 	caller, ok := auth.Authenticate(token)
 	if !ok {
-		d.log.WarnContext(r.Context(), "API request with an unknown bearer token refused", "remote", r.RemoteAddr, "path", r.URL.Path)
+		a.log.WarnContext(r.Context(), "API request with an unknown bearer token refused", "remote", r.RemoteAddr, "path", r.URL.Path)
 		if !toLogin(w, r) {
 			unauthorized(w, `, error="invalid_token"`, "unknown bearer token")
 		}
-		return Caller{}, false
+		return dispatch.Caller{}, false
 	}
 	return caller, true
 }
