@@ -21,9 +21,9 @@ const (
 	// protocol.MaxParametersSize).
 	MaxSize = 64 << 10
 	// MaxDepth bounds how deeply a schema's JSON nests: objects and arrays
-	// within each other. Each level of properties or items takes two
-	// (the keyword's object and the subschema), so 64 allows about 30
-	// levels of nested parameters.
+	// within each other. A level of properties takes two (the keyword's
+	// object and the subschema), a level of items one, so 64 allows at
+	// least 30 levels of nested parameters.
 	MaxDepth = 64
 	// MaxNumberDigits bounds the digits of a number written in a schema
 	// or in a call's arguments, before any exponent: the validator reads
