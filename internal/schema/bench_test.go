@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/toolrelay/toolrelay/internal/schema/schematest"
 )
 
 var benchArgs = []byte(`{"city":"Paris","units":"metric","days":3,"include":["wind","rain"]}`)
@@ -26,4 +28,23 @@ func BenchmarkDecode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkCheckAtMaxSteps checks arguments that fail every path of the
+// longest anyOf/$ref chain MaxSteps admits: the most one call costs.
+func BenchmarkCheckAtMaxSteps(b *testing.B) {
+	for n := 19; ; n-- {
+		s, err := Compile("f", schematest.RefChain(n))
+		if err != nil {
+			continue
+		}
+		b.Logf("longest chain admitted: %d", n)
+		b.ReportAllocs()
+		for b.Loop() {
+			if s.Check(schematest.RefChainArgs) == "" {
+				b.Fatal("arguments passed")
+			}
+		}
+		return
+	}
 }

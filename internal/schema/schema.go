@@ -7,12 +7,14 @@ package schema
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"golang.org/x/text/language"
@@ -49,7 +51,14 @@ func (s *Schema) Digest() string { return s.digest }
 
 // Compile compiles the parameter schema of function. The schema must be a
 // self-contained JSON object: references to other documents are refused.
+// A schema over one of the bounds in limits.go is refused with a
+// LimitError before it is compiled; compiling takes at most
+// CompileTimeout. Compile is safe for concurrent use; at most
+// maxCompiling schemas compile at once.
 func Compile(function string, raw []byte) (*Schema, error) {
+	if err := checkLimits(function, raw); err != nil {
+		return nil, err
+	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
 		return nil, fmt.Errorf("schema of %s: not JSON: %w", function, err)
@@ -57,17 +66,67 @@ func Compile(function string, raw []byte) (*Schema, error) {
 	if _, ok := doc.(map[string]any); !ok {
 		return nil, fmt.Errorf("schema of %s: must be a JSON object", function)
 	}
-	c := jsonschema.NewCompiler()
-	c.UseLoader(refuseLoader{})
-	url := "toolrelay:///functions/" + function
-	if err := c.AddResource(url, doc); err != nil {
-		return nil, fmt.Errorf("schema of %s: %w", function, err)
-	}
-	s, err := c.Compile(url)
+	s, err := compileWithin(function, doc, CompileTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("schema of %s: %w", function, err)
+		return nil, err
+	}
+	if err := checkInPlace(function, s); err != nil {
+		return nil, err
 	}
 	return &Schema{function: function, digest: Digest(raw), s: s}, nil
+}
+
+// maxCompiling bounds the compilations running at once, those given up
+// on for taking too long included.
+const maxCompiling = 2
+
+var compiling = make(chan struct{}, maxCompiling)
+
+// compileWithin compiles doc, giving up after timeout. A compilation given
+// up on runs to its end on its own goroutine, holding its place among
+// maxCompiling; the bounds checked before it keep that end near.
+func compileWithin(function string, doc any, timeout time.Duration) (*jsonschema.Schema, error) {
+	over := &LimitError{Function: function, Limit: "CompileTimeout", What: "the time to compile it, in milliseconds,",
+		Got: timeout.Milliseconds(), Max: timeout.Milliseconds(), Fix: "simplify it (fewer subschemas, shorter patterns), or declare it again when the dispatcher is less busy"}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case compiling <- struct{}{}:
+	case <-timer.C:
+		return nil, over
+	}
+	type result struct {
+		s   *jsonschema.Schema
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() { <-compiling }()
+		c := jsonschema.NewCompiler()
+		c.UseLoader(refuseLoader{})
+		p := &patterns{function: function}
+		c.UseRegexpEngine(p.compile)
+		url := "toolrelay:///functions/" + function
+		err := c.AddResource(url, doc)
+		var s *jsonschema.Schema
+		if err == nil {
+			s, err = c.Compile(url)
+		}
+		p.compiled.Store(true)
+		switch {
+		case p.over != nil:
+			err = p.over
+		case err != nil:
+			err = fmt.Errorf("schema of %s: %w", function, err)
+		}
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-timer.C:
+		return nil, over
+	}
 }
 
 type refuseLoader struct{}
@@ -87,6 +146,18 @@ func (s *Schema) Check(args []byte) string {
 	}
 	if err != nil {
 		return fmt.Sprintf("The arguments for %s are not valid JSON (%v). Call it again with a JSON object that matches its parameters.", s.function, err)
+	}
+	v := newValue(inst)
+	if err := checkArgNumbers(s.function, v, ""); err != nil {
+		var le *LimitError
+		errors.As(err, &le)
+		return fmt.Sprintf("The arguments for %s have a number at %s with more digits than a call may carry (%d, over %d). Round it and call %s again.",
+			s.function, cmp.Or(le.At, "/"), le.Got, le.Max, s.function)
+	}
+	c := counter{done: map[countKey]int64{}}
+	if n := c.steps(s.s, v); n > MaxSteps {
+		return fmt.Sprintf("The arguments for %s were not checked: checking them against its parameters would take more than %d steps, the most a call may take (MaxSteps). Call it again with fewer or smaller arguments, or continue without it.",
+			s.function, MaxSteps)
 	}
 	if err := s.s.Validate(inst); err != nil {
 		msg := err.Error()

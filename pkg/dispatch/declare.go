@@ -23,7 +23,9 @@ import (
 // leases, and refuses the rest, so a squatter's declaration never reaches
 // the registry and never receives a call. A declaration whose tool text
 // (description, schema strings) breaks protocol.ValidateToolText's bounds
-// is refused before it can claim a name: the executor need not be ours.
+// is refused before it can claim a name: the executor need not be ours. So
+// is one whose schema does not compile or breaks a bound of package schema,
+// with the error naming the bound.
 
 // declareTimeout bounds the registry writes of one request.
 const declareTimeout = 5 * time.Second
@@ -33,6 +35,7 @@ const (
 	refusedOwned    = "owned_by_other_team"
 	refusedTooMany  = "too_many"
 	refusedToolText = "tool_text"
+	refusedSchema   = "schema"
 )
 
 func (d *Dispatcher) serveDeclarations(ctx context.Context) (stop func(), err error) {
@@ -90,6 +93,12 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 	for i := range req.Declarations {
 		decl := &req.Declarations[i]
 		// Before the claim: text that breaks a bound claims no name.
+		// The schema's bounds first: they cost one pass to check, where
+		// reading the tool text of a schema nested thousands deep does not.
+		if _, err := d.registry.compiled(&decl.Spec); err != nil && !errors.Is(err, protocol.ErrToolText) {
+			d.refuse(ctx, reply, decl, refusedSchema, "", err.Error())
+			continue
+		}
 		if err := decl.Spec.ValidateToolText(); err != nil {
 			d.refuse(ctx, reply, decl, refusedToolText, "", err.Error())
 			continue

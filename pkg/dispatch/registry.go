@@ -189,19 +189,14 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		return
 	}
 	digest := schema.Digest(decl.Spec.Parameters)
+	s, err := r.compiled(&decl.Spec)
+	if err != nil {
+		r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", e.Key(), "err", err)
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := r.schemas[name+"/"+digest]
-	if s == nil {
-		if err = decl.Spec.ValidateToolText(); err == nil {
-			s, err = schema.Compile(name, decl.Spec.Parameters)
-		}
-		if err != nil {
-			r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", e.Key(), "err", err)
-			return
-		}
-		r.schemas[name+"/"+digest] = s
-	}
+	r.schemas[name+"/"+digest] = s
 	if r.live[name] == nil {
 		r.live[name] = map[string]*declared{}
 	}
@@ -209,6 +204,25 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 	r.live[name][e.Key()] = &declared{decl: decl, schema: s, digest: digest, expires: time.Now().Add(protocol.LeaseTTL)}
 	r.checkAgreement(name)
 	r.notify()
+}
+
+// compiled returns spec's schema compiled, from r.schemas if it is there.
+// It compiles without r.mu held: however long a schema takes (see
+// schema.CompileTimeout), calls and other declarations do not wait for it.
+func (r *registry) compiled(spec *protocol.FunctionSpec) (*schema.Schema, error) {
+	if len(spec.Parameters) <= schema.MaxSize { // a larger one is refused unread
+		r.mu.RLock()
+		s := r.schemas[spec.Name+"/"+schema.Digest(spec.Parameters)]
+		r.mu.RUnlock()
+		if s != nil {
+			return s, nil
+		}
+	}
+	s, err := schema.Compile(spec.Name, spec.Parameters) // its bounds before anything else reads it
+	if err == nil {
+		err = spec.ValidateToolText()
+	}
+	return s, err
 }
 
 // checkAgreement reports a function whose live declarations disagree on

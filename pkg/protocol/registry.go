@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -44,9 +45,11 @@ func (s *FunctionSpec) Validate() error {
 	if err := ValidateTeamName(s.Team); err != nil {
 		return fmt.Errorf("function %s: %w", s.Name, err)
 	}
-	var schema map[string]any
-	if err := json.Unmarshal(s.Parameters, &schema); err != nil {
-		return fmt.Errorf("%w: function %s: parameters must be a JSON Schema object: %w", ErrMalformed, s.Name, err)
+	// Read without decoding: a number too large for a float64 is a bound
+	// of the schema's (ValidateToolText, package schema), refused for this
+	// declaration alone and by name, not a malformed request.
+	if p := bytes.TrimSpace(s.Parameters); !json.Valid(p) || (len(p) > 0 && p[0] != '{' && string(p) != "null") {
+		return fmt.Errorf("%w: function %s: parameters must be a JSON Schema object", ErrMalformed, s.Name)
 	}
 	if s.Timeout < 0 || s.MaxConcurrency < 0 {
 		return fmt.Errorf("%w: function %s: timeout and max_concurrency must not be negative", ErrMalformed, s.Name)
