@@ -48,7 +48,9 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 	polls := backoff.Backoff{Initial: d.opts.PollInterval, Max: maxPollInterval, Factor: 1.5}
 	// wake brings the turns the event stream took in: each is listed on
 	// the watch (and counted against MaxSteps) as a polled one is, even if
-	// it is submitted before the next poll could see it.
+	// it is submitted before the next poll could see it. A nil one asks
+	// for a poll now: the stream (re)opened, and what came before it is
+	// not replayed.
 	wake := make(chan *TurnRequest, 1)
 	var streamed *TurnRequest
 	wait := func() {
@@ -57,6 +59,9 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 		select {
 		case <-t.C:
 		case streamed = <-wake:
+			if streamed == nil {
+				polls.Reset()
+			}
 		case <-ctx.Done():
 		}
 	}
@@ -195,24 +200,32 @@ func (d *Dispatcher) follow(ctx context.Context, f Follower, w *Watch, wake chan
 	reconnect := backoff.Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second}
 	for ctx.Err() == nil {
 		started := time.Now()
-		err := f.Follow(ctx, w.Ref, func(req *TurnRequest) {
-			req.Channel = "stream"
-			// Taken in at once, so its calls go out without waiting for
-			// the driver; the driver then lists it on the watch.
-			if _, err := d.Intake(tctx, req); err != nil {
-				log.WarnContext(ctx, "stream intake failed; polling will retry", "err", err)
-			}
-			for { // the newest turn wins a place the driver has not read
+		err := f.Follow(ctx, w.Ref, &FollowEvents{
+			Open: func() {
 				select {
-				case wake <- req:
-					return
+				case wake <- nil: // a turn waiting there brings a poll too
 				default:
 				}
-				select {
-				case <-wake:
-				default:
+			},
+			Found: func(req *TurnRequest) {
+				req.Channel = "stream"
+				// Taken in at once, so its calls go out without waiting for
+				// the driver; the driver then lists it on the watch.
+				if _, err := d.Intake(tctx, req); err != nil {
+					log.WarnContext(ctx, "stream intake failed; polling will retry", "err", err)
 				}
-			}
+				for { // the newest turn wins a place the driver has not read
+					select {
+					case wake <- req:
+						return
+					default:
+					}
+					select {
+					case <-wake:
+					default:
+					}
+				}
+			},
 		})
 		if ctx.Err() != nil {
 			return

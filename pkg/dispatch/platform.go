@@ -26,9 +26,20 @@ type Platform interface {
 
 // Follower is a Platform that can push required actions as they happen (an
 // event stream), so a watch learns of them within a second instead of at
-// its next poll. Follow blocks until ctx ends or the stream closes.
+// its next poll. Follow blocks until ctx ends or the stream closes, and
+// tells ev what it hears.
 type Follower interface {
-	Follow(ctx context.Context, ref Ref, found func(*TurnRequest)) error
+	Follow(ctx context.Context, ref Ref, ev *FollowEvents) error
+}
+
+// FollowEvents is what a Follower tells the watch following an object.
+type FollowEvents struct {
+	// Open is called each time the stream is open, before any event of it:
+	// a stream does not replay what came before, so the watch polls once
+	// then for what it may have missed.
+	Open func()
+	// Found is called with each required action as it appears.
+	Found func(*TurnRequest)
 }
 
 // Ref names what the dispatcher drives on a platform.

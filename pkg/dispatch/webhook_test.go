@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -223,6 +225,50 @@ func TestWatchOverNATSRequestReply(t *testing.T) {
 	m, err = nc.Request(protocol.WatchSubject, []byte(`{"platform":"responses"}`), 5*time.Second)
 	if err != nil || !strings.Contains(string(m.Data), `"field":"response_id"`) || !strings.Contains(string(m.Data), `"status":400`) {
 		t.Errorf("bad request reply: %s %v", m.Data, err)
+	}
+}
+
+// Found by a failure under load: a session's event stream does not replay
+// what came before it opened, so a required action that fired between the
+// watch's first poll and the stream opening was left to the next poll (an
+// hour here). The stream's opening now brings a poll.
+func TestAnActionBeforeTheStreamOpensIsPolledAtOnce(t *testing.T) {
+	t.Parallel()
+	e, _ := customerEnv(t, platformsim.Options{ModelLatency: 200 * time.Millisecond})
+	sim, err := url.Parse(e.simURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The event stream reaches the simulator only once the session waits
+	// for its calls.
+	proxy := httputil.NewSingleHostReverseProxy(sim)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/events") {
+			id := strings.Split(r.URL.Path, "/")[4] // /v1/agents/sessions/{id}/events
+			testutil.WaitForWhat(t, 20*time.Second, "the session to require action", func() bool {
+				s, err := e.client.Beta.Agents.Sessions.Get(r.Context(), id)
+				return err == nil && s.Status == "requires_action"
+			})
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { front.CloseClientConnections(); front.Close() })
+	reader := sdkmetric.NewManualReader()
+	d, _ := e.dispatcherOn(openai.NewClient(option.WithBaseURL(front.URL+"/v1"), option.WithAPIKey("sk-test")),
+		dispatch.Options{PollInterval: time.Hour, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	w, err := d.Watch(context.Background(), e.session("customer 123"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForWhat(t, 20*time.Second, "the turn to be taken in", func() bool {
+		got := takenIn(t, reader)
+		return got["poll"]+got["stream"] == 1
+	})
+	if got := takenIn(t, reader); got["poll"] != 1 {
+		t.Errorf("taken in by %v; want the poll the stream's opening brought", got)
+	}
+	if got, err := d.WatchStatus(context.Background(), w.ID); err != nil || len(got.Turns) != 1 {
+		t.Errorf("watch %+v, %v; want its turn listed", got, err)
 	}
 }
 

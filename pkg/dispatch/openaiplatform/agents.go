@@ -145,17 +145,23 @@ func idempotencyKey(key protocol.CallKey) string {
 // Follow reads the session's live event stream and reports each required
 // action as it appears, until ctx ends or the stream closes (then the error
 // says why; nil on a clean end).
-func (a *Agents) Follow(ctx context.Context, ref dispatch.Ref, found func(*dispatch.TurnRequest)) error {
+func (a *Agents) Follow(ctx context.Context, ref dispatch.Ref, ev *dispatch.FollowEvents) error {
+	// The request is made here: once it returns, the platform streams the
+	// session's events to it.
 	stream := a.client.Beta.Agents.Sessions.Events.StreamStreaming(ctx, ref.SessionID)
 	defer stream.Close()
+	if stream.Err() != nil {
+		return stream.Err()
+	}
+	ev.Open()
 	for stream.Next() {
-		ev := stream.Current()
-		if ev.Type != "agent.session.requires_action" {
+		e := stream.Current()
+		if e.Type != "agent.session.requires_action" {
 			continue
 		}
-		s := ev.Session
+		s := e.Session
 		if turn := sessionTurn(ref, &s); turn != nil {
-			found(turn)
+			ev.Found(turn)
 		}
 	}
 	return stream.Err()
