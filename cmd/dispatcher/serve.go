@@ -104,9 +104,20 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer tel.Close()
 
+	// The HTTP address first: a taken port stops the start before the
+	// embedded server creates its store.
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("the HTTP API cannot listen on %s (TOOLRELAY_HTTP_ADDR): %w; set TOOLRELAY_HTTP_ADDR to a free address, e.g. :8081", cfg.HTTPAddr, err)
+	}
+	defer ln.Close()
+
 	natsURL := cfg.NATSURL
 	if natsURL == "" {
 		s, err := natsembed.Start(natsembed.Options{Listen: cfg.NATSListen, StoreDir: cfg.DataDir, Logger: log.With("component", "nats-server")})
+		if errors.Is(err, natsembed.ErrPortTaken) {
+			return fmt.Errorf("%w (TOOLRELAY_NATS_LISTEN); if it is another dispatcher's embedded server, join it as a replica with NATS_URL=nats://%s, or set TOOLRELAY_NATS_LISTEN to a free address", err, cfg.NATSListen)
+		}
 		if err != nil {
 			return err
 		}
@@ -158,10 +169,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.HTTPAddr, err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.Metrics)
 	api := httpapi.New(d, httpapi.Options{Logger: log, Authenticator: auth, MCPCallTimeout: cfg.MCPTimeout})

@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,5 +90,41 @@ func TestBuiltDispatcherStopsOnSIGTERMAndRestartsOnItsData(t *testing.T) {
 	}
 	if code := stopped(t, b, 15*time.Second); code != 0 {
 		t.Fatalf("dispatcher exited %d after SIGINT, want 0", code)
+	}
+}
+
+// From the first-hour trial: a second dispatcher on a taken port said
+// "listen on :8080" without naming the setting, after creating the
+// embedded server's store; a taken NATS port did not say how to join the
+// dispatcher already there.
+func TestTakenPortsNameTheirSettings(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	data := filepath.Join(t.TempDir(), "toolrelay-data")
+	t.Setenv("NATS_URL", "")
+	t.Setenv("TOOLRELAY_DATA_DIR", data)
+	t.Setenv("OPENAI_API_KEY", "sk-test")
+	serve := func() error {
+		var out, errOut bytes.Buffer
+		return run(t.Context(), []string{"serve"}, &out, &errOut)
+	}
+
+	t.Setenv("TOOLRELAY_HTTP_ADDR", busy.Addr().String())
+	t.Setenv("TOOLRELAY_NATS_LISTEN", freeAddr(t))
+	if err := serve(); err == nil || !strings.Contains(err.Error(), "TOOLRELAY_HTTP_ADDR") {
+		t.Errorf("HTTP port taken: %v; want an error naming TOOLRELAY_HTTP_ADDR", err)
+	}
+	if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the failed start created %s (%v)", data, err)
+	}
+
+	t.Setenv("TOOLRELAY_HTTP_ADDR", freeAddr(t))
+	t.Setenv("TOOLRELAY_NATS_LISTEN", busy.Addr().String())
+	err = serve()
+	if err == nil || !strings.Contains(err.Error(), "TOOLRELAY_NATS_LISTEN") || !strings.Contains(err.Error(), "NATS_URL=nats://"+busy.Addr().String()) {
+		t.Errorf("NATS port taken: %v; want an error naming TOOLRELAY_NATS_LISTEN and how to join with NATS_URL", err)
 	}
 }

@@ -96,10 +96,13 @@ func Start(opts Options) (*server.Server, error) {
 // would only log that and never become ready, and the caller would wait
 // out the ready timeout (a restart racing the old process's shutdown, a
 // second dispatcher on one host).
+// ErrPortTaken: the embedded server's client address is in use.
+var ErrPortTaken = errors.New("the embedded JetStream server cannot listen")
+
 func portFree(listen string) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		return fmt.Errorf("natsembed: cannot listen on %s (is the port in use by another process?): %w", listen, err)
+		return fmt.Errorf("%w on %s: %w", ErrPortTaken, listen, err)
 	}
 	return ln.Close()
 }
