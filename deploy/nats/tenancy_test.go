@@ -91,12 +91,16 @@ const (
 	maxDecls       = 8
 )
 
-func deploy(t *testing.T) *deployment {
+// deploy starts the deployment; tune changes the generator's options first.
+func deploy(t *testing.T, tune ...func(*tenancy.Options)) *deployment {
 	t.Helper()
 	x := &deployment{t: t, dir: t.TempDir(), hold: make(chan struct{})}
 	t.Cleanup(x.release)
-	res, err := tenancy.Write(x.dir, tenancy.Options{Teams: []string{"orders", "billing"},
-		Limits: tenancy.Limits{MaxFile: teamMaxFile, MaxStreams: 8}})
+	o := tenancy.Options{Teams: []string{"orders", "billing"}, Limits: tenancy.Limits{MaxFile: teamMaxFile, MaxStreams: 8}}
+	for _, f := range tune {
+		f(&o)
+	}
+	res, err := tenancy.Write(x.dir, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	osexec "os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -35,9 +36,10 @@ func TestEnvFilesSourceInAShell(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]map[string]string{
-		"dispatcher": {"TOOLRELAY_TEAM_API_PREFIX": protocol.TeamAPIPrefixTemplate},
-		"orders":     {"TOOLRELAY_CONTROL_API_PREFIX": protocol.ControlAPIPrefix},
-		"billing":    {"TOOLRELAY_CONTROL_API_PREFIX": protocol.ControlAPIPrefix},
+		"dispatcher": {"TOOLRELAY_TEAM_API_PREFIX": protocol.TeamAPIPrefixTemplate,
+			"TOOLRELAY_TEAM_RESULT_BYTES": strconv.Itoa(protocol.DefaultResultStreamBytes)},
+		"orders":  {"TOOLRELAY_CONTROL_API_PREFIX": protocol.ControlAPIPrefix},
+		"billing": {"TOOLRELAY_CONTROL_API_PREFIX": protocol.ControlAPIPrefix},
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "*.env"))
 	if len(files) != len(want) {

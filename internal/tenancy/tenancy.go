@@ -1,8 +1,9 @@
 // Package tenancy writes the NATS server configuration of a toolrelay
 // deployment with one account per team (dispatcher nats-config): accounts,
 // NKEY users, the exports and imports that are the only paths between a
-// team and the control plane, and per-team limits. docs/security.md is the
-// threat model it implements.
+// team and the control plane, and the limits of each team's account and of
+// the control account (limits.go). docs/security.md is the threat model it
+// implements.
 //
 // Accounts:
 //   - TOOLRELAY, the control plane: the dispatchers' user. Turn records,
@@ -47,6 +48,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nkeys"
@@ -62,46 +64,6 @@ const (
 
 // TeamAccount is the account of team.
 func TeamAccount(team string) string { return "TEAM_" + team }
-
-// Limits bound what one team's account may hold and do. The zero value
-// takes the defaults.
-type Limits struct {
-	// MaxFile bounds the team's file storage (calls, dead letters,
-	// attempts). Default: 1 GiB.
-	MaxFile int64
-	// MaxMemory bounds its memory storage. Default: 64 MiB.
-	MaxMemory int64
-	// MaxStreams and MaxConsumers bound its streams and consumers.
-	// Defaults: 16 and 1024.
-	MaxStreams, MaxConsumers int
-	// MaxAckPending bounds the team's calls in flight (delivered, not yet
-	// acknowledged) across all its consumers. Default: 100000.
-	MaxAckPending int
-	// MaxConnections bounds its connections. Default: 1024.
-	MaxConnections int
-}
-
-func (l Limits) withDefaults() Limits {
-	if l.MaxFile <= 0 {
-		l.MaxFile = 1 << 30
-	}
-	if l.MaxMemory <= 0 {
-		l.MaxMemory = 64 << 20
-	}
-	if l.MaxStreams <= 0 {
-		l.MaxStreams = 16
-	}
-	if l.MaxConsumers <= 0 {
-		l.MaxConsumers = 1024
-	}
-	if l.MaxAckPending <= 0 {
-		l.MaxAckPending = 100000
-	}
-	if l.MaxConnections <= 0 {
-		l.MaxConnections = 1024
-	}
-	return l
-}
 
 // Options shape the generated configuration.
 type Options struct {
@@ -122,6 +84,16 @@ type Options struct {
 	StoreDir string
 	// Limits of each team's account.
 	Limits Limits
+	// Control bounds the control account's JetStream use.
+	Control ControlLimits
+	// ResultBytes is the size of each team's result stream: written into
+	// dispatcher.env (TOOLRELAY_TEAM_RESULT_BYTES), so the dispatchers
+	// create what the control account's MaxFile was sized for. Default:
+	// protocol.DefaultResultStreamBytes.
+	ResultBytes int64
+	// MaxPending bounds what a server buffers for one client connection
+	// (every account's). Default: DefaultMaxPending (32 MiB).
+	MaxPending int64
 }
 
 // Result says what Write wrote.
@@ -132,13 +104,19 @@ type Result struct {
 	URL string
 	// Created lists the seed files made now (others were kept).
 	Created []string
+	// ReservedFile and ReservedMemory are the storage every account's
+	// JetStream limits add up to. A server refuses JetStream to the
+	// accounts beyond what its own max_file_store and max_memory_store
+	// (by default 75% of the disk's free space and of the memory) hold.
+	ReservedFile, ReservedMemory int64
 }
 
 // Write writes the configuration for opts into dir: accounts.conf, the
 // server files, one NKEY seed per user (dispatcher.nk, <team>.nk, sys.nk,
 // mode 0600) and one environment file per user (dispatcher.env,
-// <team>.env) with NATS_URL, NATS_NKEY, TOOLRELAY_TEAM_API_PREFIX for the
-// dispatcher and TOOLRELAY_CONTROL_API_PREFIX for teams, safe to source in
+// <team>.env) with NATS_URL, NATS_NKEY, TOOLRELAY_TEAM_API_PREFIX and
+// TOOLRELAY_TEAM_RESULT_BYTES for the dispatcher and
+// TOOLRELAY_CONTROL_API_PREFIX for teams, safe to source in
 // a shell (see envFile; ReadEnvFile reads them back). Seeds already in dir
 // are kept, so running it again with one more team leaves every existing
 // credential valid.
@@ -166,10 +144,21 @@ func Write(dir string, opts Options) (*Result, error) {
 	if opts.StoreDir == "" {
 		opts.StoreDir = "./toolrelay-nats"
 	}
+	def(&opts.ResultBytes, protocol.DefaultResultStreamBytes)
+	def(&opts.MaxPending, DefaultMaxPending)
+	replicas := 1
+	if opts.Cluster > 1 {
+		replicas = 3 // what dispatcher.env's TOOLRELAY_REPLICAS says
+	}
+	opts.Limits = opts.Limits.withDefaults()
+	opts.Control = opts.Control.withDefaults(len(teams), replicas, opts.ResultBytes)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("tenancy: %w", err)
 	}
-	res := &Result{}
+	res := &Result{
+		ReservedFile:   opts.Control.MaxFile + int64(len(teams))*opts.Limits.MaxFile,
+		ReservedMemory: opts.Control.MaxMemory + int64(len(teams))*opts.Limits.MaxMemory,
+	}
 	users := map[string]string{} // seed file stem → public key
 	for _, stem := range append([]string{"sys", "dispatcher"}, teams...) {
 		pub, created, err := userKey(filepath.Join(dir, stem+".nk"))
@@ -181,7 +170,7 @@ func Write(dir string, opts Options) (*Result, error) {
 		}
 		users[stem] = pub
 	}
-	if err := writeFile(filepath.Join(dir, "accounts.conf"), accounts(teams, users, opts.Limits.withDefaults()), 0o644); err != nil {
+	if err := writeFile(filepath.Join(dir, "accounts.conf"), accounts(teams, users, opts), 0o644); err != nil {
 		return nil, err
 	}
 	nodes := max(opts.Cluster, 1)
@@ -200,15 +189,16 @@ func Write(dir string, opts Options) (*Result, error) {
 		}
 		res.Servers = append(res.Servers, filepath.Join(dir, name))
 	}
-	env := func(stem string, prefix [2]string) error {
+	env := func(stem string, more ...[2]string) error {
 		abs, _ := filepath.Abs(filepath.Join(dir, stem+".nk"))
-		vars := [][2]string{{"NATS_URL", res.URL}, {"NATS_NKEY", abs}, prefix}
+		vars := append([][2]string{{"NATS_URL", res.URL}, {"NATS_NKEY", abs}}, more...)
 		if nodes > 1 {
 			vars = append(vars, [2]string{"TOOLRELAY_REPLICAS", "3"})
 		}
 		return writeFile(filepath.Join(dir, stem+".env"), envFile(vars...), 0o600)
 	}
-	if err := env("dispatcher", [2]string{"TOOLRELAY_TEAM_API_PREFIX", protocol.TeamAPIPrefixTemplate}); err != nil {
+	if err := env("dispatcher", [2]string{"TOOLRELAY_TEAM_API_PREFIX", protocol.TeamAPIPrefixTemplate},
+		[2]string{"TOOLRELAY_TEAM_RESULT_BYTES", strconv.FormatInt(opts.ResultBytes, 10)}); err != nil {
 		return nil, err
 	}
 	for _, t := range teams {
@@ -255,14 +245,17 @@ func writeFile(path, body string, mode os.FileMode) error {
 
 const header = "# Generated by `dispatcher nats-config`; do not edit: run it again to add a team.\n"
 
-func accounts(teams []string, users map[string]string, l Limits) string {
+func accounts(teams []string, users map[string]string, o Options) string {
 	var b strings.Builder
 	b.WriteString(header)
 	b.WriteString("# One account per team; the control plane (the dispatchers) in TOOLRELAY. See docs/security.md.\n\n")
 	b.WriteString("accounts {\n")
 	fmt.Fprintf(&b, "  %s: {\n    users: [ { nkey: %s } ]\n  }\n", SystemAccount, users["sys"])
 
-	fmt.Fprintf(&b, "  %s: {\n    jetstream: enabled\n", ControlAccount)
+	c := o.Control
+	fmt.Fprintf(&b, "  %s: {\n", ControlAccount)
+	fmt.Fprintf(&b, "    jetstream: { max_file: %d, max_mem: %d, max_streams: %d, max_consumers: %d }\n",
+		c.MaxFile, c.MaxMemory, c.MaxStreams, c.MaxConsumers)
 	fmt.Fprintf(&b, "    users: [ { nkey: %s } ]   # dispatcher.nk\n", users["dispatcher"])
 	b.WriteString("    exports: [\n")
 	for _, t := range teams {
@@ -283,11 +276,13 @@ func accounts(teams []string, users map[string]string, l Limits) string {
 	}
 	b.WriteString("    ]\n  }\n")
 
+	l := o.Limits
 	for _, t := range teams {
 		fmt.Fprintf(&b, "  %s: {\n", TeamAccount(t))
 		fmt.Fprintf(&b, "    jetstream: { max_file: %d, max_mem: %d, max_streams: %d, max_consumers: %d, max_ack_pending: %d }\n",
 			l.MaxFile, l.MaxMemory, l.MaxStreams, l.MaxConsumers, l.MaxAckPending)
-		fmt.Fprintf(&b, "    limits: { max_connections: %d }\n", l.MaxConnections)
+		fmt.Fprintf(&b, "    limits: { max_connections: %d, max_subscriptions: %d, max_payload: %d }   # subscriptions per connection\n",
+			l.MaxConnections, l.MaxSubscriptions, l.MaxPayload)
 		fmt.Fprintf(&b, "    users: [ { nkey: %s } ]   # %s.nk\n", users[t], t)
 		b.WriteString("    exports: [\n")
 		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", protocol.CallSubjectPrefix+"."+t+".>", ControlAccount)
@@ -328,6 +323,7 @@ func server(i, nodes int, o Options) string {
 	b.WriteString(header)
 	fmt.Fprintf(&b, "server_name: toolrelay-%d\n", i)
 	fmt.Fprintf(&b, "listen: %s:%d\n", o.Host, o.ClientPort+i-1)
+	fmt.Fprintf(&b, "max_pending: %d   # bytes buffered for a client that does not read, then it is closed\n", o.MaxPending)
 	store := o.StoreDir
 	if nodes > 1 {
 		store = filepath.Join(o.StoreDir, fmt.Sprintf("n%d", i))
