@@ -161,8 +161,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if !crashpoint.Valid(cfg.CrashAt) {
 			return fmt.Errorf("settings: TOOLRELAY_TEST_CRASH_AT=%q: want intake, fanout, gather or submitted", cfg.CrashAt)
 		}
-		crashpoint.Set(crashAt(cfg.CrashAt, log))
-		defer crashpoint.Set(nil)
+		defer crashpoint.Add(crashAt(cfg.CrashAt, log))()
 	}
 	d, err := dispatch.New(js, openaiplatform.New(client), dopts)
 	if err != nil {
@@ -218,8 +217,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // crashAt kills this process with SIGKILL, as an operator's kill -9 would,
 // the first time a turn reaches stage.
-func crashAt(stage string, log *slog.Logger) func(point, turn string) {
-	return func(s, key string) {
+func crashAt(stage string, log *slog.Logger) func(point, process, turn string) {
+	return func(s, _, key string) {
 		if s == stage {
 			log.Warn("crashing on purpose (TOOLRELAY_TEST_CRASH_AT)", "stage", s, "turn", key)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)

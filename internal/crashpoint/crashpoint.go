@@ -1,13 +1,17 @@
 // Package crashpoint lets resilience tests stop a dispatcher at a chosen
-// step of a turn (TOOLRELAY_TEST_CRASH_AT). It is a process-wide hook kept
-// out of the dispatcher's public options: only the dispatcher command sets
-// it, and only for tests.
+// step of a turn (TOOLRELAY_TEST_CRASH_AT). Its hooks are process-wide and
+// kept out of the dispatcher's public options: only the dispatcher command
+// and tests add them.
 //
 // It imports only the standard library; pkg/dispatch reports its points and
 // cmd/dispatcher installs the hook.
 package crashpoint
 
-import "sync/atomic"
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+)
 
 // Points of a turn's life where a dispatcher may be stopped, in order.
 const (
@@ -31,22 +35,43 @@ func Valid(point string) bool {
 	return false
 }
 
-var hook atomic.Pointer[func(point, turn string)]
+var (
+	mu    sync.Mutex
+	hooks atomic.Pointer[[]*func(point, process, turn string)]
+)
 
-// Set installs f, called in the goroutine doing the work each time a turn
-// reaches a point; nil removes it. f must not block unless it means to
-// stop the process.
-func Set(f func(point, turn string)) {
-	if f == nil {
-		hook.Store(nil)
-		return
+// Add installs f, called in the goroutine doing the work each time a turn
+// of the dispatcher named process reaches a point, until remove is
+// called. Hooks of several tests run side by side: each looks at its own
+// process or turns. f must not block unless it means to stop the process.
+func Add(f func(point, process, turn string)) (remove func()) {
+	mu.Lock()
+	defer mu.Unlock()
+	var cur []*func(point, process, turn string)
+	if p := hooks.Load(); p != nil {
+		cur = *p
 	}
-	hook.Store(&f)
+	next := append(slices.Clip(cur), &f)
+	hooks.Store(&next)
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		cur := *hooks.Load()
+		i := slices.Index(cur, &f)
+		if i < 0 {
+			return
+		}
+		next := slices.Delete(slices.Clone(cur), i, i+1)
+		hooks.Store(&next)
+	}
 }
 
-// Reached reports that turn reached point.
-func Reached(point, turn string) {
-	if f := hook.Load(); f != nil {
-		(*f)(point, turn)
+// Reached reports that turn, of the dispatcher named process, reached
+// point.
+func Reached(point, process, turn string) {
+	if p := hooks.Load(); p != nil {
+		for _, f := range *p {
+			(*f)(point, process, turn)
+		}
 	}
 }

@@ -445,6 +445,7 @@ func TestTheRestOfAnAgentsStepIsNotANewTurn(t *testing.T) {
 // message IDs from the messages it still stores: the dedupe window alone
 // would let the repeat run it again.
 func TestARepeatAfterAServerRestartRunsNoCallAgain(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_weather", weatherSchema)
 	e.register("geo", "get_forecast", weatherSchema)

@@ -174,7 +174,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	g.d.tel.result(ctx, t, res)
 	g.d.inspect.stats.record(t, res)
-	crashpoint.Reached(crashpoint.Gather, string(turnKey))
+	crashpoint.Reached(crashpoint.Gather, g.d.opts.Name, string(turnKey))
 	if g.add(st, i, res) {
 		g.d.engine.Close(string(turnKey))
 	}

@@ -15,6 +15,7 @@ import (
 // are gone; it recreates them and serves again, instead of reporting
 // missing heartbeats for ever while its declarations say it serves.
 func TestAnExecutorServesAgainAfterTheStoreIsLost(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("fresh", "weather, fresh store", `{"location":"Oslo"}`))
 	d1, stop1 := e.dispatcher(dispatch.Options{})
 	_, js := e.srv.Connect(t)

@@ -105,7 +105,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	// turn.
 	ctx, stop := d.detached(tctx)
 	defer stop()
-	crashpoint.Reached(crashpoint.Intake, string(key))
+	crashpoint.Reached(crashpoint.Intake, d.opts.Name, string(key))
 	channel := req.Channel
 	if channel == "" {
 		channel = "api"
@@ -120,7 +120,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		d.recordFailure(ctx, t, c, cerr)
 	}
 	d.publishCalls(ctx, t, nil, checked)
-	crashpoint.Reached(crashpoint.Fanout, string(key))
+	crashpoint.Reached(crashpoint.Fanout, d.opts.Name, string(key))
 	return t, nil
 }
 

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,14 +42,21 @@ func replicaOn(t testing.TB, js jetstream.JetStream, name string, p Platform, tu
 
 // rewriteWatch changes the stored record of watch id as another replica
 // would, by compare-and-set.
+// rewriteWatch changes the stored watch as another replica would: by
+// compare-and-set, read again when the driver saved it meanwhile (it may
+// save every few milliseconds here).
 func rewriteWatch(t *testing.T, d *Dispatcher, id string, change func(*Watch)) {
 	t.Helper()
-	have, rev := storedWatch(t, d, id)
-	change(have)
-	b, _ := json.Marshal(have)
-	if _, err := d.watches.Update(t.Context(), id, b, rev); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WaitForWhat(t, 10*time.Second, "the watch to be rewritten", func() bool {
+		have, rev := storedWatch(t, d, id)
+		change(have)
+		b, _ := json.Marshal(have)
+		_, err := d.watches.Update(t.Context(), id, b, rev)
+		if err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 }
 
 func storedWatch(t *testing.T, d *Dispatcher, id string) (*Watch, uint64) {

@@ -28,10 +28,11 @@ import (
 // closes at once with the reason instead of waiting for its deadline and
 // telling the model the call timed out.
 func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, platformsim.Scenario{Name: "unknown", Prompt: "unknown function",
 		Steps: []platformsim.Step{{{Name: "no_such_function"}}}, Answer: `{{out "no_such_function"}}`})
 	nc, js := e.srv.Connect(t)
-	d1, err := dispatch.New(js, openaiplatform.New(e.client), dispatch.Options{Logger: testutil.Logger(t),
+	d1, err := dispatch.New(js, openaiplatform.New(e.client), dispatch.Options{Name: t.Name(), Logger: testutil.Logger(t),
 		RunTTL: 10 * time.Minute, ShutdownTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -39,12 +40,12 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	// The first replica loses NATS the moment the turn is recorded.
 	recorded := make(chan struct{})
 	var once sync.Once
-	crashpoint.Set(func(point, _ string) {
-		if point == crashpoint.Intake {
+	removeHook := crashpoint.Add(func(point, process, _ string) {
+		if point == crashpoint.Intake && process == t.Name() {
 			once.Do(func() { nc.Close(); close(recorded) })
 		}
 	})
-	t.Cleanup(func() { crashpoint.Set(nil) })
+	t.Cleanup(removeHook)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d1.Run(ctx) }()
@@ -61,7 +62,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	}
 	cancel()
 	<-done // its error (the connection is closed) does not matter here
-	crashpoint.Set(nil)
+	removeHook()
 
 	// The turn is held by the first replica, which could not release
 	// it: the second takes it once the hold is sweepAfter (15 s) old.
@@ -113,6 +114,7 @@ func TestAStoppingReplicaHandsItsWatchesOver(t *testing.T) {
 // publication is a race: without the resumption this fails about half the
 // time, never with it.)
 func TestAWatchTakenOverMidIntakeSendsItsCalls(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, weatherScenario("midintake", "mid-intake weather", `{"location":"Oslo"}`))
 	e.register("geo", "get_weather", weatherSchema)
 	var ran atomic.Int32
@@ -122,19 +124,19 @@ func TestAWatchTakenOverMidIntakeSendsItsCalls(t *testing.T) {
 	})
 	d2, _ := e.dispatcher(dispatch.Options{SweepInterval: 200 * time.Millisecond})
 	var logs testutil.Buffer
-	d1, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { return p }, &logs, dispatch.Options{})
+	d1, cancel, wait := runWith(t, e, func(p dispatch.Platform) dispatch.Platform { return p }, &logs, dispatch.Options{Name: t.Name()})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("--- the stopped replica's log ---\n%s", logs.String())
 		}
 	})
 	var once sync.Once
-	crashpoint.Set(func(point, _ string) {
-		if point == crashpoint.Intake {
+	removeHook := crashpoint.Add(func(point, process, _ string) {
+		if point == crashpoint.Intake && process == t.Name() {
 			once.Do(cancel) // stop with the turn recorded, its calls not yet out
 		}
 	})
-	t.Cleanup(func() { crashpoint.Set(nil) })
+	t.Cleanup(removeHook)
 	w, err := d1.Watch(context.Background(), e.response("mid-intake weather"))
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +144,7 @@ func TestAWatchTakenOverMidIntakeSendsItsCalls(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
-	crashpoint.Set(nil)
+	removeHook()
 	w = awaitWatch(t, d2, w.ID, 10*time.Second) // well inside the sweep's stuck age
 	if w.State != dispatch.WatchCompleted || w.Answer != "weather: sunny" {
 		t.Fatalf("after the handover: watch %s %q %s", w.State, w.Answer, w.Error)
@@ -339,6 +341,7 @@ func runWith(t *testing.T, e *env, wrap func(dispatch.Platform) dispatch.Platfor
 // gathers for it, so the sweep would not resume it, and a failure decided
 // at intake that was never recorded would hold the turn to its deadline.
 func TestAnIntakeWhoseCallerGoesAwayStillFinishes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d, _ := e.dispatcher(dispatch.Options{})
 	req := &dispatch.TurnRequest{
@@ -347,12 +350,11 @@ func TestAnIntakeWhoseCallerGoesAwayStillFinishes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	crashpoint.Set(func(point, turn string) {
+	t.Cleanup(crashpoint.Add(func(point, _, turn string) {
 		if point == crashpoint.Intake && turn == string(req.Key()) {
 			cancel() // the caller goes away as the record is stored
 		}
-	})
-	t.Cleanup(func() { crashpoint.Set(nil) })
+	}))
 	if _, err := d.Intake(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -371,6 +373,7 @@ func TestAnIntakeWhoseCallerGoesAwayStillFinishes(t *testing.T) {
 // so the timer is armed even though the record exists, and the deadline
 // fires.
 func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.register("geo", "get_forecast", weatherSchema)
 	e.serveWith("geo", []string{"get_forecast"}, func(*protocol.Call, int) (*protocol.Result, bool) { return nil, false })
@@ -386,7 +389,7 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 	}
 	// The crash: the record is stored, its timer is not, the dispatcher
 	// is gone.
-	crashpoint.Set(func(point, key string) {
+	removeHook := crashpoint.Add(func(point, _, key string) {
 		if point == crashpoint.Intake && key == string(req.Key()) {
 			timers, err := e.js.Stream(context.Background(), provision.TimerStream)
 			if err == nil {
@@ -398,7 +401,7 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 			nc.Close()
 		}
 	})
-	t.Cleanup(func() { crashpoint.Set(nil) })
+	t.Cleanup(removeHook)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d1.Run(ctx) }()
@@ -406,7 +409,7 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 	_, _ = d1.Intake(context.Background(), req) // cut short by the crash
 	cancel()
 	<-done
-	crashpoint.Set(nil)
+	removeHook()
 	e.srv.Restart(t) // the server died too: what it remembers is what it stored
 	testutil.WaitForWhat(t, 10*time.Second, "the test's connection to reconnect to the restarted server", func() bool { return e.js.Conn().IsConnected() })
 	timers, err := e.js.Stream(context.Background(), provision.TimerStream)

@@ -183,7 +183,7 @@ func (e turnEnv) Submit(ctx context.Context, r *lifecycle.Rec, keep func() bool)
 	st.submitting.tried++
 	sub, err := attempt(ctx, p, t, outputs, keep)
 	if err == nil {
-		crashpoint.Reached(crashpoint.Submitted, string(t.Key))
+		crashpoint.Reached(crashpoint.Submitted, e.d.opts.Name, string(t.Key))
 		return sub, nil
 	}
 	span.RecordError(err)
