@@ -356,3 +356,49 @@ func connNC(e *env) *nats.Conn {
 	nc, _ := e.srv.Connect(e.t)
 	return nc
 }
+
+// An operator can reserve a name for a team, transfer one, and release
+// one at once; each applies to the names that read as it.
+func TestOperatorReservesTransfersAndReleasesNames(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.dispatcher(dispatch.Options{ClaimGrace: 300 * time.Millisecond})
+	ctx := t.Context()
+	orders := &declarer{t: t, nc: e.js.Conn(), team: "orders", instance: "o1"}
+	billing := &declarer{t: t, nc: e.js.Conn(), team: "billing", instance: "b1"}
+
+	if err := dispatch.ReserveName(ctx, e.js, "get_tarot", "billing"); err != nil {
+		t.Fatal(err)
+	}
+	if r := orders.request(protocol.DeclareServe, "Get-Tarot"); len(r.Refused) != 1 || r.Refused[0].Owner != "billing" {
+		t.Fatalf("orders declaring a name reserved for billing: %+v, want refused naming billing", r)
+	}
+
+	accepted(t, orders.request(protocol.DeclareServe, "get_horoscope"), "get_horoscope")
+	if err := dispatch.ReserveName(ctx, e.js, "GET_HOROSCOPE", "billing"); !errors.Is(err, dispatch.ErrNameOwned) {
+		t.Fatalf("reserving orders' name for billing: %v, want ErrNameOwned", err)
+	}
+	if err := dispatch.TransferName(ctx, e.js, "get_horoscope", "billing"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForWhat(t, 10*time.Second, "orders' renewal to be refused and billing's accepted", func() bool {
+		r := orders.request(protocol.DeclareServe, "get_horoscope")
+		b := billing.request(protocol.DeclareServe, "get_horoscope")
+		return len(r.Refused) == 1 && r.Refused[0].Owner == "billing" && len(b.Accepted) == 1
+	})
+
+	// Reserved, it outlives its grace unserved; released, it is free.
+	billing.request(protocol.DeclareWithdraw, "get_horoscope")
+	testutil.WaitForWhat(t, 10*time.Second, "the unserved claim to be released", func() bool {
+		return !has(keys(t, e.js, protocol.RegistryBucket), "get_horoscope")
+	})
+	if !has(keys(t, e.js, protocol.NameBucket), "get_horoscope") {
+		t.Fatal("the reserved canonical name was released with its claim")
+	}
+	if err := dispatch.ReleaseName(ctx, e.js, "get-horoscope"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForWhat(t, 10*time.Second, "orders to be able to declare the released name", func() bool {
+		return len(orders.request(protocol.DeclareServe, "get_horoscope").Accepted) == 1
+	})
+}
