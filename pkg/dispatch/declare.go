@@ -135,10 +135,12 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 			d.refuse(ctx, reply, decl, refusedOwned, owner, ownedBy(decl.Spec.Name, owner, owned, team))
 			continue
 		}
-		if _, err = d.registry.decls.Put(ctx, decl.Key(), value); err != nil {
+		rev, err := d.registry.decls.Put(ctx, decl.Key(), value)
+		if err != nil {
 			reply.Error = fmt.Sprintf("declare %s: %v", decl.Spec.Name, err)
 			return reply
 		}
+		d.registry.putDeclared(decl.Key(), decl, len(value), rev, true)
 		if !q.known {
 			room--
 			d.noteDefinition(ctx, decl) // a process starting: has the definition changed?

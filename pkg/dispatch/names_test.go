@@ -310,38 +310,56 @@ func TestADeclarationFloodDoesNotDelayAnotherTeam(t *testing.T) {
 		baseline = max(baseline, renew())
 	}
 
+	// Orders' requests, 256 new names each, built before: 80 a second
+	// from 8 processes, as issue 39's attack sent 60.
+	bodies := make([][]byte, 16)
+	for i := range bodies {
+		req := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe}
+		for j := range protocol.MaxDeclarations {
+			req.Declarations = append(req.Declarations, protocol.Declaration{Version: protocol.Version, Instance: fmt.Sprintf("o%d", i),
+				StartedAt: time.Now(), Spec: protocol.FunctionSpec{Version: protocol.Version, Name: fmt.Sprintf("f_%d_%d", i, j),
+					Team: "orders", Parameters: []byte(`{"type":"object"}`), UpdatedAt: time.Now()}})
+		}
+		bodies[i], _ = json.Marshal(&req)
+	}
 	ctx, cancel := context.WithCancel(t.Context())
 	var flood sync.WaitGroup
 	var mu sync.Mutex
 	busy, sent := 0, 0
 	nc := connNC(e)
 	for w := range 8 {
-		x := &declarer{t: t, nc: nc, team: "orders", instance: fmt.Sprintf("o%d", w)}
 		flood.Go(func() {
-			for i := 0; ctx.Err() == nil; i++ {
-				names := make([]string, 256)
-				for j := range names {
-					names[j] = fmt.Sprintf("f_%d_%d_%d", w, i, j)
-				}
-				r, err := x.send(protocol.DeclareServe, names...)
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for i := w; ctx.Err() == nil; i += 8 {
+				m, err := nc.RequestWithContext(ctx, protocol.DeclareSubject("orders"), bodies[i%len(bodies)])
 				mu.Lock()
 				sent++
-				if err == nil && strings.Contains(r.Error, "dispatcher busy") {
+				if err == nil && strings.Contains(string(m.Data), "dispatcher busy") {
 					busy++
 				}
 				mu.Unlock()
+				select {
+				case <-ctx.Done():
+				case <-tick.C:
+				}
 			}
 		})
 	}
 	var during time.Duration
-	for range 20 {
+	for flooding := true; flooding; {
 		during = max(during, renew())
+		mu.Lock()
+		flooding = sent < 160 // two seconds of it
+		mu.Unlock()
 	}
 	cancel()
 	flood.Wait()
-	// The bound: a renewal waits at most for the requests of other teams
-	// being taken in at that moment, not for the flood's queue. 250 ms
-	// over ten times the baseline leaves room for a loaded machine.
+	// The bound: a renewal waits for the requests of other teams being
+	// taken in at that moment, not for the flood's queue; and behind the
+	// flood's bytes on the dispatcher's connection, which no queue of
+	// its own can overtake. 250 ms over ten times the baseline leaves
+	// room for a loaded machine.
 	bound := 10*baseline + 250*time.Millisecond
 	t.Logf("billing's renewal: baseline %v, during orders' flood %v (bound %v); orders sent %d requests, %d answered busy", baseline, during, bound, sent, busy)
 	if during > bound {

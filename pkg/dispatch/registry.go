@@ -73,6 +73,9 @@ type registry struct {
 	// started is when this replica started watching: it has not seen
 	// what was served before, so it counts every name served until then.
 	started time.Time
+	// declSeen is the latest revision of the declaration bucket the
+	// watcher delivered.
+	declSeen uint64
 	// loaded is set once both buckets' contents are in the cache: before,
 	// a function missing from it may well be served.
 	loaded atomic.Bool
@@ -187,6 +190,9 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring a declaration under a malformed key", "key", e.Key(), "err", err)
 		return
 	}
+	r.mu.Lock()
+	r.declSeen = max(r.declSeen, e.Revision())
+	r.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
 		r.mu.Lock()
 		// A withdrawal is a delete; the server's marker for a lease
@@ -208,23 +214,37 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid declaration", "key", e.Key(), "err", err)
 		return
 	}
+	r.putDeclared(e.Key(), decl, len(e.Value()), e.Revision(), false)
+}
+
+// putDeclared adds a declaration stored at rev, of size bytes, to the
+// cache: from the watcher, or early, from the replica that stored it, so
+// that the team's next declarations count it at once. Early, it is added
+// only if the watcher has not delivered rev yet (it delivers the
+// declaration's later removal, then).
+func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int, rev uint64, early bool) {
+	name, team := decl.Spec.Name, decl.Spec.Team
 	// Dispatchers store only declarations within the tool text bounds;
 	// one that is not (written by an older dispatcher) is not served. The
 	// schema's strings are checked once per schema, with its compilation.
 	if err := protocol.ValidateToolText(name, decl.Spec.Description, nil); err != nil {
-		r.log.Error("ignoring a declaration whose tool text breaks a bound", "key", e.Key(), "err", err)
+		r.log.Error("ignoring a declaration whose tool text breaks a bound", "key", key, "err", err)
 		return
 	}
 	digest := schema.Digest(decl.Spec.Parameters)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if early && rev <= r.declSeen {
+		return
+	}
 	s := r.schemas[name+"/"+digest]
 	if s == nil {
-		if err = decl.Spec.ValidateToolText(); err == nil {
+		err := decl.Spec.ValidateToolText()
+		if err == nil {
 			s, err = schema.Compile(name, decl.Spec.Parameters)
 		}
 		if err != nil {
-			r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", e.Key(), "err", err)
+			r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", key, "err", err)
 			return
 		}
 		r.schemas[name+"/"+digest] = s
@@ -233,9 +253,9 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.live[name] = map[string]*declared{}
 	}
 	delete(r.lapsed, team+"/"+name)
-	r.forgetDeclaration(name, e.Key())
-	r.teamBytes[team] += int64(len(e.Value()))
-	r.live[name][e.Key()] = &declared{decl: decl, schema: s, digest: digest, size: len(e.Value()), expires: time.Now().Add(protocol.LeaseTTL)}
+	r.forgetDeclaration(name, key)
+	r.teamBytes[team] += int64(size)
+	r.live[name][key] = &declared{decl: decl, schema: s, digest: digest, size: size, expires: time.Now().Add(protocol.LeaseTTL)}
 	r.checkAgreement(name)
 	r.notify()
 }
