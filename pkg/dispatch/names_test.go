@@ -294,8 +294,10 @@ func TestDeclarationSizesAreBounded(t *testing.T) {
 // One team's flood of declarations does not delay another team's
 // renewals: each team's requests wait in its own bounded queue, and a full
 // queue is answered at once as busy.
+//
+// Not parallel: it times billing against its own baseline, which the
+// package's parallel tests, started after it ends, must not load.
 func TestADeclarationFloodDoesNotDelayAnotherTeam(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t)
 	e.dispatcher(dispatch.Options{DeclareQueuePerTeam: 4})
 	billing := &declarer{t: t, nc: e.js.Conn(), team: "billing", instance: "b1"}
