@@ -254,7 +254,10 @@ func clockOf(t time.Time) string {
 }
 
 func functionsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, c, asJSON := inspectFlags("functions", "functions [-json] [-addr URL]", stderr)
+	if len(args) > 0 && (args[0] == "reserve" || args[0] == "transfer" || args[0] == "release") {
+		return namesCmd(ctx, args[0], args[1:], stdout, stderr)
+	}
+	fs, c, asJSON := inspectFlags("functions", "functions [-json] [-addr URL] | functions reserve|transfer|release NAME [-team T]", stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

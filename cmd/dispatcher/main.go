@@ -114,7 +114,7 @@ the bearer token from TOOLRELAY_API_TOKEN; -json prints the API's JSON):
               [-open] [-team T] [-function F] [-platform P] [-outcome O]
   turn        one turn by key, with each call's result, duration, executor and attempts
   functions   functions: owner, version, executors, concurrency cap, queue, rate, errors,
-              p50/p99, schema disagreement
+              p50/p99, schema disagreement; functions reserve|transfer|release NAME: who owns a name
   watches     active and recently ended watches: state, steps, answer
 
 "dispatcher <command> -h" lists a command's flags and settings.

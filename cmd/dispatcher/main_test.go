@@ -47,6 +47,10 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_INFLIGHT", cfg.MaxInFlight, dispatch.DefaultMaxInFlightPublishes},
 		{"TOOLRELAY_MAX_INFLIGHT_PER_TEAM", cfg.MaxPerTeam, dispatch.DefaultMaxInFlightPerTeam},
 		{"TOOLRELAY_SHUTDOWN_TIMEOUT", cfg.Shutdown, dispatch.DefaultShutdownTimeout},
+		{"TOOLRELAY_MAX_DECLARATIONS_PER_TEAM", cfg.MaxDecls, dispatch.DefaultMaxDeclarationsPerTeam},
+		{"TOOLRELAY_MAX_REGISTRY_BYTES_PER_TEAM", cfg.MaxRegBytes, dispatch.DefaultMaxRegistryBytesPerTeam},
+		{"TOOLRELAY_CLAIM_GRACE", cfg.ClaimGrace, dispatch.DefaultClaimGrace},
+		{"TOOLRELAY_DECLARE_QUEUE_PER_TEAM", cfg.DeclareQueue, dispatch.DefaultDeclareQueuePerTeam},
 	} {
 		if fmt.Sprint(tc.got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s defaults to %v; the library's default is %v", tc.name, tc.got, tc.want)

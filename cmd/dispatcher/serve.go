@@ -51,7 +51,10 @@ type config struct {
 	Replicas      int           `envconfig:"TOOLRELAY_REPLICAS" default:"1" desc:"replicas of streams and buckets (3 on a cluster)"`
 	LogLevel      string        `envconfig:"TOOLRELAY_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	ResultBytes   int64         `envconfig:"TOOLRELAY_TEAM_RESULT_BYTES" default:"268435456" desc:"size limit of each team's result stream, so one team's flood fills only its own"`
-	MaxDecls      int           `envconfig:"TOOLRELAY_MAX_DECLARATIONS_PER_TEAM" default:"4096" desc:"live declarations (function × executor process) one team may have"`
+	MaxDecls      int           `envconfig:"TOOLRELAY_MAX_DECLARATIONS_PER_TEAM" default:"4096" desc:"live declarations (function × executor process) one team may have, and function names it may own"`
+	MaxRegBytes   int64         `envconfig:"TOOLRELAY_MAX_REGISTRY_BYTES_PER_TEAM" default:"8388608" desc:"bytes one team's live declarations and claims may take in the registry"`
+	ClaimGrace    time.Duration `envconfig:"TOOLRELAY_CLAIM_GRACE" default:"1h" desc:"how long a team keeps a function name after its last executor of it stops; then the name is free"`
+	DeclareQueue  int           `envconfig:"TOOLRELAY_DECLARE_QUEUE_PER_TEAM" default:"64" desc:"declare requests of one team waiting at a replica; more are answered busy and sent again by the executor"`
 	DefApproval   bool          `envconfig:"TOOLRELAY_DEFINITION_APPROVAL" default:"false" desc:"hold a changed description or schema of a served function back from agents until an admin accepts it (POST /v1/functions/{name}/accept); false: a change reaches agents at once, logged and counted"`
 	TeamAPIPrefix string        `envconfig:"TOOLRELAY_TEAM_API_PREFIX" desc:"where each team's account's JetStream API is reached, {team} for the team: $JS.team.{team}.API under dispatcher nats-config (dispatcher.env sets it), read-only, for queue figures and dead letters; empty: one shared account"`
 	Shutdown      time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"after SIGTERM, how long submissions in progress may finish before they are left to another replica or the restart"`
@@ -152,6 +155,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		ServeGrace: cfg.ServeGrace, SweepInterval: cfg.SweepInterval,
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
 		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls, TeamAPIPrefix: cfg.TeamAPIPrefix,
+		MaxRegistryBytesPerTeam: cfg.MaxRegBytes, ClaimGrace: cfg.ClaimGrace, DeclareQueuePerTeam: cfg.DeclareQueue,
 		DefinitionApproval: cfg.DefApproval,
 	}
 	if cfg.WebhookSecret != "" {

@@ -201,6 +201,12 @@ func DeclarationBucketConfig(o Options) jetstream.KeyValueConfig {
 	return KeyValueConfig(protocol.DeclarationBucketSpec(), o)
 }
 
+// NameBucketConfig holds the owners of function names by canonical form
+// (see protocol.NameBucketSpec).
+func NameBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.NameBucketSpec(), o)
+}
+
 // AttemptBucketConfig records started attempts of side-effect functions.
 func AttemptBucketConfig(o Options) jetstream.KeyValueConfig {
 	return KeyValueConfig(protocol.AttemptBucketSpec(), o)

@@ -134,6 +134,7 @@ func TestConfigsMatchProtocolSpecs(t *testing.T) {
 	}{
 		{protocol.RegistryBucketSpec(), RegistryBucketConfig(o)},
 		{protocol.DeclarationBucketSpec(), DeclarationBucketConfig(o)},
+		{protocol.NameBucketSpec(), NameBucketConfig(o)},
 		{protocol.AttemptBucketSpec(), AttemptBucketConfig(o)},
 	}
 	if n := len(protocol.ExecutorBuckets()) + len(protocol.ControlBuckets()); len(buckets) != n {

@@ -2,12 +2,11 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -36,42 +35,41 @@ const (
 	refusedTooMany  = "too_many"
 	refusedToolText = "tool_text"
 	refusedSchema   = "schema"
+	refusedTooLarge = "too_large"
+	// refusedBusy counts requests a full queue refused (declarequeue.go).
+	refusedBusy = "busy"
 )
 
 func (d *Dispatcher) serveDeclarations(ctx context.Context) (stop func(), err error) {
-	sub, err := d.js.Conn().QueueSubscribe(protocol.DeclareSubjectPrefix+".*", queueGroup, func(m *nats.Msg) {
-		reply := d.declare(ctx, m.Subject, m.Data)
-		b, _ := json.Marshal(reply)
-		_ = m.Respond(b)
-	})
+	qctx, cancel := context.WithCancel(ctx)
+	q := &declareQueues{ctx: qctx, take: d.declare, renew: d.registry.renews, depth: d.opts.DeclareQueuePerTeam,
+		sem: make(chan struct{}, declareWorkers), teams: map[string]*teamQueue{},
+		busy: func(team string) {
+			d.tel.refused.Add(ctx, 1, metric.WithAttributes(attrTeam.String(team), attribute.String("reason", refusedBusy)))
+		}}
+	sub, err := d.js.Conn().QueueSubscribe(protocol.DeclareSubjectPrefix+".*", queueGroup, q.enqueue)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
 	// Ready means executors can declare: the server must have the
 	// subscription before Run says so, not merely this client.
 	if err := d.js.Conn().FlushTimeout(declareTimeout); err != nil {
 		_ = sub.Unsubscribe()
+		cancel()
 		return nil, err
 	}
 	// Declarations come and go here; calls left with nobody to run them
-	// are failed (orphans.go).
+	// are failed (orphans.go), and claims nobody serves are released (release.go).
 	stopOrphans := d.watchOrphans(ctx)
-	return func() { _ = sub.Drain(); stopOrphans() }, nil
+	var releases sync.WaitGroup
+	releases.Go(func() { d.registry.releaseEvery(qctx, d.opts.ClaimGrace) })
+	return func() { _ = sub.Drain(); cancel(); q.wait(); releases.Wait(); stopOrphans() }, nil
 }
 
-// declare carries out one executor's DeclareRequest.
-func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *protocol.DeclareReply {
+// declare carries out one executor's DeclareRequest, of team.
+func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.DeclareRequest) *protocol.DeclareReply {
 	reply := &protocol.DeclareReply{Version: protocol.Version}
-	team, err := protocol.ParseDeclareSubject(subject)
-	var req *protocol.DeclareRequest
-	if err == nil {
-		req, err = protocol.DecodeDeclareRequest(team, data)
-	}
-	if err != nil {
-		d.log.Warn("refusing a malformed declare request", "subject", subject, "size", len(data), "err", err)
-		reply.Error = err.Error()
-		return reply
-	}
 	ctx, cancel := context.WithTimeout(ctx, declareTimeout)
 	defer cancel()
 	if req.Op == protocol.DeclareWithdraw {
@@ -103,31 +101,56 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 			d.refuse(ctx, reply, decl, refusedToolText, "", err.Error())
 			continue
 		}
-		owner, err := d.registry.claim(ctx, &decl.Spec)
+		value, err := protocol.EncodeDeclaration(decl)
+		if err == nil {
+			err = decl.ValidateSize(len(value))
+		}
+		if err != nil {
+			d.refuse(ctx, reply, decl, refusedTooLarge, "", err.Error())
+			continue
+		}
+		// So is a name over the team's quotas, or another team's.
+		q := d.registry.standing(decl)
+		switch {
+		case q.owner != "":
+			d.refuse(ctx, reply, decl, refusedOwned, q.owner, ownedBy(decl.Spec.Name, q.owner, q.owned, team))
+			continue
+		case !q.owns && q.names >= d.opts.MaxDeclarationsPerTeam:
+			d.refuse(ctx, reply, decl, refusedTooMany, "",
+				fmt.Sprintf("team %q owns %d function names, the most it may (TOOLRELAY_MAX_DECLARATIONS_PER_TEAM); names it no longer serves are released %s after their last executor stops (TOOLRELAY_CLAIM_GRACE)",
+					team, q.names, d.opts.ClaimGrace))
+			continue
+		case room <= 0 && !q.known:
+			d.refuse(ctx, reply, decl, refusedTooMany, "",
+				fmt.Sprintf("team %q has %d live declarations, the most it may have (TOOLRELAY_MAX_DECLARATIONS_PER_TEAM)", team, d.opts.MaxDeclarationsPerTeam))
+			continue
+		}
+		grows := int64(len(value) - q.size)
+		if !q.owns {
+			grows += int64(len(value)) // and its claim
+		}
+		if grows > 0 && q.bytes+grows > d.opts.MaxRegistryBytesPerTeam {
+			d.refuse(ctx, reply, decl, refusedTooLarge, "",
+				fmt.Sprintf("%v: team %q's declarations and claims take %d bytes of the registry; this one (%d bytes) would take it over the limit of %d (TOOLRELAY_MAX_REGISTRY_BYTES_PER_TEAM)",
+					protocol.ErrTooLarge, team, q.bytes, len(value), d.opts.MaxRegistryBytesPerTeam))
+			continue
+		}
+		owner, owned, err := d.registry.claim(ctx, &decl.Spec, !q.served)
 		if err != nil {
 			reply.Error = err.Error()
 			return reply
 		}
-		known := d.registry.declared(decl)
-		switch {
-		case owner != team:
-			d.refuse(ctx, reply, decl, refusedOwned, owner,
-				fmt.Sprintf("%s is owned by team %q; team %q cannot serve it (pick another name, or ask %q to hand it over)", decl.Spec.Name, owner, team, owner))
-			continue
-		case room <= 0 && !known:
-			d.refuse(ctx, reply, decl, refusedTooMany, "",
-				fmt.Sprintf("team %q has %d live declarations, the most it may have", team, d.opts.MaxDeclarationsPerTeam))
+		if owner != team {
+			d.refuse(ctx, reply, decl, refusedOwned, owner, ownedBy(decl.Spec.Name, owner, owned, team))
 			continue
 		}
-		value, err := protocol.EncodeDeclaration(decl)
-		if err == nil {
-			_, err = d.registry.decls.Put(ctx, decl.Key(), value)
-		}
+		rev, err := d.registry.decls.Put(ctx, decl.Key(), value)
 		if err != nil {
 			reply.Error = fmt.Sprintf("declare %s: %v", decl.Spec.Name, err)
 			return reply
 		}
-		if !known {
+		d.registry.putDeclared(decl.Key(), decl, len(value), rev, true)
+		if !q.known {
 			room--
 			d.noteDefinition(ctx, decl) // a process starting: has the definition changed?
 		}
@@ -135,7 +158,6 @@ func (d *Dispatcher) declare(ctx context.Context, subject string, data []byte) *
 	}
 	return reply
 }
-
 func (d *Dispatcher) refuse(ctx context.Context, reply *protocol.DeclareReply, decl *protocol.Declaration, reason, owner, msg string) {
 	reply.Refused = append(reply.Refused, protocol.Refusal{Function: decl.Spec.Name, Owner: owner, Reason: msg})
 	d.tel.refused.Add(ctx, 1, metric.WithAttributes(attrTeam.String(decl.Spec.Team), attribute.String("reason", reason)))

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,15 @@ const (
 	// DefaultMaxDeclarationsPerTeam bounds the live declarations (one per
 	// function and executor process) a team may have at once.
 	DefaultMaxDeclarationsPerTeam = 4096
+	// DefaultMaxRegistryBytesPerTeam bounds the bytes of a team's live
+	// declarations and claims in the registry.
+	DefaultMaxRegistryBytesPerTeam = 8 << 20
+	// DefaultClaimGrace is how long a team keeps a function name after
+	// its last executor of it stops.
+	DefaultClaimGrace = time.Hour
+	// DefaultDeclareQueuePerTeam bounds the declare requests of one team
+	// waiting at one replica.
+	DefaultDeclareQueuePerTeam = 64
 )
 
 // Options configures a Dispatcher. The zero value is valid.
@@ -83,9 +93,24 @@ type Options struct {
 	// ResultStreamBytes bounds each team's result stream, so one team's
 	// flood fills only its own. Default: protocol.DefaultResultStreamBytes.
 	ResultStreamBytes int64
-	// MaxDeclarationsPerTeam bounds a team's live declarations; more are
-	// refused. Default: DefaultMaxDeclarationsPerTeam.
+	// MaxDeclarationsPerTeam bounds a team's live declarations, and the
+	// function names it owns; more are refused, before any name is
+	// claimed. Default: DefaultMaxDeclarationsPerTeam.
 	MaxDeclarationsPerTeam int
+	// MaxRegistryBytesPerTeam bounds the bytes a team's live declarations
+	// and claims take in the registry; a declaration that would take more
+	// is refused. Default: DefaultMaxRegistryBytesPerTeam (8 MiB).
+	MaxRegistryBytesPerTeam int64
+	// ClaimGrace is how long a team keeps a function name no executor of
+	// it serves; then any replica releases the name (release.go).
+	// Default: DefaultClaimGrace (1h).
+	ClaimGrace time.Duration
+	// DeclareQueuePerTeam bounds the declare requests of one team waiting
+	// at a replica; more are answered at once as busy, and sent again by
+	// the executor. Each team's requests are taken in by its own worker,
+	// renewals first (declarequeue.go). Default:
+	// DefaultDeclareQueuePerTeam.
+	DeclareQueuePerTeam int
 	// DefinitionApproval holds a changed description or schema of a
 	// served function back from agents until an admin accepts it (POST
 	// /v1/functions/{name}/accept): tools/list and GET /v1/tools show the
@@ -251,6 +276,9 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if opts.MaxDeclarationsPerTeam <= 0 {
 		opts.MaxDeclarationsPerTeam = DefaultMaxDeclarationsPerTeam
 	}
+	opts.MaxRegistryBytesPerTeam = cmp.Or(max(opts.MaxRegistryBytesPerTeam, 0), DefaultMaxRegistryBytesPerTeam)
+	opts.ClaimGrace = cmp.Or(max(opts.ClaimGrace, 0), DefaultClaimGrace)
+	opts.DeclareQueuePerTeam = cmp.Or(max(opts.DeclareQueuePerTeam, 0), DefaultDeclareQueuePerTeam)
 	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
@@ -278,6 +306,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.drivers = map[string]bool{}
 	d.watchSaveEvery = watchSaveEvery
 	d.instance = opts.Name + "/" + uuid.NewString()[:12]
+	d.registry.by = d.instance
 	d.engine = lifecycle.New(d.instance, turnEnv{d}, d.log)
 	d.inspect = newInspector(d)
 	return d, nil
@@ -443,6 +472,9 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 		return err
 	}
 	if d.registry.decls, err = provision.KeyValue(ctx, d.js, provision.DeclarationBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.registry.names, err = provision.KeyValue(ctx, d.js, provision.NameBucketConfig(popts)); err != nil {
 		return err
 	}
 	return nil

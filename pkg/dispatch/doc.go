@@ -130,7 +130,11 @@
 //   - cut-off: closing a turn at its deadline with a "timed out" failure
 //     for each call without a result.
 //   - claim (of a function name): the registry's record of which team owns
-//     a function; never used of turns.
+//     a function; never used of turns. Released (removed) when nobody has
+//     served it for Options.ClaimGrace.
+//   - canonical name: the form that makes names that read alike one name
+//     for ownership (protocol.CanonicalFunctionName), owned in the names
+//     bucket before a name of that form is claimed.
 //   - timer: a turn's deadline, a scheduled message; the timer subjects
 //     also list the open turns for the sweep.
 //   - index: the in-memory view of the turn and watch buckets the

@@ -34,7 +34,10 @@ import (
 type registry struct {
 	claims jetstream.KeyValue
 	decls  jetstream.KeyValue
+	names  jetstream.KeyValue // owners by canonical name (names.go)
 	log    *slog.Logger
+	// by names this replica in the entries it writes.
+	by string
 
 	mu     sync.RWMutex
 	owners map[string]*protocol.FunctionSpec
@@ -54,6 +57,25 @@ type registry struct {
 	// declarations is live: see lapsedLately.
 	lapsed  map[string]time.Time
 	changed chan struct{} // closed and replaced on every change
+	// The indexes of names.go and release.go, kept with owners and live:
+	// the canonical names' owners and their revisions, the exact names
+	// of each canonical one, each claim's size and when its revision was
+	// written, the claims and registry bytes of each team, and when this
+	// replica last saw each name served and each canonical name held.
+	canon        map[string]nameEntry
+	byCanon      map[string]map[string]bool
+	claimSize    map[string]int
+	claimCreated map[string]time.Time
+	owned        map[string]int
+	teamBytes    map[string]int64
+	lastServed   map[string]time.Time
+	lastHeld     map[string]time.Time
+	// started is when this replica started watching: it has not seen
+	// what was served before, so it counts every name served until then.
+	started time.Time
+	// declSeen is the latest revision of the declaration bucket the
+	// watcher delivered.
+	declSeen uint64
 	// loaded is set once both buckets' contents are in the cache: before,
 	// a function missing from it may well be served.
 	loaded atomic.Bool
@@ -73,6 +95,7 @@ type declared struct {
 	decl   *protocol.Declaration
 	schema *schema.Schema
 	digest string
+	size   int // encoded, in the bucket
 	// expires is when the lease lapses unless renewed, by this process's
 	// clock from when the declaration arrived: a backstop for the server's
 	// removal marker, which a watcher can miss across a reconnect.
@@ -91,19 +114,23 @@ func newRegistry(log *slog.Logger) *registry {
 	return &registry{log: log, owners: map[string]*protocol.FunctionSpec{}, claimRevs: map[string]uint64{},
 		changes: map[string]definitionChange{}, live: map[string]map[string]*declared{},
 		schemas: map[string]*schema.Schema{}, disagree: map[string]int{}, refusals: map[string]refusal{},
-		lapsed: map[string]time.Time{}, changed: make(chan struct{})}
+		lapsed: map[string]time.Time{}, changed: make(chan struct{}),
+		canon: map[string]nameEntry{}, byCanon: map[string]map[string]bool{}, claimSize: map[string]int{},
+		claimCreated: map[string]time.Time{}, owned: map[string]int{}, teamBytes: map[string]int64{},
+		lastServed: map[string]time.Time{}, lastHeld: map[string]time.Time{}, started: time.Now()}
 }
 
 // watch keeps the cache current until ctx ends. ready is closed once both
 // buckets' current contents are loaded.
 func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
 	var loaded sync.WaitGroup
-	loaded.Add(2)
+	loaded.Add(3)
 	var wg sync.WaitGroup
 	// The claims' history too, so that a replica starting knows when each
 	// definition last changed.
 	wg.Go(func() { watchBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log, jetstream.IncludeHistory()) })
 	wg.Go(func() { watchBucket(ctx, r.decls, r.applyDeclaration, loaded.Done, r.log) })
+	wg.Go(func() { watchBucket(ctx, r.names, r.applyName, loaded.Done, r.log) })
 	wg.Go(func() {
 		loaded.Wait()
 		r.loaded.Store(ctx.Err() == nil)
@@ -141,6 +168,7 @@ func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
 	defer r.mu.Unlock()
 	defer r.notify()
 	if e.Operation() != jetstream.KeyValuePut {
+		r.unindexClaim(e.Key())
 		delete(r.owners, e.Key())
 		delete(r.claimRevs, e.Key())
 		delete(r.changes, e.Key())
@@ -151,7 +179,9 @@ func (r *registry) applyClaim(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid registry entry", "fn", e.Key(), "err", err)
 		return
 	}
+	r.unindexClaim(e.Key())
 	r.noteClaim(spec, e)
+	r.indexClaim(e.Key(), len(e.Value()), e.Created())
 }
 
 func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
@@ -160,6 +190,9 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring a declaration under a malformed key", "key", e.Key(), "err", err)
 		return
 	}
+	r.mu.Lock()
+	r.declSeen = max(r.declSeen, e.Revision())
+	r.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
 		r.mu.Lock()
 		// A withdrawal is a delete; the server's marker for a lease
@@ -167,7 +200,7 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		if e.Operation() == jetstream.KeyValuePurge {
 			r.lapsed[team+"/"+name] = e.Created()
 		}
-		delete(r.live[name], e.Key())
+		r.forgetDeclaration(name, e.Key())
 		r.checkAgreement(name)
 		r.notify()
 		r.mu.Unlock()
@@ -181,27 +214,42 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring invalid declaration", "key", e.Key(), "err", err)
 		return
 	}
+	r.putDeclared(e.Key(), decl, len(e.Value()), e.Revision(), false)
+}
+
+// putDeclared adds a declaration stored at rev, of size bytes, to the
+// cache: from the watcher, or early, from the replica that stored it, so
+// that the team's next declarations count it at once. Early, it is added
+// only if the watcher has not delivered rev yet (it delivers the
+// declaration's later removal, then).
+func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int, rev uint64, early bool) {
+	name, team := decl.Spec.Name, decl.Spec.Team
 	// Dispatchers store only declarations within the tool text bounds;
 	// one that is not (written by an older dispatcher) is not served. The
 	// schema's strings are checked once per schema, with its compilation.
 	if err := protocol.ValidateToolText(name, decl.Spec.Description, nil); err != nil {
-		r.log.Error("ignoring a declaration whose tool text breaks a bound", "key", e.Key(), "err", err)
+		r.log.Error("ignoring a declaration whose tool text breaks a bound", "key", key, "err", err)
 		return
 	}
 	digest := schema.Digest(decl.Spec.Parameters)
 	s, err := r.compiled(&decl.Spec)
 	if err != nil {
-		r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", e.Key(), "err", err)
+		r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", key, "err", err)
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if early && rev <= r.declSeen {
+		return
+	}
 	r.schemas[name+"/"+digest] = s
 	if r.live[name] == nil {
 		r.live[name] = map[string]*declared{}
 	}
 	delete(r.lapsed, team+"/"+name)
-	r.live[name][e.Key()] = &declared{decl: decl, schema: s, digest: digest, expires: time.Now().Add(protocol.LeaseTTL)}
+	r.forgetDeclaration(name, key)
+	r.teamBytes[team] += int64(size)
+	r.live[name][key] = &declared{decl: decl, schema: s, digest: digest, size: size, expires: time.Now().Add(protocol.LeaseTTL)}
 	r.checkAgreement(name)
 	r.notify()
 }
@@ -258,44 +306,6 @@ func (r *registry) notify() {
 	r.changed = make(chan struct{})
 }
 
-// claim returns the team owning spec's function, making spec's team the
-// owner if no team is yet: the first team to declare a name owns it. Claims
-// are created by compare-and-set, so of two dispatchers (or two teams)
-// racing for a name one wins and both report the same owner.
-func (r *registry) claim(ctx context.Context, spec *protocol.FunctionSpec) (string, error) {
-	r.mu.RLock()
-	owner := r.owners[spec.Name]
-	r.mu.RUnlock()
-	if owner != nil {
-		return owner.Team, nil
-	}
-	data, err := protocol.EncodeFunctionSpec(spec)
-	if err != nil {
-		return "", err
-	}
-	rev, err := r.claims.Create(ctx, spec.Name, data)
-	if err == nil {
-		r.log.InfoContext(ctx, "function claimed", "fn", spec.Name, "team", spec.Team)
-		r.mu.Lock()
-		if r.owners[spec.Name] == nil {
-			r.owners[spec.Name], r.claimRevs[spec.Name] = spec, rev
-		}
-		r.mu.Unlock()
-		return spec.Team, nil
-	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return "", fmt.Errorf("dispatch: claim %s: %w", spec.Name, err)
-	}
-	f, err := r.lookup(ctx, spec.Name)
-	if err != nil {
-		return "", err
-	}
-	if f == nil {
-		return "", fmt.Errorf("dispatch: claim %s: claimed and gone again; try again", spec.Name)
-	}
-	return f.team, nil
-}
-
 // declarationsOf counts team's live declarations other than those in
 // also (which a request renews).
 func (r *registry) declarationsOf(team string, also []protocol.Declaration) int {
@@ -314,14 +324,6 @@ func (r *registry) declarationsOf(team string, also []protocol.Declaration) int 
 		}
 	}
 	return n
-}
-
-// declared reports whether decl's key is live in the cache already.
-func (r *registry) declared(decl *protocol.Declaration) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	_, ok := r.live[decl.Spec.Name][decl.Key()]
-	return ok
 }
 
 // noteRefusal records a refused declaration and reports whether it is
@@ -355,7 +357,9 @@ func (r *registry) lookup(ctx context.Context, name string) (*function, error) {
 			return nil, err
 		}
 		r.mu.Lock()
-		r.owners[name] = owner
+		if r.owners[name] == nil {
+			r.cacheClaim(owner, e.Revision(), len(e.Value()), e.Created())
+		}
 		r.mu.Unlock()
 	}
 	r.mu.RLock()

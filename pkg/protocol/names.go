@@ -57,3 +57,35 @@ func validResultTeam(team string) error {
 	}
 	return ValidateTeamName(team)
 }
+
+// CanonicalFunctionName is the form of name that decides which names are
+// one for ownership: ASCII letters folded to lower case, '-' read as '_',
+// every run of '_' read as one, and '_' at either end dropped. Names with
+// one canonical form (get_horoscope, Get_Horoscope, GET-HOROSCOPE,
+// get__horoscope, _get_horoscope_) read alike to a person and to a model,
+// so only one team may own them: the team owning any of them may declare
+// the others, every other team is refused. A name of '_' and '-' alone is
+// its own canonical form. The name must be valid (ValidateFunctionName).
+func CanonicalFunctionName(name string) string {
+	b := make([]byte, 0, len(name))
+	gap := false
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '_' || c == '-':
+			gap = len(b) > 0
+			continue
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		if gap {
+			b = append(b, '_')
+			gap = false
+		}
+		b = append(b, c)
+	}
+	if len(b) == 0 {
+		return name
+	}
+	return string(b)
+}

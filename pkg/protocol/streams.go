@@ -308,5 +308,5 @@ func ControlStreams(team string, resultBytes int64) []StreamSpec {
 
 // ControlBuckets lists the KV buckets only dispatchers write.
 func ControlBuckets() []BucketSpec {
-	return []BucketSpec{RegistryBucketSpec(), DeclarationBucketSpec()}
+	return []BucketSpec{RegistryBucketSpec(), DeclarationBucketSpec(), NameBucketSpec()}
 }

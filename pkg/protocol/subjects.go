@@ -26,6 +26,10 @@ const (
 	// process, under DeclarationKey, each a lease that process renews by
 	// DeclareRequest.
 	DeclarationBucket = "toolrelay_declarations"
+	// NameBucket maps each canonical function name
+	// (CanonicalFunctionName) to the team owning the names of that form:
+	// a NameClaim. Dispatchers alone write it.
+	NameBucket = "toolrelay_names"
 )
 
 // CallStream returns the name of team's work-queue stream of calls.

@@ -84,6 +84,15 @@ func ValidateToolText(function, description string, parameters []byte) error {
 	if len(bytes.TrimSpace(parameters)) == 0 {
 		return nil // no schema: Validate says whether that is allowed
 	}
+	// Decoding would read invalid UTF-8 as U+FFFD, but the schema is
+	// stored and handed on as declared.
+	if !utf8.Valid(parameters) {
+		i := 0
+		for r, n := utf8.DecodeRune(parameters); r != utf8.RuneError || n != 1; r, n = utf8.DecodeRune(parameters[i:]) {
+			i += n
+		}
+		return refuse("parameters schema is not valid UTF-8 (at byte %d)", i)
+	}
 	dec := json.NewDecoder(bytes.NewReader(parameters))
 	dec.UseNumber()
 	var schema any
