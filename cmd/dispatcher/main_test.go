@@ -47,6 +47,11 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_INFLIGHT", cfg.MaxInFlight, dispatch.DefaultMaxInFlightPublishes},
 		{"TOOLRELAY_MAX_INFLIGHT_PER_TEAM", cfg.MaxPerTeam, dispatch.DefaultMaxInFlightPerTeam},
 		{"TOOLRELAY_SHUTDOWN_TIMEOUT", cfg.Shutdown, dispatch.DefaultShutdownTimeout},
+		{"TOOLRELAY_HTTP_READ_TIMEOUT", cfg.ReadTimeout, httpapi.DefaultReadTimeout},
+		{"TOOLRELAY_HTTP_WRITE_TIMEOUT", cfg.WriteTimeout, httpapi.DefaultWriteTimeout},
+		{"TOOLRELAY_HTTP_IDLE_TIMEOUT", cfg.IdleTimeout, httpapi.DefaultIdleTimeout},
+		{"TOOLRELAY_MAX_STREAMS_PER_CALLER", cfg.MaxStreams, httpapi.DefaultMaxStreamsPerCaller},
+		{"TOOLRELAY_MAX_MCP_CALLS_PER_CALLER", cfg.MaxMCPCalls, httpapi.DefaultMaxMCPCallsPerCaller},
 	} {
 		if fmt.Sprint(tc.got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s defaults to %v; the library's default is %v", tc.name, tc.got, tc.want)
