@@ -135,6 +135,7 @@ func (l *load) watch(ctx context.Context, ref map[string]string, pick uint64) er
 			addr := live[(pick+i)%uint64(len(live))]
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			req, _ := http.NewRequestWithContext(rctx, http.MethodPost, "http://"+addr+"/v1/watch", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json") // a loopback caller's POST must be JSON
 			resp, err := http.DefaultClient.Do(req)
 			cancel()
 			if err == nil {

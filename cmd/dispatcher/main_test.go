@@ -51,6 +51,11 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_REGISTRY_BYTES_PER_TEAM", cfg.MaxRegBytes, dispatch.DefaultMaxRegistryBytesPerTeam},
 		{"TOOLRELAY_CLAIM_GRACE", cfg.ClaimGrace, dispatch.DefaultClaimGrace},
 		{"TOOLRELAY_DECLARE_QUEUE_PER_TEAM", cfg.DeclareQueue, dispatch.DefaultDeclareQueuePerTeam},
+		{"TOOLRELAY_HTTP_READ_TIMEOUT", cfg.ReadTimeout, httpapi.DefaultReadTimeout},
+		{"TOOLRELAY_HTTP_WRITE_TIMEOUT", cfg.WriteTimeout, httpapi.DefaultWriteTimeout},
+		{"TOOLRELAY_HTTP_IDLE_TIMEOUT", cfg.IdleTimeout, httpapi.DefaultIdleTimeout},
+		{"TOOLRELAY_MAX_STREAMS_PER_CALLER", cfg.MaxStreams, httpapi.DefaultMaxStreamsPerCaller},
+		{"TOOLRELAY_MAX_MCP_CALLS_PER_CALLER", cfg.MaxMCPCalls, httpapi.DefaultMaxMCPCallsPerCaller},
 	} {
 		if fmt.Sprint(tc.got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s defaults to %v; the library's default is %v", tc.name, tc.got, tc.want)

@@ -37,7 +37,13 @@ type config struct {
 	NATSCreds     string        `envconfig:"NATS_CREDS" desc:"JWT credentials file of the dispatcher's NATS user, instead of NATS_NKEY"`
 	NATSListen    string        `envconfig:"TOOLRELAY_NATS_LISTEN" default:"127.0.0.1:4222" desc:"client address of the embedded server"`
 	DataDir       string        `envconfig:"TOOLRELAY_DATA_DIR" default:"./toolrelay-data" desc:"where the embedded server stores"`
-	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1, /mcp, the console at /ui, /healthz, /readyz, /metrics)"`
+	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1, /mcp, the console at /ui, /healthz, /readyz, and /metrics unless TOOLRELAY_METRICS_ADDR is set)"`
+	MetricsAddr   string        `envconfig:"TOOLRELAY_METRICS_ADDR" desc:"serve GET /metrics on this address of its own, open to whoever reaches it (a private address); empty: on TOOLRELAY_HTTP_ADDR, to admin tokens only (loopback clients only without tokens)"`
+	ReadTimeout   time.Duration `envconfig:"TOOLRELAY_HTTP_READ_TIMEOUT" default:"30s" desc:"longest a client may take to send a whole request, body included"`
+	WriteTimeout  time.Duration `envconfig:"TOOLRELAY_HTTP_WRITE_TIMEOUT" default:"60s" desc:"longest an answer may take to write; event streams and /mcp answers get it for each write instead"`
+	IdleTimeout   time.Duration `envconfig:"TOOLRELAY_HTTP_IDLE_TIMEOUT" default:"60s" desc:"longest a kept-alive connection waits for its next request"`
+	MaxStreams    int           `envconfig:"TOOLRELAY_MAX_STREAMS_PER_CALLER" default:"16" desc:"event streams (GET /v1/turns/stream, MCP subscriptions/listen) one caller (a token, or all loopback clients) may hold open at once"`
+	MaxMCPCalls   int           `envconfig:"TOOLRELAY_MAX_MCP_CALLS_PER_CALLER" default:"64" desc:"tools/call one caller may have running at once on /mcp; more fail at once as unavailable"`
 	APITokens     string        `envconfig:"TOOLRELAY_API_TOKENS_FILE" desc:"bearer tokens /v1, /mcp and /ui need (hashes, each scoped to admin or teams; see dispatcher token), re-read when it changes; empty: they serve loopback clients only"`
 	TraceURL      string        `envconfig:"TOOLRELAY_TRACE_URL" desc:"link the console's trace ids to a tracing UI: {trace_id} is replaced by the id (https://jaeger.example/trace/{trace_id})"`
 	SubmitMargin  time.Duration `envconfig:"TOOLRELAY_SUBMIT_MARGIN" default:"30s" desc:"submit this long before a run expires"`
@@ -114,6 +120,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("the HTTP API cannot listen on %s (TOOLRELAY_HTTP_ADDR): %w; set TOOLRELAY_HTTP_ADDR to a free address, e.g. :8081", cfg.HTTPAddr, err)
 	}
 	defer ln.Close()
+	var metricsLn net.Listener
+	if cfg.MetricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			return fmt.Errorf("metrics cannot listen on %s (TOOLRELAY_METRICS_ADDR): %w; set it to a free address, or empty to serve /metrics on the API's", cfg.MetricsAddr, err)
+		}
+		defer metricsLn.Close()
+	}
 
 	natsURL := cfg.NATSURL
 	if natsURL == "" {
@@ -172,18 +185,30 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	timeouts := httpapi.Timeouts{Read: cfg.ReadTimeout, Write: cfg.WriteTimeout, Idle: cfg.IdleTimeout}
+	aopts := httpapi.Options{Logger: log, Authenticator: auth, MCPCallTimeout: cfg.MCPTimeout, Timeouts: timeouts,
+		MaxStreamsPerCaller: cfg.MaxStreams, MaxMCPCallsPerCaller: cfg.MaxMCPCalls}
+	httpErr := make(chan error, 2)
+	if metricsLn == nil {
+		aopts.Metrics = tel.Metrics // behind the API's guard
+	} else {
+		metricsMux := http.NewServeMux()
+		metricsMux.Handle("GET /metrics", tel.Metrics)
+		msrv := httpapi.NewServer(metricsMux, timeouts)
+		go func() { httpErr <- fmt.Errorf("metrics: %w", msrv.Serve(metricsLn)) }()
+		defer msrv.Close()
+		log.Info("metrics listening", "addr", metricsLn.Addr().String())
+	}
+	api := httpapi.New(d, aopts)
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", tel.Metrics)
-	api := httpapi.New(d, httpapi.Options{Logger: log, Authenticator: auth, MCPCallTimeout: cfg.MCPTimeout})
 	mux.Handle("/", api)
 	ui, err := console.New(d, api, console.Options{Logger: log, TraceURL: cfg.TraceURL})
 	if err != nil {
 		return err
 	}
 	ui.Mount(mux) // /ui and /v1/deadletters, behind the API's tokens
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	httpErr := make(chan error, 1)
-	go func() { httpErr <- srv.Serve(ln) }()
+	srv := httpapi.NewServer(mux, timeouts)
+	go func() { httpErr <- fmt.Errorf("HTTP API: %w", srv.Serve(ln)) }()
 	log.Info("HTTP API listening", "addr", ln.Addr().String())
 
 	// Run ends when ctx does (a signal), or at once if it cannot start; a
@@ -199,7 +224,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case err = <-runErr:
 		runDone = true
 	case err = <-httpErr:
-		err = fmt.Errorf("HTTP API: %w", err)
 	}
 	stopRun()
 	// Stop taking requests while Run hands its open turns over; both are

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 func simulatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -43,7 +44,8 @@ func simulatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	fmt.Fprintf(stdout, "platform simulator listening on http://%s/v1 (OPENAI_BASE_URL)\n", ln.Addr())
-	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	// The simulator's event streams last as long as a run: no write timeout.
+	srv := httpapi.NewServer(sim, httpapi.Timeouts{Write: -1})
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

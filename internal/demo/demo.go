@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -153,7 +152,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return fmt.Errorf("demo: listen for the dispatcher's HTTP API: %w", err)
 	}
-	apiServer := &http.Server{Handler: httpapi.New(d, httpapi.Options{Logger: opts.Logger, TracerProvider: tp}), ReadHeaderTimeout: 10 * time.Second}
+	apiServer := httpapi.NewServer(httpapi.New(d, httpapi.Options{Logger: opts.Logger, TracerProvider: tp}), httpapi.Timeouts{})
 	go func() { _ = apiServer.Serve(api) }()
 	defer func() { _ = apiServer.Close() }()
 	mcpURL := "http://" + api.Addr().String() + "/mcp"
@@ -172,6 +171,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 	return nil
 }
 
+// simTimeouts bound the platform simulator's listener: its event streams
+// last as long as a run, so it has no write timeout.
+var simTimeouts = httpapi.Timeouts{Write: -1}
+
 // startSimulator serves the platform simulator on a loopback port until
 // stop is called.
 func startSimulator(logger *slog.Logger) (baseURL string, stop func(), err error) {
@@ -183,7 +186,7 @@ func startSimulator(logger *slog.Logger) (baseURL string, stop func(), err error
 		sim.Close()
 		return "", nil, fmt.Errorf("demo: listen for the platform simulator: %w", err)
 	}
-	hs := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	hs := httpapi.NewServer(sim, simTimeouts)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = hs.Serve(ln) }()
 	return "http://" + ln.Addr().String() + "/v1", func() { sim.Close(); _ = hs.Close(); <-done }, nil

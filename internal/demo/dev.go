@@ -120,7 +120,7 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("dev: listen for the platform simulator: %w", err)
 	}
-	simSrv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	simSrv := httpapi.NewServer(sim, simTimeouts)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { _ = simSrv.Serve(simLn) })
@@ -151,9 +151,10 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 	p := &devPlayer{out: out, client: client, d: d, js: js, rec: rec, timeout: opts.Timeout, apiURL: "http://" + api.Addr().String()}
 	p.scenarios.Store(&scenarios)
 	mux := http.NewServeMux()
-	mux.Handle("POST /dev/play", playHandler(ctx, plays))
-	mux.Handle("/", httpapi.New(d, httpapi.Options{Logger: opts.Logger, TracerProvider: tp}))
-	apiSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	apiHandler := httpapi.New(d, httpapi.Options{Logger: opts.Logger, TracerProvider: tp})
+	mux.Handle("POST /dev/play", apiHandler.Guard(playHandler(ctx, plays))) // refuses other sites' pages
+	mux.Handle("/", apiHandler)
+	apiSrv := httpapi.NewServer(mux, httpapi.Timeouts{})
 	wg.Go(func() { _ = apiSrv.Serve(api) })
 	defer func() { _ = apiSrv.Close() }()
 	httpAddr := api.Addr().String()

@@ -303,6 +303,7 @@ func TestAPIServesLoopbackOnlyWithoutTokens(t *testing.T) {
 	serve := func(method, target, remote string, header http.Header) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(method, target, strings.NewReader(`{"platform":"agents","session_id":"sess_nope"}`))
 		req.RemoteAddr = remote
+		req.Host = "localhost:8080" // a loopback client's name for it
 		for k, v := range header {
 			req.Header[k] = v
 		}

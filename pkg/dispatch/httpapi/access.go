@@ -46,10 +46,14 @@ func CallerOf(r *http.Request) dispatch.Caller {
 }
 
 // guarded reports whether requests for p need a caller: the API (/v1), the
-// MCP front door (/mcp) and the console (/ui). Webhooks carry their own
-// signature; /healthz, /readyz and /metrics are open.
+// MCP front door (/mcp), the console (/ui) and /metrics (when the API
+// serves it: it names every team and function). Webhooks carry their own
+// signature; /healthz and /readyz are open.
 func guarded(p string) bool {
 	p = path.Clean("/" + p)
+	if p == "/metrics" {
+		return true
+	}
 	for _, prefix := range []string{"/v1", "/mcp", "/ui"} {
 		if p == prefix || strings.HasPrefix(p, prefix+"/") {
 			return true
@@ -60,16 +64,22 @@ func guarded(p string) bool {
 
 // guard lets a request for a guarded path through only with a caller: a
 // known bearer token (or the console's session cookie holding one) when the
-// API has an Authenticator, a loopback client otherwise; a browser without one
-// asking for a console page is sent to the login form. The caller goes into the request's context for the handler to
-// decide what it may see (403 or less detail).
+// API has an Authenticator, a loopback client otherwise; a browser without
+// one asking for a console page is sent to the login form. Without an
+// Authenticator it first refuses, on every path, what a web page made a
+// browser on this host send (browser.go). The caller goes into the
+// request's context for the handler to decide what it may see (403 or less
+// detail).
 func (a *Handler) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.checkBrowser(w, r) {
+			return
+		}
 		if !guarded(r.URL.Path) || openConsolePath(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		caller, ok := a.authenticate(w, r)
+		caller, ambient, ok := a.authenticate(w, r)
 		if !ok {
 			return
 		}
@@ -78,31 +88,45 @@ func (a *Handler) guard(next http.Handler) http.Handler {
 				caller.Name, strings.Join(caller.Teams, ",")))
 			return
 		}
+		if ambient && !formSafe(r) {
+			writeError(w, http.StatusUnsupportedMediaType, "send the body as Content-Type: application/json: a request that changes something, "+
+				"authenticated by the loopback address or the console's cookie, must be one a form of another site cannot send")
+			return
+		}
+		if path.Clean("/"+r.URL.Path) == "/metrics" && !caller.Admin {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("token %s may not read /metrics: they name every team and function; "+
+				"use an admin token, or serve them on their own address (TOOLRELAY_METRICS_ADDR)", caller.Name))
+			return
+		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, caller)))
 	})
 }
 
 // authenticate finds the caller of r, or answers 401 and returns false.
-func (a *Handler) authenticate(w http.ResponseWriter, r *http.Request) (dispatch.Caller, bool) {
+// ambient reports that the caller was known by what a browser sends on
+// its own (the loopback address, the console's cookie) rather than by an
+// Authorization header.
+func (a *Handler) authenticate(w http.ResponseWriter, r *http.Request) (_ dispatch.Caller, ambient, ok bool) {
 	auth := a.opts.Authenticator
 	if auth == nil {
 		// The connection's own address: a header such as X-Forwarded-For
 		// is whatever the client chose to send.
 		if isLoopback(r.RemoteAddr) {
-			return loopbackCaller, true
+			return loopbackCaller, true, true
 		}
 		unauthorized(w, "", "this API serves loopback clients only; to serve others, give the dispatcher API tokens (TOOLRELAY_API_TOKENS_FILE)")
-		return dispatch.Caller{}, false
+		return dispatch.Caller{}, false, false
 	}
 	token, ok := bearerToken(r.Header.Get("Authorization"))
 	if !ok {
 		token, ok = sessionToken(r) // the console's login cookie
+		ambient = ok
 	}
 	if !ok {
 		if !toLogin(w, r) {
 			unauthorized(w, "", "missing bearer token: send Authorization: Bearer <token>")
 		}
-		return dispatch.Caller{}, false
+		return dispatch.Caller{}, false, false
 	}
 	caller, ok := auth.Authenticate(token)
 	if !ok {
@@ -110,9 +134,9 @@ func (a *Handler) authenticate(w http.ResponseWriter, r *http.Request) (dispatch
 		if !toLogin(w, r) {
 			unauthorized(w, `, error="invalid_token"`, "unknown bearer token")
 		}
-		return dispatch.Caller{}, false
+		return dispatch.Caller{}, false, false
 	}
-	return caller, true
+	return caller, ambient, true
 }
 
 // unauthorized answers 401 with the challenge of RFC 6750 (plus params)

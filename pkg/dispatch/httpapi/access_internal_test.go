@@ -6,7 +6,7 @@ func TestGuardedPaths(t *testing.T) {
 	for p, want := range map[string]bool{
 		"/v1": true, "/v1/watch": true, "/v1/watch/w_1": true, "/v1/../v1/watch": true, "//v1/watch": true,
 		"/mcp": true, "/mcp/": true, "/ui": true, "/ui/index.html": true,
-		"/healthz": false, "/readyz": false, "/metrics": false, "/webhooks/openai": false,
+		"/metrics": true, "/healthz": false, "/readyz": false, "/webhooks/openai": false,
 		"/v1x": false, "/mcpx": false, "/v1/../healthz": false, "/": false,
 	} {
 		if got := guarded(p); got != want {

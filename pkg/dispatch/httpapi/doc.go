@@ -28,7 +28,18 @@
 // ([CallerOf]); a caller scoped to some teams sees only their functions,
 // calls and watches, and gets 403 for what is only other teams'. Handlers
 // served beside this one (the console) use the same rules through
-// [Handler.Guard].
+// [Handler.Guard]. Without an Authenticator the guard also refuses, on
+// every route but the webhook, what a web page could make a browser on the
+// dispatcher's host send (browser.go). GET /metrics, when [Options.Metrics]
+// is set, is for admins (or loopback clients) only.
+//
+// # Limits
+//
+// /mcp takes one JSON-RPC message per POST (a batch is a JSON-RPC error).
+// Each caller may have [Options.MaxMCPCallsPerCaller] tools/call running
+// and [Options.MaxStreamsPerCaller] event streams open. Serve the handler
+// with [NewServer], whose [Timeouts] cut off clients that send or read too
+// slowly.
 //
 // # Errors
 //

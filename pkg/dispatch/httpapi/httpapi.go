@@ -38,6 +38,23 @@ type Options struct {
 	// TracerProvider receives the spans of MCP tools/call requests.
 	// Default: the OpenTelemetry global.
 	TracerProvider trace.TracerProvider
+	// MaxStreamsPerCaller bounds the event streams one caller (a token, or
+	// every loopback client together) holds open at once: GET
+	// /v1/turns/stream and MCP subscriptions/listen. One more is refused
+	// (429, or a JSON-RPC error). Default: DefaultMaxStreamsPerCaller (16).
+	MaxStreamsPerCaller int
+	// MaxMCPCallsPerCaller bounds the tools/call one caller has running at
+	// once on /mcp; one more fails at once as unavailable (isError, saying
+	// why). Default: DefaultMaxMCPCallsPerCaller (64).
+	MaxMCPCallsPerCaller int
+	// Timeouts are the listener's (give the same to [NewServer]): the API
+	// bounds each write of an event stream by Timeouts.Write. Zero fields:
+	// the defaults.
+	Timeouts Timeouts
+	// Metrics, if set, is served at GET /metrics behind the guard: to
+	// admin tokens, or to loopback clients without tokens. Nil: the API
+	// does not serve /metrics (serve it on an address of its own).
+	Metrics http.Handler
 }
 
 // Handler serves the dispatcher's HTTP API (see the package doc). It is
@@ -48,6 +65,8 @@ type Handler struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	h      http.Handler
+	// streams and mcpCalls count what each caller holds at once.
+	streams, mcpCalls *perCaller
 }
 
 var _ http.Handler = (*Handler)(nil)
@@ -56,11 +75,18 @@ var _ http.Handler = (*Handler)(nil)
 func New(d *dispatch.Dispatcher, opts Options) *Handler {
 	opts.Logger = cmp.Or(opts.Logger, slog.Default())
 	opts.MCPCallTimeout = cmp.Or(max(opts.MCPCallTimeout, 0), DefaultMCPCallTimeout)
+	opts.MaxStreamsPerCaller = cmp.Or(max(opts.MaxStreamsPerCaller, 0), DefaultMaxStreamsPerCaller)
+	opts.MaxMCPCallsPerCaller = cmp.Or(max(opts.MaxMCPCallsPerCaller, 0), DefaultMaxMCPCallsPerCaller)
+	opts.Timeouts = opts.Timeouts.orDefaults()
 	if opts.TracerProvider == nil {
 		opts.TracerProvider = otel.GetTracerProvider()
 	}
-	a := &Handler{d: d, opts: opts, log: opts.Logger, tracer: opts.TracerProvider.Tracer(instrumentation)}
+	a := &Handler{d: d, opts: opts, log: opts.Logger, tracer: opts.TracerProvider.Tracer(instrumentation),
+		streams: newPerCaller(opts.MaxStreamsPerCaller), mcpCalls: newPerCaller(opts.MaxMCPCallsPerCaller)}
 	mux := http.NewServeMux()
+	if opts.Metrics != nil {
+		mux.Handle("GET /metrics", opts.Metrics) // the guard lets admins through only
+	}
 	mux.HandleFunc("POST /v1/watch", a.postWatch)
 	mux.HandleFunc("GET /v1/watch/{id}", a.getWatch)
 	mux.HandleFunc("POST /webhooks/openai", a.postWebhook)
@@ -92,7 +118,7 @@ func (a *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.h.ServeH
 // electing its leaders), and after it stops they are no longer served.
 func (a *Handler) whenReady(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.d.Ready() && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+		if !a.d.Ready() && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && r.URL.Path != "/metrics" {
 			w.Header().Set("Retry-After", "1")
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]string{
 				"message": "the dispatcher is starting or stopping; try again in a moment"}})

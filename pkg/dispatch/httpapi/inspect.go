@@ -137,7 +137,8 @@ const sseKeepAlive = 15 * time.Second
 // then one "turn" event (a TurnView) for each change of a turn the filters
 // select, open or closed. A client that falls behind gets a "reset" event
 // and the stream ends; EventSource reconnects and starts from a snapshot.
-// The stream ends when the dispatcher stops.
+// The stream ends when the dispatcher stops. A caller holding
+// MaxStreamsPerCaller streams already gets 429.
 func (a *Handler) streamTurns(w http.ResponseWriter, r *http.Request) {
 	caller := CallerOf(r)
 	q, fe := ParseTurnQuery(caller, r)
@@ -145,6 +146,12 @@ func (a *Handler) streamTurns(w http.ResponseWriter, r *http.Request) {
 		writeQueryError(w, fe)
 		return
 	}
+	if !a.streams.acquire(caller.Name) {
+		a.tooManyStreams(w, caller)
+		return
+	}
+	defer a.streams.release(caller.Name)
+	w = a.streaming(w)
 	list, feed, err := a.d.FollowTurns(r.Context(), caller, q)
 	if err != nil {
 		writeInspectError(w, err)
@@ -186,6 +193,17 @@ func (a *Handler) streamTurns(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// tooManyStreams answers 429 to a caller holding its limit of streams.
+func (a *Handler) tooManyStreams(w http.ResponseWriter, caller dispatch.Caller) {
+	w.Header().Set("Retry-After", "5")
+	writeError(w, http.StatusTooManyRequests, a.streamsMessage(caller))
+}
+
+func (a *Handler) streamsMessage(caller dispatch.Caller) string {
+	return fmt.Sprintf("%s holds %d event streams already, the most one caller may (TOOLRELAY_MAX_STREAMS_PER_CALLER); close one first",
+		caller.Name, a.opts.MaxStreamsPerCaller)
 }
 
 // writeQueryError answers a bad query parameter (400) or a team out of

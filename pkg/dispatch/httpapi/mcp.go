@@ -1,10 +1,12 @@
 package httpapi
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -80,11 +82,50 @@ func (a *Handler) mcpHandler() http.Handler {
 		DisableLocalhostProtection: a.opts.Authenticator != nil,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && !refuseBatch(w, r) {
+			return
+		}
 		// The SDK cuts a handler's context loose from its request for older
 		// protocol versions; the request's own context, kept here, is what
 		// tells a call that its client went away.
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), httpRequestKey{}, r.Context())))
+		h.ServeHTTP(a.streaming(w), r.WithContext(context.WithValue(r.Context(), httpRequestKey{}, r.Context())))
 	})
+}
+
+// refuseBatch answers a JSON-RPC batch (a body that is a JSON array) with
+// a JSON-RPC error, and reports whether r may go on. MCP has no batches
+// since its 2025-06-18 revision; the SDK refuses them only from clients
+// that say they speak it, and one POST of 4 MiB could hold 35,000 calls.
+// Only the body's first bytes are read here.
+func refuseBatch(w http.ResponseWriter, r *http.Request) bool {
+	body := bufio.NewReader(http.MaxBytesReader(w, r.Body, mcp.DefaultMaxRequestBodyBytes))
+	for {
+		b, err := body.ReadByte()
+		if err != nil {
+			break // the SDK answers an empty or unreadable body
+		}
+		if b == ' ' || b == '\t' || b == '\n' || b == '\r' {
+			continue // insignificant in JSON
+		}
+		if b == '[' {
+			writeJSONRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest,
+				"JSON-RPC batches are not accepted on /mcp (MCP has none since its 2025-06-18 revision): send one request per POST")
+			return false
+		}
+		_ = body.UnreadByte()
+		break
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{body, r.Body}
+	return true
+}
+
+// writeJSONRPCError answers with a JSON-RPC error not tied to a request
+// (its id is null).
+func writeJSONRPCError(w http.ResponseWriter, status int, code int64, message string) {
+	writeJSON(w, status, map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": code, "message": message}})
 }
 
 type httpRequestKey struct{}
@@ -102,10 +143,22 @@ func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.
 func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler            { return minLevel{m.h.WithAttrs(a), m.min} }
 func (m minLevel) WithGroup(name string) slog.Handler              { return minLevel{m.h.WithGroup(name), m.min} }
 
+// methodListen is MCP's long-lived stream of notifications (2026-07-28).
+const methodListen = "subscriptions/listen"
+
 // mcpTools answers tools/list and tools/call from the live registry; other
-// methods go to the SDK.
+// methods go to the SDK. A caller holding MaxStreamsPerCaller streams
+// cannot open one more with subscriptions/listen.
 func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if method == methodListen {
+			caller, _ := callerFrom(ctx)
+			if !a.streams.acquire(caller.Name) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: a.streamsMessage(caller)}
+			}
+			defer a.streams.release(caller.Name)
+			return next(ctx, method, req)
+		}
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
 			if !a.d.Ready() {
@@ -156,6 +209,11 @@ func mcpTool(s *protocol.FunctionSpec) *mcp.Tool {
 func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	p := req.Params
 	caller, _ := callerFrom(ctx)
+	if !a.mcpCalls.acquire(caller.Name) {
+		return mcpError(protocol.CodeUnavailable, fmt.Sprintf("%s was not run: %s has %d calls running already, the most one caller may "+
+			"(TOOLRELAY_MAX_MCP_CALLS_PER_CALLER). Wait for one to finish, then try again.", p.Name, caller.Name, a.opts.MaxMCPCallsPerCaller)), nil
+	}
+	defer a.mcpCalls.release(caller.Name)
 	f, err := a.d.Function(ctx, p.Name)
 	if err != nil && !errors.Is(err, dispatch.ErrNotFound) {
 		return mcpError(protocol.CodeUnavailable,
