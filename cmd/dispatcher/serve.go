@@ -38,7 +38,8 @@ type config struct {
 	NATSListen    string        `envconfig:"TOOLRELAY_NATS_LISTEN" default:"127.0.0.1:4222" desc:"client address of the embedded server"`
 	DataDir       string        `envconfig:"TOOLRELAY_DATA_DIR" default:"./toolrelay-data" desc:"where the embedded server stores"`
 	HTTPAddr      string        `envconfig:"TOOLRELAY_HTTP_ADDR" default:":8080" desc:"HTTP API address (/v1, /mcp, the console at /ui, /healthz, /readyz, and /metrics unless TOOLRELAY_METRICS_ADDR is set)"`
-	MetricsAddr   string        `envconfig:"TOOLRELAY_METRICS_ADDR" desc:"serve GET /metrics on this address of its own, open to whoever reaches it (a private address); empty: on TOOLRELAY_HTTP_ADDR, to admin tokens only (loopback clients only without tokens)"`
+	MetricsAddr   string        `envconfig:"TOOLRELAY_METRICS_ADDR" desc:"serve GET /metrics on this address of its own, open to whoever reaches it (a private address); empty: on TOOLRELAY_HTTP_ADDR"`
+	MetricsAdmin  bool          `envconfig:"TOOLRELAY_METRICS_ADMIN_ONLY" desc:"on TOOLRELAY_HTTP_ADDR, serve /metrics to admin tokens only (loopback clients only without tokens): they name every team and function; default: open, as /healthz"`
 	ReadTimeout   time.Duration `envconfig:"TOOLRELAY_HTTP_READ_TIMEOUT" default:"30s" desc:"longest a client may take to send a whole request, body included"`
 	WriteTimeout  time.Duration `envconfig:"TOOLRELAY_HTTP_WRITE_TIMEOUT" default:"60s" desc:"longest an answer may take to write; event streams and /mcp answers get it for each write instead"`
 	IdleTimeout   time.Duration `envconfig:"TOOLRELAY_HTTP_IDLE_TIMEOUT" default:"60s" desc:"longest a kept-alive connection waits for its next request"`
@@ -190,7 +191,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxStreamsPerCaller: cfg.MaxStreams, MaxMCPCallsPerCaller: cfg.MaxMCPCalls}
 	httpErr := make(chan error, 2)
 	if metricsLn == nil {
-		aopts.Metrics = tel.Metrics // behind the API's guard
+		aopts.Metrics, aopts.GuardMetrics = tel.Metrics, cfg.MetricsAdmin
 	} else {
 		metricsMux := http.NewServeMux()
 		metricsMux.Handle("GET /metrics", tel.Metrics)

@@ -351,7 +351,7 @@ func TestSlowRequestsAreCutOff(t *testing.T) {
 
 // Without tokens, a web page cannot use a browser on the dispatcher's host:
 // not by DNS rebinding (another Host), not from another origin, not with a
-// form. /metrics answers loopback clients only.
+// form. /metrics, guarded, answers loopback clients only.
 func TestLoopbackRefusesOtherSitesPages(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -359,7 +359,7 @@ func TestLoopbackRefusesOtherSitesPages(t *testing.T) {
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, `toolrelay_calls_total{team="billing",function="invoice"} 1`+"\n")
 	})
-	api := httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t), Metrics: metrics})
+	api := httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t), Metrics: metrics, GuardMetrics: true})
 	mux := http.NewServeMux()
 	mux.Handle("/", api)
 	ui, err := console.New(d, api, console.Options{Logger: testutil.Logger(t)})
@@ -386,7 +386,7 @@ func TestLoopbackRefusesOtherSitesPages(t *testing.T) {
 		{"cross-site text/plain POST /v1/watch", "POST", "/v1/watch", watch,
 			http.Header{"Content-Type": {"text/plain"}, "Origin": {"https://attacker.example"}, "Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"no-cors"}}, http.StatusForbidden},
 		{"text/plain POST /v1/watch, Origin only", "POST", "/v1/watch", watch, http.Header{"Content-Type": {"text/plain"}, "Origin": {"null"}}, http.StatusForbidden},
-		{"form POST /v1/watch, no Origin", "POST", "/v1/watch", watch, http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, http.StatusUnsupportedMediaType},
+		{"form POST /v1/watch, no Origin", "POST", "/v1/watch", watch, http.Header{"Content-Type": {"application/x-www-form-urlencoded"}, "Sec-Fetch-Site": {"same-origin"}, "Sec-Fetch-Mode": {"navigate"}}, http.StatusUnsupportedMediaType},
 		{"cross-origin fetch of /v1/turns", "GET", "/v1/turns", "", http.Header{"Origin": {"http://localhost:9999"}}, http.StatusForbidden},
 		{"cross-site fetch of /metrics", "GET", "/metrics", "", http.Header{"Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"cors"}}, http.StatusForbidden},
 		// What still works: the dispatcher's own names, its own pages, a
@@ -397,6 +397,7 @@ func TestLoopbackRefusesOtherSitesPages(t *testing.T) {
 		{"/metrics", "GET", "/metrics", "", nil, http.StatusOK},
 		{"the console's replay", "POST", "/v1/deadletters/replay", `{"keys":[]}`, http.Header{"X-Toolrelay-Console": {"1"}, "Sec-Fetch-Site": {"same-origin"}}, http.StatusBadRequest},
 		{"a JSON POST /v1/watch, bad body", "POST", "/v1/watch", `{}`, http.Header{"Content-Type": {"application/json"}}, http.StatusBadRequest},
+		{"curl -d: a form's type, no browser's headers, bad body", "POST", "/v1/watch", `{}`, http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, http.StatusBadRequest},
 		{"a webhook under a public name", "POST", "/webhooks/openai", `{}`, http.Header{"Host": {"toolrelay.example.com"}}, http.StatusUnauthorized},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -438,14 +439,20 @@ func TestLoopbackRefusesOtherSitesPages(t *testing.T) {
 	}
 }
 
-// With tokens, /metrics on the API's address needs an admin token.
-func TestMetricsNeedAnAdminToken(t *testing.T) {
+// /metrics is open by default, as /healthz is (DESIGN.md); guarded, with
+// tokens, it needs an admin token.
+func TestMetricsNeedAnAdminTokenWhenGuarded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	file, tokens := openTokens(t, "admin", "orders")
 	d, _ := e.dispatcher(dispatch.Options{})
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "toolrelay_turns_open 0\n") })
-	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file, Metrics: metrics, Logger: testutil.Logger(t)}))
+	open := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file, Metrics: metrics, Logger: testutil.Logger(t)}))
+	t.Cleanup(open.Close)
+	if got := do(t, http.MethodGet, open.URL+"/metrics", "", ""); got.status != http.StatusOK {
+		t.Errorf("GET /metrics, not guarded, with no token: %d %s; want 200", got.status, got.body)
+	}
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file, Metrics: metrics, GuardMetrics: true, Logger: testutil.Logger(t)}))
 	t.Cleanup(hs.Close)
 	for token, want := range map[string]int{"": http.StatusUnauthorized, tokens["orders"]: http.StatusForbidden, tokens["admin"]: http.StatusOK} {
 		if got := do(t, http.MethodGet, hs.URL+"/metrics", token, ""); got.status != want {

@@ -46,13 +46,13 @@ func CallerOf(r *http.Request) dispatch.Caller {
 }
 
 // guarded reports whether requests for p need a caller: the API (/v1), the
-// MCP front door (/mcp), the console (/ui) and /metrics (when the API
-// serves it: it names every team and function). Webhooks carry their own
-// signature; /healthz and /readyz are open.
-func guarded(p string) bool {
+// MCP front door (/mcp), the console (/ui) and, with GuardMetrics, /metrics
+// (it names every team and function). Webhooks carry their own signature;
+// /healthz, /readyz and by default /metrics are open.
+func (a *Handler) guarded(p string) bool {
 	p = path.Clean("/" + p)
 	if p == "/metrics" {
-		return true
+		return a.opts.GuardMetrics
 	}
 	for _, prefix := range []string{"/v1", "/mcp", "/ui"} {
 		if p == prefix || strings.HasPrefix(p, prefix+"/") {
@@ -66,16 +66,20 @@ func guarded(p string) bool {
 // known bearer token (or the console's session cookie holding one) when the
 // API has an Authenticator, a loopback client otherwise; a browser without
 // one asking for a console page is sent to the login form. Without an
-// Authenticator it first refuses, on every path, what a web page made a
-// browser on this host send (browser.go). The caller goes into the
+// Authenticator it first refuses, on every guarded path, what a web page
+// made a browser on this host send (browser.go). The caller goes into the
 // request's context for the handler to decide what it may see (403 or less
 // detail).
 func (a *Handler) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.guarded(r.URL.Path) {
+			next.ServeHTTP(w, r) // open to all: nothing a page could read or change here
+			return
+		}
 		if !a.checkBrowser(w, r) {
 			return
 		}
-		if !guarded(r.URL.Path) || openConsolePath(r.URL.Path) {
+		if openConsolePath(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -96,10 +96,15 @@ func safeMethod(m string) bool {
 
 // formSafe reports whether r, authenticated by what a browser sends on
 // its own, is one a form cannot send: a read, or JSON, or with the
-// console's header. Only the API's routes are held to it; the console's
-// own login and logout forms are not.
+// console's header, or not a browser's at all (no Origin, no Sec-Fetch-*:
+// every browser adds them to a form's POST; curl -d adds neither). Only the
+// API's routes are held to it; the console's own login and logout forms
+// are not.
 func formSafe(r *http.Request) bool {
 	if safeMethod(r.Method) || r.Header.Get(consoleHeader) != "" {
+		return true
+	}
+	if r.Header.Get("Origin") == "" && r.Header.Get("Sec-Fetch-Site") == "" && r.Header.Get("Sec-Fetch-Mode") == "" {
 		return true
 	}
 	p := path.Clean("/" + r.URL.Path)

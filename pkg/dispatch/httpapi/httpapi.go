@@ -51,10 +51,14 @@ type Options struct {
 	// bounds each write of an event stream by Timeouts.Write. Zero fields:
 	// the defaults.
 	Timeouts Timeouts
-	// Metrics, if set, is served at GET /metrics behind the guard: to
-	// admin tokens, or to loopback clients without tokens. Nil: the API
-	// does not serve /metrics (serve it on an address of its own).
+	// Metrics, if set, is served at GET /metrics: open, as /healthz is,
+	// unless GuardMetrics. Nil: the API does not serve /metrics (serve it
+	// on an address of its own).
 	Metrics http.Handler
+	// GuardMetrics puts /metrics behind the guard: admin tokens only, or
+	// loopback clients without tokens (the metrics name every team and
+	// function). Default: open.
+	GuardMetrics bool
 }
 
 // Handler serves the dispatcher's HTTP API (see the package doc). It is
@@ -85,7 +89,7 @@ func New(d *dispatch.Dispatcher, opts Options) *Handler {
 		streams: newPerCaller(opts.MaxStreamsPerCaller), mcpCalls: newPerCaller(opts.MaxMCPCallsPerCaller)}
 	mux := http.NewServeMux()
 	if opts.Metrics != nil {
-		mux.Handle("GET /metrics", opts.Metrics) // the guard lets admins through only
+		mux.Handle("GET /metrics", opts.Metrics) // the guard decides, per GuardMetrics
 	}
 	mux.HandleFunc("POST /v1/watch", a.postWatch)
 	mux.HandleFunc("GET /v1/watch/{id}", a.getWatch)
