@@ -190,11 +190,9 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.log.Error("ignoring a declaration under a malformed key", "key", e.Key(), "err", err)
 		return
 	}
-	r.mu.Lock()
-	r.declSeen = max(r.declSeen, e.Revision())
-	r.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
 		r.mu.Lock()
+		r.declSeen = max(r.declSeen, e.Revision())
 		// A withdrawal is a delete; the server's marker for a lease
 		// that lapsed unrenewed reads as a purge.
 		if e.Operation() == jetstream.KeyValuePurge {
@@ -212,9 +210,20 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 	}
 	if err != nil {
 		r.log.Error("ignoring invalid declaration", "key", e.Key(), "err", err)
+		r.sawDeclaration(e.Revision())
 		return
 	}
 	r.putDeclared(e.Key(), decl, len(e.Value()), e.Revision(), false)
+}
+
+// sawDeclaration notes that the watcher delivered the declarations'
+// revision rev: an early put of it or before is not needed any more. It is
+// noted with what the revision changed in the cache, never before: a
+// replica's next declaration must not find its bytes in neither.
+func (r *registry) sawDeclaration(rev uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.declSeen = max(r.declSeen, rev)
 }
 
 // putDeclared adds a declaration stored at rev, of size bytes, to the
@@ -227,20 +236,29 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 	// Dispatchers store only declarations within the tool text bounds;
 	// one that is not (written by an older dispatcher) is not served. The
 	// schema's strings are checked once per schema, with its compilation.
+	ignore := func(why string, err error) {
+		r.log.Error(why, "key", key, "err", err)
+		if !early {
+			r.sawDeclaration(rev)
+		}
+	}
 	if err := protocol.ValidateToolText(name, decl.Spec.Description, nil); err != nil {
-		r.log.Error("ignoring a declaration whose tool text breaks a bound", "key", key, "err", err)
+		ignore("ignoring a declaration whose tool text breaks a bound", err)
 		return
 	}
 	digest := schema.Digest(decl.Spec.Parameters)
 	s, err := r.compiled(&decl.Spec)
 	if err != nil {
-		r.log.Error("ignoring a declaration whose schema does not compile or breaks a tool text bound", "key", key, "err", err)
+		ignore("ignoring a declaration whose schema does not compile or breaks a tool text bound", err)
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if early && rev <= r.declSeen {
 		return
+	}
+	if !early {
+		r.declSeen = max(r.declSeen, rev)
 	}
 	r.schemas[name+"/"+digest] = s
 	if r.live[name] == nil {
