@@ -98,6 +98,9 @@ func toolsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		specs = append(specs, spec)
 	}
+	for _, left := range tooldef.Left(specs, p) {
+		fmt.Fprintf(stderr, "note: left out: %s\n", left.Reason)
+	}
 	var out any
 	if *owners {
 		out, err = tooldef.Export(specs, p)

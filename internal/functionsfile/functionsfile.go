@@ -32,9 +32,13 @@ type functionConfig struct {
 	SideEffects    bool           `yaml:"side_effects"`
 	Version        string         `yaml:"version"`
 	DeferLoading   bool           `yaml:"defer_loading"`
-	Retry          *retryConfig   `yaml:"retry"`
-	Command        []string       `yaml:"command"`
-	HTTP           *httpConfig    `yaml:"http"`
+	// Format "text", or a Grammar, makes the function a custom tool that
+	// takes the model's raw text instead of JSON parameters.
+	Format  string         `yaml:"format"`
+	Grammar *grammarConfig `yaml:"grammar"`
+	Retry   *retryConfig   `yaml:"retry"`
+	Command []string       `yaml:"command"`
+	HTTP    *httpConfig    `yaml:"http"`
 }
 
 type retryConfig struct {
@@ -45,6 +49,12 @@ type retryConfig struct {
 
 type httpConfig struct {
 	URL string `yaml:"url"`
+}
+
+// grammarConfig constrains a custom tool's text: syntax lark or regex.
+type grammarConfig struct {
+	Syntax     string `yaml:"syntax"`
+	Definition string `yaml:"definition"`
 }
 
 // Load reads a functions file. Unknown keys, a bad schema, a bad or
@@ -129,6 +139,9 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 			return exec.Function{}, fail("parameters", "cannot be expressed as JSON: %v", err)
 		}
 	}
+	if fn.Format, err = f.inputFormat(); err != nil {
+		return exec.Function{}, fail("format", "%v", err)
+	}
 	switch {
 	case f.Command != nil && f.HTTP != nil:
 		return exec.Function{}, fail("command", "give either command or http, not both")
@@ -185,4 +198,26 @@ func optionalDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q is not a positive Go duration such as 200ms", s)
 	}
 	return d, nil
+}
+
+// inputFormat is the format of a custom tool (format: text, or a grammar:
+// with syntax lark or regex), or nil for a function with parameters.
+func (f *functionConfig) inputFormat() (*protocol.InputFormat, error) {
+	if f.Format == "" && f.Grammar == nil {
+		return nil, nil
+	}
+	if f.Parameters != nil {
+		return nil, fmt.Errorf("a custom tool (format or grammar) takes text: remove parameters, or remove format and grammar")
+	}
+	in := &protocol.InputFormat{Type: f.Format}
+	if f.Grammar != nil {
+		if f.Format != "" && f.Format != protocol.FormatGrammar {
+			return nil, fmt.Errorf("format %q with a grammar: leave format out, or set it to %q", f.Format, protocol.FormatGrammar)
+		}
+		in = &protocol.InputFormat{Type: protocol.FormatGrammar, Syntax: f.Grammar.Syntax, Definition: f.Grammar.Definition}
+	}
+	if err := in.Validate(f.Name); err != nil {
+		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), protocol.ErrMalformed.Error()+": "))
+	}
+	return in, nil
 }

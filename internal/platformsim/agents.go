@@ -261,6 +261,21 @@ func (s *Server) agentStep(sess *session, t *agentTurn) {
 	}
 	var required []map[string]any
 	for _, c := range calls {
+		if c.Kind != KindFunction {
+			// An action toolrelay does not serve: it stays required.
+			action := map[string]any{"type": c.Kind}
+			switch c.Kind {
+			case "environment_connection":
+				action["environment_id"] = cmpOr(c.Name, "env_sim")
+			case "computer_use_approval_request":
+				action["turn_id"], action["request_id"] = t.id, c.ID
+				action["request"] = map[string]any{"type": "browser_origin_access", "origin": cmpOr(c.Name, "https://example.com")}
+			default:
+				action["turn_id"], action["call_id"] = t.id, c.ID
+			}
+			required = append(required, action)
+			continue
+		}
 		item := map[string]any{
 			"id": newID("item_fc_"), "type": "function_call", "turn_id": t.id, "call_id": c.ID,
 			"name": c.Name, "arguments": json.RawMessage(c.Arguments), "status": "in_progress",
@@ -281,7 +296,7 @@ func (s *Server) agentStep(sess *session, t *agentTurn) {
 	sess.status = "requires_action"
 	sess.lastActive = unixNow()
 	s.emit(sess, map[string]any{"type": "agent.session.requires_action", "session": s.sessionJSON(sess)})
-	s.notify("agent.session.action_required", map[string]any{"id": sess.id, "required_action": map[string]any{"type": "function_call"}})
+	s.notify("agent.session.action_required", map[string]any{"id": sess.id, "required_action": map[string]any{"type": required[0]["type"]}})
 }
 
 // finishAgentTurn ends a turn with an answer (or none). Caller holds s.mu.

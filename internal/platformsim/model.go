@@ -41,7 +41,22 @@ type CallSpec struct {
 	Arguments string
 	// As names the output for later templates. Default: Name.
 	As string
+	// Kind is what the model emits: "" a function call; "custom" a
+	// custom tool call (Responses custom_tool_call) whose Arguments
+	// template renders the raw text input; any other value an item or
+	// action of that type that toolrelay does not serve, as it appears on
+	// the platform: a Responses output item ("mcp_approval_request",
+	// "computer_call", or a type no SDK knows) or an Agents required action
+	// ("environment_connection", "computer_use_approval_request"). Such an
+	// item is never answered: the conversation waits on it.
+	Kind string
 }
+
+// Call kinds of a CallSpec.
+const (
+	KindFunction = ""
+	KindCustom   = "custom"
+)
 
 func (c CallSpec) key() string {
 	if c.As != "" {
@@ -83,7 +98,8 @@ func (s *script) clone() *script {
 type modelCall struct {
 	ID        string
 	Name      string
-	Arguments string // JSON object
+	Arguments string // JSON object; a custom call's raw text
+	Kind      string // see CallSpec.Kind
 }
 
 func (m *Model) start(prompt string) *script {
@@ -116,14 +132,25 @@ func (s *script) next(newID func() string) (calls []modelCall, answer string, er
 		if args == "" {
 			args = "{}"
 		}
+		if spec.Kind != KindFunction && spec.Arguments == "" {
+			args = ""
+		}
 		rendered, err := s.render(args)
 		if err != nil {
 			return nil, "", err
 		}
+		id := newID()
+		if spec.Kind != KindFunction {
+			if spec.Kind == KindCustom {
+				s.pending[id] = spec
+				s.order = append(s.order, id)
+			}
+			calls = append(calls, modelCall{ID: id, Name: spec.Name, Arguments: rendered, Kind: spec.Kind})
+			continue
+		}
 		if !json.Valid([]byte(rendered)) {
 			return nil, "", fmt.Errorf("platformsim: scenario %s: arguments of %s are not JSON: %s", s.scenario.Name, spec.Name, rendered)
 		}
-		id := newID()
 		s.pending[id] = spec
 		s.order = append(s.order, id)
 		calls = append(calls, modelCall{ID: id, Name: spec.Name, Arguments: compactJSON(rendered)})

@@ -230,7 +230,7 @@ func parseInput(raw json.RawMessage) (prompt string, outputs []inputItem, aerr *
 	var texts []string
 	for i, it := range items {
 		switch {
-		case it.Type == "function_call_output":
+		case it.Type == "function_call_output" || it.Type == "custom_tool_call_output":
 			if it.CallID == "" {
 				return "", nil, invalid(fmt.Sprintf("Missing required parameter: 'input[%d].call_id'.", i), fmt.Sprintf("input[%d].call_id", i))
 			}
@@ -250,7 +250,7 @@ func parseInput(raw json.RawMessage) (prompt string, outputs []inputItem, aerr *
 				return "", nil, invalid(fmt.Sprintf("Missing required parameter: 'input[%d].%s'.", i, field), fmt.Sprintf("input[%d].%s", i, field))
 			}
 			outputs = append(outputs, it)
-		case it.Type == "function_call", it.Type == "reasoning", it.Type == "mcp_list_tools", it.Type == "mcp_call",
+		case it.Type == "function_call", it.Type == "custom_tool_call", it.Type == "reasoning", it.Type == "mcp_list_tools", it.Type == "mcp_call",
 			it.Type == "mcp_approval_request":
 			// Echoed history: ignored by the scripted model.
 		default:
@@ -335,7 +335,7 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 	s.responses[resp.id] = resp
 	if conv != nil {
 		for _, o := range outputs {
-			conv.items = append(conv.items, map[string]any{"id": newID("fco_"), "type": "function_call_output",
+			conv.items = append(conv.items, map[string]any{"id": newID("fco_"), "type": cmpOr(o.Type, "function_call_output"),
 				"call_id": o.CallID, "output": outputText(o.Output), "status": "completed"})
 		}
 		if prompt != "" {
@@ -371,14 +371,36 @@ func approvalAnswers(prev *response, outputs []inputItem) (rest []inputItem, ans
 	return rest, answers, nil
 }
 
-// pendingCalls lists the call IDs of prev's function_call items.
+// unservedItem is an output item of a kind the client must answer that
+// the scenario asks for and no one answers: an MCP approval request, a
+// computer call, or a type the SDK does not know.
+func unservedItem(c modelCall) map[string]any {
+	switch c.Kind {
+	case "mcp_approval_request":
+		return map[string]any{"id": newID("mcpr_"), "type": c.Kind, "server_label": "sim", "name": c.Name, "arguments": cmpOr(c.Arguments, "{}")}
+	case "computer_call":
+		return map[string]any{"id": newID("cu_"), "type": c.Kind, "call_id": c.ID, "status": "completed",
+			"action": map[string]any{"type": "screenshot"}, "pending_safety_checks": []any{}}
+	}
+	return map[string]any{"id": newID("item_"), "type": c.Kind, "call_id": c.ID, "status": "completed"}
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// pendingCalls lists the call IDs of prev's function and custom tool
+// call items.
 func pendingCalls(prev *response) []string {
 	if prev == nil {
 		return nil
 	}
 	var ids []string
 	for _, it := range prev.output {
-		if it["type"] == "function_call" {
+		if it["type"] == "function_call" || it["type"] == "custom_tool_call" {
 			ids = append(ids, it["call_id"].(string))
 		}
 	}
@@ -404,8 +426,16 @@ func (s *Server) finishResponse(resp *response, o turnOutcome) {
 	resp.output = append(resp.output, o.items...)
 	calls, answer := o.calls, o.answer
 	for _, c := range calls {
-		resp.output = append(resp.output, map[string]any{"id": newID("fc_"), "type": "function_call", "status": "completed",
-			"call_id": c.ID, "name": c.Name, "arguments": c.Arguments})
+		switch c.Kind {
+		case KindFunction:
+			resp.output = append(resp.output, map[string]any{"id": newID("fc_"), "type": "function_call", "status": "completed",
+				"call_id": c.ID, "name": c.Name, "arguments": c.Arguments})
+		case KindCustom:
+			resp.output = append(resp.output, map[string]any{"id": newID("ctc_"), "type": "custom_tool_call", "status": "completed",
+				"call_id": c.ID, "name": c.Name, "input": c.Arguments})
+		default:
+			resp.output = append(resp.output, unservedItem(c))
+		}
 	}
 	if o.final {
 		resp.output = append(resp.output, map[string]any{"id": newID("msg_"), "type": "message", "status": "completed", "role": "assistant",

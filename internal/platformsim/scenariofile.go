@@ -47,6 +47,12 @@ type callConfig struct {
 	// stay strings) or a string: a template that renders to a JSON object.
 	Arguments yaml.Node `yaml:"arguments"`
 	As        string    `yaml:"as"`
+	// Kind is CallSpec.Kind: custom (a custom tool call whose input is
+	// Input, a template of text), or the type of an item or action no
+	// one answers (mcp_approval_request, computer_call,
+	// environment_connection, ...; function is then optional).
+	Kind  string `yaml:"kind"`
+	Input string `yaml:"input"`
 }
 
 // LoadScenarios reads a scenarios file. Each scenario's calls, arguments
@@ -120,10 +126,26 @@ func (sc *scenarioConfig) scenario(index int) (Scenario, error) {
 		var step Step
 		thisStep := map[string]bool{}
 		for j, c := range st.Calls {
-			if err := protocol.ValidateFunctionName(c.Function); err != nil {
+			unserved := c.Kind != KindFunction && c.Kind != KindCustom
+			if err := protocol.ValidateFunctionName(c.Function); err != nil && !(unserved && c.Function == "") {
 				return s, fmt.Errorf("%s: %q must match %s", field(j, "function"), c.Function, protocol.FunctionNamePattern)
 			}
-			spec := CallSpec{Name: c.Function, As: c.As}
+			spec := CallSpec{Name: c.Function, As: c.As, Kind: c.Kind}
+			if c.Kind != KindFunction {
+				if unserved && spec.As == "" {
+					spec.As = c.Kind + strconv.Itoa(j)
+				}
+				if thisStep[spec.key()] {
+					return s, fmt.Errorf("%s: two calls of this step are named %q; give one an as: name", field(j, "as"), spec.key())
+				}
+				thisStep[spec.key()] = true
+				if err := checkTemplate(c.Input, made, false); err != nil {
+					return s, fmt.Errorf("%s: %w", field(j, "input"), err)
+				}
+				spec.Arguments = c.Input
+				step = append(step, spec)
+				continue
+			}
 			if thisStep[spec.key()] {
 				return s, fmt.Errorf("%s: two calls of this step are named %q; give one an as: name", field(j, "as"), spec.key())
 			}

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -26,6 +27,10 @@ type Schema struct {
 	function string
 	digest   string
 	s        *jsonschema.Schema
+	// text marks the input of a custom tool (CompileText): a JSON string,
+	// matching grammar when there is one.
+	text    bool
+	grammar *regexp.Regexp
 }
 
 // Digest identifies a schema by its content, whatever its key order and
@@ -138,6 +143,9 @@ func (refuseLoader) Load(url string) (any, error) {
 // Check validates arguments and returns a message for the model saying
 // what is wrong, or "" when they are valid.
 func (s *Schema) Check(args []byte) string {
+	if s.text {
+		return s.checkText(args)
+	}
 	inst, err := decode(args)
 	if err != nil {
 		// Described as encoding/json describes it (and taken, should it

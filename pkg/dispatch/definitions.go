@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -47,6 +48,10 @@ type definitionChange struct {
 func DefinitionDigest(s *protocol.FunctionSpec) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s\x00%s", len(s.Description), s.Description, schema.Digest(s.Parameters))
+	if s.Format != nil { // a custom tool's format is what agents read in place of a schema
+		f, _ := json.Marshal(s.Format)
+		fmt.Fprintf(h, "\x00format:%s", f)
+	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -103,7 +104,8 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 		}
 		var obs *Observation
 		var err error
-		if streamed != nil {
+		polled := streamed == nil
+		if !polled {
 			obs, streamed = &Observation{State: ObjectRequiresAction, Turn: streamed}, nil
 		} else {
 			obs, err = p.Poll(ctx, w.Current)
@@ -118,9 +120,24 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 			wait()
 			continue
 		}
+		if polled && obs.State != ObjectUnsupported {
+			// What the object waits on now replaces what it waited on.
+			if !d.noteUnsupported(ctx, w, obs.Unsupported, log) {
+				return true
+			}
+		}
 		switch obs.State {
 		case ObjectRunning:
 			wait()
+		case ObjectUnsupported:
+			if !d.noteUnsupported(ctx, w, obs.Unsupported, log) {
+				return true
+			}
+			if !w.Current.canMoveOn() {
+				finish(WatchUnsupported, "", unsupportedReason(w.Current, obs.Unsupported))
+				return false
+			}
+			wait() // someone else may answer it; the object then moves on
 		case ObjectDone:
 			finish(WatchCompleted, obs.Answer, "")
 			return false
@@ -189,6 +206,44 @@ func (d *Dispatcher) drive(ctx context.Context, w *Watch) (handedOver bool) {
 		}
 	}
 	return false
+}
+
+// noteUnsupported records on the watch what its object waits on that
+// toolrelay does not serve (items; none: nothing), and says so once per
+// item: a log line naming the object and the item, and the
+// toolrelay.platform.unsupported counter by item type. It saves the watch
+// when that changed, and reports false if another replica drives it now.
+func (d *Dispatcher) noteUnsupported(ctx context.Context, w *Watch, items []UnsupportedItem, log *slog.Logger) bool {
+	if slices.Equal(w.Unsupported, items) {
+		return true
+	}
+	for _, it := range items {
+		if slices.Contains(w.Unsupported, it) {
+			continue
+		}
+		d.tel.unsupported.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(w.Current.Platform)), attrItemType.String(it.Type))...)
+		log.WarnContext(ctx, "the platform waits on something toolrelay does not serve; answer it there, or the object will not move on",
+			"object", w.Current.String(), "item_type", it.Type, "item_id", it.ID)
+	}
+	if len(items) == 0 {
+		log.InfoContext(ctx, "the object no longer waits on anything toolrelay does not serve", "object", w.Current.String())
+	}
+	w.Unsupported = slices.Clone(items)
+	return d.keepWatch(ctx, w)
+}
+
+// unsupportedReason is the error of a watch whose object ended on items
+// toolrelay does not serve.
+func unsupportedReason(ref Ref, items []UnsupportedItem) string {
+	names := make([]string, len(items))
+	for i, it := range items {
+		names[i] = it.Type
+		if it.ID != "" {
+			names[i] += " " + it.ID
+		}
+	}
+	return fmt.Sprintf("%s ended on what toolrelay does not serve (%s): nothing of it was answered, and the conversation is not done",
+		ref.String(), strings.Join(names, ", "))
 }
 
 // follow takes in the required actions a platform's event stream reports

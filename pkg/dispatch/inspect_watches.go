@@ -22,11 +22,14 @@ type WatchView struct {
 	Answer   string             `json:"answer,omitempty"`
 	// AnswerRedacted says the answer is left out: it draws on results of
 	// calls the caller may not see.
-	AnswerRedacted bool      `json:"answer_redacted,omitempty"`
-	Error          string    `json:"error,omitempty"`
-	CreatedAt      time.Time `json:"created_at"`
-	UpdatedAt      time.Time `json:"updated_at"`
-	StatusURL      string    `json:"status_url"`
+	AnswerRedacted bool   `json:"answer_redacted,omitempty"`
+	Error          string `json:"error,omitempty"`
+	// Unsupported lists what the object waits on (or ended on) that
+	// toolrelay does not serve; State is then "unsupported".
+	Unsupported []UnsupportedItem `json:"unsupported,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	StatusURL   string            `json:"status_url"`
 }
 
 // InspectWatches lists the active watches and the latest ended ones
@@ -48,8 +51,8 @@ func (d *Dispatcher) InspectWatches(ctx context.Context, caller Caller) ([]Watch
 	slices.SortFunc(watches, func(a, b *Watch) int { return cmp.Or(b.UpdatedAt.Compare(a.UpdatedAt), cmp.Compare(a.ID, b.ID)) })
 	out := []WatchView{}
 	for _, w := range watches {
-		v := WatchView{ID: w.ID, Platform: w.Ref.Platform, Object: w.Current.String(), State: w.State, Steps: len(w.Turns),
-			MaxSteps: d.opts.MaxSteps, Turns: w.Turns, Answer: w.Answer, Error: w.Error, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt,
+		v := WatchView{ID: w.ID, Platform: w.Ref.Platform, Object: w.Current.String(), State: w.reported(), Steps: len(w.Turns),
+			MaxSteps: d.opts.MaxSteps, Turns: w.Turns, Answer: w.Answer, Error: w.Error, Unsupported: w.Unsupported, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt,
 			StatusURL: "/v1/watch/" + w.ID}
 		if v.Turns == nil {
 			v.Turns = []protocol.TurnKey{}

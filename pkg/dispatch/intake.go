@@ -160,7 +160,7 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 		if slices.ContainsFunc(calls[:i], func(o CallRequest) bool { return o.ID == c.ID }) {
 			return nil, nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
 		}
-		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments}
+		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments, Custom: c.Custom}
 		stored := tc.Arguments // as the record keeps them
 		if !json.Valid(stored) {
 			stored = mustJSONString(string(stored))

@@ -125,6 +125,11 @@ const (
 	ObjectDone
 	// ObjectFailed: the object failed, was cancelled or expired; see Reason.
 	ObjectFailed
+	// ObjectUnsupported: the object waits on (an Agents session, an
+	// Assistants run) or ended on (a response) items or actions toolrelay
+	// does not serve, and on nothing it serves; Observation.Unsupported
+	// names them. It is never read as done.
+	ObjectUnsupported
 )
 
 func (s ObjectState) String() string {
@@ -135,6 +140,8 @@ func (s ObjectState) String() string {
 		return "requires_action"
 	case ObjectDone:
 		return "done"
+	case ObjectUnsupported:
+		return "unsupported"
 	}
 	return "failed"
 }
@@ -145,6 +152,23 @@ type Observation struct {
 	Turn   *TurnRequest
 	Answer string
 	Reason string
+	// Unsupported lists what the object waits on that toolrelay does not
+	// serve: with ObjectUnsupported, or beside the calls of an
+	// ObjectRequiresAction (an Agents session waiting on a function call
+	// and on an environment connection at once).
+	Unsupported []UnsupportedItem
+}
+
+// UnsupportedItem is an output item of a response, or a required action of
+// a session or run, that toolrelay does not serve.
+type UnsupportedItem struct {
+	// Type is the platform's type of it: "mcp_approval_request",
+	// "computer_call", "environment_connection", or one toolrelay does not
+	// know at all.
+	Type string `json:"type"`
+	// ID is its ID on the platform (the item, call, request or
+	// environment), when it has one.
+	ID string `json:"id,omitempty"`
 }
 
 // TurnRequest is a required action: the calls a model waits for.
@@ -173,6 +197,10 @@ type CallRequest struct {
 	ID        string          `json:"id"`
 	Name      string          `json:"name"`
 	Arguments json.RawMessage `json:"arguments"`
+	// Custom marks a call of a custom tool (Responses custom_tool_call):
+	// Arguments is then a JSON string holding the model's raw input, and
+	// the output is submitted as a custom_tool_call_output.
+	Custom bool `json:"custom,omitempty"`
 }
 
 // Key is the turn's key.

@@ -134,6 +134,7 @@ func (d *Dispatcher) callMsg(t *Turn, c *TurnCall, deadline, checked string) (*n
 	call := &protocol.Call{
 		Version: protocol.Version, Key: c.Key, Platform: t.Ref.Platform, Scope: t.Scope, CallID: c.ID,
 		Team: c.Team, Function: c.Name, Arguments: c.Arguments, Deadline: t.Deadline, CreatedAt: t.CreatedAt,
+		Format: callFormat(c),
 	}
 	data, err := protocol.EncodeCall(call)
 	if err != nil {
@@ -165,4 +166,13 @@ func (d *Dispatcher) publishFailed(ctx context.Context, t *Turn, c *TurnCall, er
 		msg = fmt.Sprintf("%s is unavailable: no executor serves it. Continue without it.", c.Name)
 	}
 	d.recordFailure(ctx, t, c, &protocol.CallError{Code: protocol.CodeUnavailable, Message: msg})
+}
+
+// callFormat is the Format of c's envelope: FormatText for a custom tool
+// call, whose arguments are its raw input as a JSON string.
+func callFormat(c *TurnCall) string {
+	if c.Custom {
+		return protocol.FormatText
+	}
+	return ""
 }

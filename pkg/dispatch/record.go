@@ -275,5 +275,8 @@ func appendCall(b []byte, c *TurnCall) ([]byte, error) {
 	if c.Rejected {
 		b = append(b, `,"rejected":true`...)
 	}
+	if c.Custom {
+		b = append(b, `,"custom":true`...)
+	}
 	return append(b, '}'), nil
 }

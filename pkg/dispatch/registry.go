@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -246,12 +247,12 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 		ignore("ignoring a declaration whose tool text breaks a bound", err)
 		return
 	}
-	digest := schema.Digest(decl.Spec.Parameters)
 	s, err := r.compiled(&decl.Spec)
 	if err != nil {
 		ignore("ignoring a declaration whose schema does not compile or breaks a tool text bound", err)
 		return
 	}
+	digest := s.Digest()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if early && rev <= r.declSeen {
@@ -276,6 +277,9 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 // It compiles without r.mu held: however long a schema takes (see
 // schema.CompileTimeout), calls and other declarations do not wait for it.
 func (r *registry) compiled(spec *protocol.FunctionSpec) (*schema.Schema, error) {
+	if spec.Format != nil {
+		return compileFormat(spec)
+	}
 	if len(spec.Parameters) <= schema.MaxSize { // a larger one is refused unread
 		r.mu.RLock()
 		s := r.schemas[spec.Name+"/"+schema.Digest(spec.Parameters)]
@@ -517,4 +521,20 @@ func (r *registry) served(sees func(team string) bool, accepted bool) []*protoco
 	}
 	slices.SortFunc(out, func(a, b *protocol.FunctionSpec) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// compileFormat returns the checker of a custom tool's input (a spec with
+// a Format): text, matching its regex grammar when it has one. A Lark
+// grammar is the platform's to enforce: it constrains what the model
+// writes, and toolrelay does not check it again.
+func compileFormat(spec *protocol.FunctionSpec) (*schema.Schema, error) {
+	if err := spec.Format.Validate(spec.Name); err != nil {
+		return nil, err
+	}
+	re, err := spec.Format.Regex()
+	if err != nil {
+		return nil, err
+	}
+	src, _ := json.Marshal(spec.Format)
+	return schema.CompileText(spec.Name, src, re), protocol.ValidateToolText(spec.Name, spec.Description, nil)
 }

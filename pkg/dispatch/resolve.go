@@ -41,6 +41,13 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Durati
 	if f = d.registry.awaitLive(ctx, f, grace); len(f.live) == 0 {
 		return "", notServed(c.Name)
 	}
+	if text := f.live[0].decl.Spec.Format != nil; text != c.Custom {
+		msg := fmt.Sprintf("%s is a custom tool: it takes free-form text, and is called as a custom tool, not as a function with JSON arguments.", c.Name)
+		if !text {
+			msg = fmt.Sprintf("%s is a function: call it with JSON arguments that match its parameters, not as a custom tool with text.", c.Name)
+		}
+		return "", &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: msg}
+	}
 	checked, problem := f.validate(c.Arguments)
 	if problem != "" {
 		return "", &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: problem}

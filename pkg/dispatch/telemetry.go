@@ -60,6 +60,7 @@ const (
 	attrFunction   = otelconv.Function
 	attrEventType  = attribute.Key("event_type")
 	attrChannel    = attribute.Key("channel")
+	attrItemType   = attribute.Key("item_type")
 )
 
 type telemetry struct {
@@ -82,7 +83,10 @@ type telemetry struct {
 	redeliveries metric.Int64Counter
 	webhooks     metric.Int64Counter
 	takenIn      metric.Int64Counter
-	refused      metric.Int64Counter
+	// unsupported counts items and actions platforms waited on that
+	// toolrelay does not serve.
+	unsupported metric.Int64Counter
+	refused     metric.Int64Counter
 	// definitionChanges counts changes of a served function's description
 	// or schema (definitions.go).
 	definitionChanges metric.Int64Counter
@@ -143,6 +147,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	t.webhooks, e = m.Int64Counter("toolrelay.webhooks", metric.WithDescription("Webhooks received, by event type and outcome (accepted, ignored, duplicate, rejected, error)."))
 	must(e)
 	t.takenIn, e = m.Int64Counter("toolrelay.turns.taken_in", metric.WithDescription("Turns taken in, by platform and by the channel that saw them first (poll, stream, webhook, api)."))
+	must(e)
+	t.unsupported, e = m.Int64Counter("toolrelay.platform.unsupported", metric.WithDescription("Output items and required actions a platform object waited on (or ended on) that toolrelay does not serve, by platform and item type, each counted once per watch."))
 	must(e)
 	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many, tool_text, schema, too_large, busy): a team serving a name another owns or one that reads as it, over its quota of declarations or names, whose description or schema text breaks a bound, over a bound of bytes, or whose requests fill its queue at a replica (counted per request)."))
 	must(e)

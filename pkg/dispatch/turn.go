@@ -132,6 +132,8 @@ type TurnCall struct {
 	Arguments json.RawMessage  `json:"arguments"`
 	// Rejected calls failed at intake and were never published.
 	Rejected bool `json:"rejected,omitempty"`
+	// Custom marks a custom tool call (see CallRequest.Custom).
+	Custom bool `json:"custom,omitempty"`
 }
 
 // resultSubject is where this call's result is recorded.

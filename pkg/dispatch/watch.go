@@ -29,6 +29,13 @@ const (
 	WatchActive    WatchState = "watching"
 	WatchCompleted WatchState = "completed"
 	WatchFailed    WatchState = "failed"
+	// WatchUnsupported: the object waits on, or ended on, something
+	// toolrelay does not serve (Watch.Unsupported names it). A response
+	// that ended so cannot move on, and its watch ends in this state. An
+	// Agents session or an Assistants run can, once someone else answers:
+	// its record stays "watching" and its driver goes on polling, and
+	// WatchStatus reports it as "unsupported" until the object moves.
+	WatchUnsupported WatchState = "unsupported"
 )
 
 // Watch is the record of a watch, kept in the watch bucket.
@@ -36,14 +43,17 @@ type Watch struct {
 	ID string `json:"id"`
 	// Ref is what was asked for; Current what is driven now (a Responses
 	// continuation moves it).
-	Ref       Ref                `json:"ref"`
-	Current   Ref                `json:"current"`
-	State     WatchState         `json:"state"`
-	Turns     []protocol.TurnKey `json:"turns"`
-	Answer    string             `json:"answer,omitempty"`
-	Error     string             `json:"error,omitempty"`
-	CreatedAt time.Time          `json:"created_at"`
-	UpdatedAt time.Time          `json:"updated_at"`
+	Ref     Ref                `json:"ref"`
+	Current Ref                `json:"current"`
+	State   WatchState         `json:"state"`
+	Turns   []protocol.TurnKey `json:"turns"`
+	Answer  string             `json:"answer,omitempty"`
+	Error   string             `json:"error,omitempty"`
+	// Unsupported lists what the object waits on (or ended on) that
+	// toolrelay does not serve; empty when there is nothing.
+	Unsupported []UnsupportedItem `json:"unsupported,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
 	// Trace is the W3C context the watch request carried; its turns'
 	// spans are its children.
 	Trace TraceContext `json:"trace,omitzero"`
@@ -195,8 +205,24 @@ func (d *Dispatcher) WatchStatus(ctx context.Context, id string) (*Watch, error)
 	if err := json.Unmarshal(e.Value(), &w); err != nil {
 		return nil, fmt.Errorf("dispatch: decode watch %s: %w", id, err)
 	}
+	w.State = w.reported()
 	return &w, nil
 }
+
+// reported is the state a watch is reported in: an object still driven
+// that waits on something toolrelay does not serve reads "unsupported",
+// not "watching", whatever its record keeps for its driver.
+func (w *Watch) reported() WatchState {
+	if w.State == WatchActive && len(w.Unsupported) > 0 {
+		return WatchUnsupported
+	}
+	return w.State
+}
+
+// canMoveOn reports whether ref's object can move on after waiting on
+// something toolrelay does not serve: a session or a run waits for someone
+// else to answer it; a response that ended so never changes.
+func (r *Ref) canMoveOn() bool { return r.Platform != protocol.PlatformResponses }
 
 // Turn returns the record of a turn; an error wrapping ErrNotFound if
 // there is none.

@@ -106,7 +106,8 @@ func webhookKey(id string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// takeInEvent acts on one event; it returns "accepted" or "ignored".
+// takeInEvent acts on one event; it returns "accepted", "ignored" or
+// "unsupported" (the object waits only on what toolrelay does not serve).
 func (d *Dispatcher) takeInEvent(ctx context.Context, typ, id string) (string, error) {
 	var ref Ref
 	switch typ {
@@ -136,6 +137,16 @@ func (d *Dispatcher) takeInEvent(ctx context.Context, typ, id string) (string, e
 	obs, err := p.Poll(ctx, ref)
 	if err != nil {
 		return "", err
+	}
+	for _, it := range obs.Unsupported {
+		// A webhook has no watch to show it on: the log and the counter
+		// say it (the webhooks counter reads "unsupported").
+		d.tel.unsupported.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(ref.Platform)), attrItemType.String(it.Type))...)
+		d.log.WarnContext(ctx, "the platform waits on something toolrelay does not serve; answer it there, or the object will not move on",
+			"object", ref.String(), "item_type", it.Type, "item_id", it.ID, "webhook", typ)
+	}
+	if obs.State == ObjectUnsupported {
+		return "unsupported", nil
 	}
 	if obs.State != ObjectRequiresAction {
 		return "ignored", nil // already answered, or not waiting any more

@@ -13,8 +13,8 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// CommandHandler runs argv for each call: the arguments JSON on stdin, the
-// output read from stdout. A non-zero exit is a failed call whose message is
+// CommandHandler runs argv for each call: the arguments JSON on stdin (for
+// a custom tool, the model's text as it is), the output read from stdout. A non-zero exit is a failed call whose message is
 // the command's stderr. Two exit statuses say more: 75 (EX_TEMPFAIL) marks
 // the failure retryable, and 65 (EX_DATAERR) marks it an expected refusal
 // of this request ([ErrRefused]: not retried, no dead letter); any other
@@ -41,6 +41,9 @@ func CommandHandler(argv []string) (Handler, error) {
 		// Children that keep stdout open must not keep the call waiting.
 		cmd.WaitDelay = time.Second
 		cmd.Stdin = bytes.NewReader(inv.Call.Arguments)
+		if input, ok := inv.Input(); ok {
+			cmd.Stdin = strings.NewReader(input) // a custom tool's text, as it is
+		}
 		cmd.Env = append(cmd.Environ(),
 			"TOOLRELAY_FUNCTION="+inv.Call.Function,
 			"TOOLRELAY_CALL_ID="+inv.Call.CallID,

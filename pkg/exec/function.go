@@ -51,6 +51,15 @@ type Function struct {
 	// `dispatcher tools` emits it so for Agents and Responses. Default:
 	// false.
 	DeferLoading bool
+	// Format, when set, makes the function a custom tool for the
+	// Responses API: it takes the model's raw text instead of JSON
+	// arguments (Parameters must be empty), free or constrained by a
+	// grammar. Handlers read the text with [Invocation.Input]. A regex
+	// grammar is checked before a call goes out; a Lark grammar is the
+	// platform's to enforce. Platforms without custom tools (Agents
+	// sessions, Assistants) are not offered the function. Default: nil,
+	// JSON arguments.
+	Format *protocol.InputFormat
 
 	schema *schema.Schema
 }
@@ -73,6 +82,33 @@ func (f *Function) validate() error {
 	if f.Handler == nil {
 		return fmt.Errorf("exec: function %s has no handler", f.Name)
 	}
+	var err error
+	if f.Format != nil {
+		err = f.validateText()
+	} else {
+		err = f.validateParameters()
+	}
+	if err != nil {
+		return err
+	}
+	if f.Timeout < 0 || f.Concurrency < 0 || f.MaxConcurrency < 0 {
+		return fmt.Errorf("exec: function %s: timeout and concurrency must not be negative", f.Name)
+	}
+	if f.Reconcile != nil && !f.SideEffects {
+		return fmt.Errorf("exec: function %s: Reconcile is only for SideEffects functions", f.Name)
+	}
+	if f.Concurrency == 0 {
+		f.Concurrency = defaultConcurrency
+	}
+	if f.MaxConcurrency == 0 {
+		f.MaxConcurrency = defaultMaxConcurrency
+	}
+	return nil
+}
+
+// validateParameters defaults and compiles the JSON Schema of the
+// arguments.
+func (f *Function) validateParameters() error {
 	if len(f.Parameters) == 0 {
 		f.Parameters = json.RawMessage(`{"type":"object","properties":{}}`)
 		if typed, ok := f.Handler.(parameterized); ok {
@@ -94,18 +130,27 @@ func (f *Function) validate() error {
 		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
 	}
 	f.schema = s
-	if f.Timeout < 0 || f.Concurrency < 0 || f.MaxConcurrency < 0 {
-		return fmt.Errorf("exec: function %s: timeout and concurrency must not be negative", f.Name)
+	return nil
+}
+
+// validateText checks a custom tool's format and compiles the checker of
+// its input.
+func (f *Function) validateText() error {
+	if len(f.Parameters) > 0 {
+		return fmt.Errorf("exec: function %s: a function with a Format takes text; leave Parameters empty", f.Name)
 	}
-	if f.Reconcile != nil && !f.SideEffects {
-		return fmt.Errorf("exec: function %s: Reconcile is only for SideEffects functions", f.Name)
+	if err := f.Format.Validate(f.Name); err != nil {
+		return fmt.Errorf("exec: %w", err)
 	}
-	if f.Concurrency == 0 {
-		f.Concurrency = defaultConcurrency
+	if err := protocol.ValidateToolText(f.Name, f.Description, nil); err != nil {
+		return fmt.Errorf("exec: %w", err)
 	}
-	if f.MaxConcurrency == 0 {
-		f.MaxConcurrency = defaultMaxConcurrency
+	re, err := f.Format.Regex()
+	if err != nil {
+		return fmt.Errorf("exec: function %s: %w", f.Name, err)
 	}
+	src, _ := json.Marshal(f.Format)
+	f.schema = schema.CompileText(f.Name, src, re)
 	return nil
 }
 
@@ -121,6 +166,7 @@ func (f *Function) spec(team string, now time.Time) *protocol.FunctionSpec {
 		SideEffects:     f.SideEffects,
 		FunctionVersion: f.Version,
 		DeferLoading:    f.DeferLoading,
+		Format:          f.Format,
 		UpdatedAt:       now.UTC(),
 	}
 }

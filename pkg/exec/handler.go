@@ -18,6 +18,11 @@ type Invocation struct {
 	Attempt int
 }
 
+// Input returns the model's raw text for a call of a custom tool (a
+// function declared with a Format), and false for a call with JSON
+// arguments.
+func (inv *Invocation) Input() (string, bool) { return inv.Call.Input() }
+
 // Handler runs a function. It returns the output given to the model, or an
 // error whose message the model sees: say what failed and what the model can
 // do differently. The context ends at the call's deadline (or the function's

@@ -13,7 +13,8 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// HTTPHandler POSTs each call's arguments JSON to endpoint; a 2xx response
+// HTTPHandler POSTs each call's arguments JSON to endpoint (for a custom
+// tool, the model's text as it is, as text/plain); a 2xx response
 // body is the output, anything else is a failed call carrying the status and
 // the start of the body. 429, 502, 503, 504 and connection failures are
 // retryable. 409 Conflict and 422 Unprocessable Content are expected
@@ -34,11 +35,15 @@ func HTTPHandler(endpoint string, client *http.Client) (Handler, error) {
 		client = http.DefaultClient
 	}
 	return HandlerFunc(func(ctx context.Context, inv *Invocation) ([]byte, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(inv.Call.Arguments))
+		reqBody, contentType := io.Reader(bytes.NewReader(inv.Call.Arguments)), "application/json"
+		if input, ok := inv.Input(); ok {
+			reqBody, contentType = strings.NewReader(input), "text/plain; charset=utf-8"
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, reqBody)
 		if err != nil {
 			return nil, err
 		}
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 		req.Header.Set("Idempotency-Key", string(inv.Call.Key))
 		req.Header.Set("Toolrelay-Call-Id", inv.Call.CallID)
 		req.Header.Set("Toolrelay-Function", inv.Call.Function)

@@ -49,6 +49,10 @@ type Call struct {
 	Team      string          `json:"team"`
 	Function  string          `json:"function"`
 	Arguments json.RawMessage `json:"arguments"`
+	// Format is FormatText for a call of a custom tool (a function
+	// declared with a Format): Arguments is then a JSON string holding
+	// the model's raw input (see Input). Empty: JSON arguments.
+	Format string `json:"format,omitempty"`
 	// Deadline is when the dispatcher submits the turn with or without this
 	// call's result. Handlers run under it.
 	Deadline  time.Time `json:"deadline"`
@@ -66,6 +70,10 @@ func (c *Call) Validate() error {
 		return fmt.Errorf("%w: call %s has no deadline", ErrMalformed, c.Key)
 	case !json.Valid(c.Arguments):
 		return fmt.Errorf("%w: call %s: arguments are not valid JSON", ErrMalformed, c.Key)
+	case c.Format != "" && c.Format != FormatText:
+		return fmt.Errorf("%w: call %s: format %q: want %q or none", ErrMalformed, c.Key, c.Format, FormatText)
+	case c.Format == FormatText && (len(c.Arguments) == 0 || c.Arguments[0] != '"'):
+		return fmt.Errorf("%w: call %s: a text call's arguments must be a JSON string", ErrMalformed, c.Key)
 	}
 	if err := c.Key.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrMalformed, err)
@@ -80,6 +88,19 @@ func (c *Call) Validate() error {
 		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	return nil
+}
+
+// Input returns the raw text of a custom tool call (Format FormatText),
+// and false for a call with JSON arguments.
+func (c *Call) Input() (string, bool) {
+	if c.Format != FormatText {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(c.Arguments, &s) != nil {
+		return "", false
+	}
+	return s, true
 }
 
 // Subject returns the subject the call is published to.
@@ -205,6 +226,7 @@ func appendCall(b []byte, c *Call) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	b = AppendJSONOptional(b, "format", c.Format)
 	if b, err = AppendJSONTime(b, "deadline", c.Deadline); err != nil {
 		return nil, err
 	}

@@ -359,12 +359,13 @@ const (
 	keyFinishedAt
 	keyType
 	keyMessage
+	keyFormat
 )
 
 // The keys each object may have.
 const (
 	callFields = keyV | keyKey | keyPlatform | keyScope | keyCallID | keyTeam | keyFunction |
-		keyArguments | keyDeadline | keyCreatedAt
+		keyArguments | keyFormat | keyDeadline | keyCreatedAt
 	resultFields = keyV | keyKey | keyCallID | keyTeam | keyFunction | keyOutput | keyError |
 		keyExecutor | keyAttempt | keyStartedAt | keyFinishedAt
 	errorFields = keyType | keyMessage
@@ -410,6 +411,8 @@ func keyBit(k []byte) uint {
 		return keyType
 	case "message":
 		return keyMessage
+	case "format":
+		return keyFormat
 	}
 	return 0
 }
@@ -435,6 +438,8 @@ func readCall(data []byte, c *Call) bool {
 			c.Function = r.string()
 		case keyArguments:
 			c.Arguments = r.raw()
+		case keyFormat:
+			c.Format = r.string()
 		case keyDeadline:
 			c.Deadline = r.time()
 		case keyCreatedAt:

@@ -30,8 +30,12 @@ type FunctionSpec struct {
 	// DeferLoading marks a function whose definition the agent loads on
 	// demand (through a tool_search tool) instead of carrying it in every
 	// request, for platforms that support it.
-	DeferLoading bool      `json:"defer_loading,omitempty"`
-	UpdatedAt    time.Time `json:"updated_at"`
+	DeferLoading bool `json:"defer_loading,omitempty"`
+	// Format, when set, makes the function a custom tool: it takes the
+	// model's raw text (constrained by a grammar, or not) instead of JSON
+	// arguments, and Parameters is empty. See InputFormat.
+	Format    *InputFormat `json:"format,omitempty"`
+	UpdatedAt time.Time    `json:"updated_at"`
 }
 
 // Validate reports whether s is complete.
@@ -50,6 +54,14 @@ func (s *FunctionSpec) Validate() error {
 	// declaration alone and by name, not a malformed request.
 	if p := bytes.TrimSpace(s.Parameters); !json.Valid(p) || (len(p) > 0 && p[0] != '{' && string(p) != "null") {
 		return fmt.Errorf("%w: function %s: parameters must be a JSON Schema object", ErrMalformed, s.Name)
+	}
+	if s.Format != nil {
+		if err := s.Format.Validate(s.Name); err != nil {
+			return err
+		}
+		if p := bytes.TrimSpace(s.Parameters); len(p) > 0 && string(p) != "null" {
+			return fmt.Errorf("%w: function %s: a function with a format takes text, not parameters", ErrMalformed, s.Name)
+		}
 	}
 	if s.Timeout < 0 || s.MaxConcurrency < 0 {
 		return fmt.Errorf("%w: function %s: timeout and max_concurrency must not be negative", ErrMalformed, s.Name)

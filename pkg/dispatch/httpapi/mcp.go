@@ -182,6 +182,9 @@ func (a *Handler) mcpListTools(ctx context.Context) *mcp.ListToolsResult {
 	specs := a.d.ServedFunctions(caller.Sees)
 	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(specs))}
 	for _, s := range specs {
+		if s.Format != nil {
+			continue // a custom tool takes text, and MCP tools take JSON arguments
+		}
 		res.Tools = append(res.Tools, mcpTool(s))
 	}
 	return res

@@ -40,10 +40,15 @@ func (a *Handler) getTools(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "the dispatcher is starting or stopping; retry shortly")
 		return
 	}
-	tools, err := tooldef.Export(a.d.ServedFunctions(sees), p)
+	specs := a.d.ServedFunctions(sees)
+	tools, err := tooldef.Export(specs, p)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"platform": p, "tools": tools})
+	body := map[string]any{"platform": p, "tools": tools}
+	if left := tooldef.Left(specs, p); len(left) > 0 {
+		body["not_offered"] = left
+	}
+	writeJSON(w, http.StatusOK, body)
 }

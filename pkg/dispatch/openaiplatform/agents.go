@@ -1,6 +1,7 @@
 package openaiplatform
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,13 +37,17 @@ func (a *Agents) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Observat
 func (a *Agents) observe(ctx context.Context, ref dispatch.Ref, s *openai.AgentSession) (*dispatch.Observation, error) {
 	switch s.Status {
 	case "requires_action":
-		turn := sessionTurn(ref, s)
+		turn, unsupported := sessionActions(ref, s)
 		if turn == nil {
+			if len(unsupported) == 0 {
+				return &dispatch.Observation{State: dispatch.ObjectRunning}, nil
+			}
 			// Only actions toolrelay does not run (computer use approvals,
-			// environment connections): someone else answers them.
-			return &dispatch.Observation{State: dispatch.ObjectRunning}, nil
+			// environment connections): someone else answers them, and
+			// until then the watch says what the session waits on.
+			return &dispatch.Observation{State: dispatch.ObjectUnsupported, Unsupported: unsupported}, nil
 		}
-		return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn}, nil
+		return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn, Unsupported: unsupported}, nil
 	case "idle":
 		return &dispatch.Observation{State: dispatch.ObjectDone, Answer: a.lastAnswer(ctx, ref.SessionID)}, nil
 	case "failed":
@@ -51,11 +56,23 @@ func (a *Agents) observe(ctx context.Context, ref dispatch.Ref, s *openai.AgentS
 	return &dispatch.Observation{State: dispatch.ObjectRunning}, nil
 }
 
-// sessionTurn collects the function calls of the first turn that has any.
-func sessionTurn(ref dispatch.Ref, s *openai.AgentSession) *dispatch.TurnRequest {
+// sessionActions collects the function calls of the first turn that has
+// any, and names every other required action: toolrelay serves only
+// function calls.
+func sessionActions(ref dispatch.Ref, s *openai.AgentSession) (*dispatch.TurnRequest, []dispatch.UnsupportedItem) {
 	var turn *dispatch.TurnRequest
+	var unsupported []dispatch.UnsupportedItem
 	for _, ra := range s.RequiredActions {
-		if ra.Type != "function_call" {
+		switch ra.Type {
+		case "function_call":
+		case "computer_use_approval_request":
+			unsupported = append(unsupported, dispatch.UnsupportedItem{Type: ra.Type, ID: ra.AsComputerUseApprovalRequest().RequestID})
+			continue
+		case "environment_connection":
+			unsupported = append(unsupported, dispatch.UnsupportedItem{Type: ra.Type, ID: ra.AsEnvironmentConnection().EnvironmentID})
+			continue
+		default:
+			unsupported = append(unsupported, dispatch.UnsupportedItem{Type: cmp.Or(ra.Type, "(no type)"), ID: cmp.Or(ra.CallID, ra.RequestID, ra.EnvironmentID)})
 			continue
 		}
 		fc := ra.AsFunctionCall()
@@ -67,7 +84,7 @@ func sessionTurn(ref dispatch.Ref, s *openai.AgentSession) *dispatch.TurnRequest
 		}
 		turn.Calls = append(turn.Calls, dispatch.CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: agentArguments(fc)})
 	}
-	return turn
+	return turn, unsupported
 }
 
 // agentArguments returns the arguments as JSON: the platform sends an
@@ -160,7 +177,7 @@ func (a *Agents) Follow(ctx context.Context, ref dispatch.Ref, ev *dispatch.Foll
 			continue
 		}
 		s := e.Session
-		if turn := sessionTurn(ref, &s); turn != nil {
+		if turn, _ := sessionActions(ref, &s); turn != nil {
 			ev.Found(turn)
 		}
 	}

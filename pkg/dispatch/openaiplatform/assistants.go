@@ -1,6 +1,7 @@
 package openaiplatform
 
 import (
+	"cmp"
 	"context"
 	"strings"
 	"time"
@@ -34,8 +35,21 @@ func (a *Assistants) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Obse
 		if r.ExpiresAt > 0 {
 			turn.ExpiresAt = time.Unix(r.ExpiresAt, 0)
 		}
+		var unsupported []dispatch.UnsupportedItem
+		if t := string(r.RequiredAction.Type); t != "submit_tool_outputs" {
+			unsupported = append(unsupported, dispatch.UnsupportedItem{Type: cmp.Or(t, "(no type)")})
+		}
 		for _, tc := range r.RequiredAction.SubmitToolOutputs.ToolCalls {
+			if tc.Type != "function" {
+				unsupported = append(unsupported, dispatch.UnsupportedItem{Type: cmp.Or(string(tc.Type), "(no type)"), ID: tc.ID})
+				continue
+			}
 			turn.Calls = append(turn.Calls, dispatch.CallRequest{ID: tc.ID, Name: tc.Function.Name, Arguments: []byte(tc.Function.Arguments)})
+		}
+		if len(unsupported) > 0 {
+			// One submission answers every call of a run: with one that
+			// toolrelay cannot answer, none can be submitted.
+			return &dispatch.Observation{State: dispatch.ObjectUnsupported, Unsupported: unsupported}, nil
 		}
 		return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn}, nil
 	case "completed":

@@ -1,6 +1,7 @@
 package openaiplatform
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"strings"
@@ -46,11 +47,19 @@ func (a *Responses) Poll(ctx context.Context, ref dispatch.Ref) (*dispatch.Obser
 			turn.Ref.Conversation = r.Conversation.ID
 		}
 		turn.Ref.Background = r.Background
+		var unsupported []dispatch.UnsupportedItem
 		for _, it := range r.Output {
-			if it.Type == "function_call" {
-				fc := it.AsFunctionCall()
-				turn.Calls = append(turn.Calls, dispatch.CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: []byte(fc.Arguments)})
+			switch call, served := outputCall(it); {
+			case call != nil:
+				turn.Calls = append(turn.Calls, *call)
+			case !served:
+				unsupported = append(unsupported, dispatch.UnsupportedItem{Type: cmp.Or(it.Type, "(no type)"), ID: cmp.Or(it.CallID, it.ID)})
 			}
+		}
+		if len(unsupported) > 0 {
+			// The continuation that would answer the calls must answer
+			// these too: none is sent, and the watch says why.
+			return &dispatch.Observation{State: dispatch.ObjectUnsupported, Unsupported: unsupported}, nil
 		}
 		if len(turn.Calls) == 0 {
 			return &dispatch.Observation{State: dispatch.ObjectDone, Answer: r.OutputText()}, nil
@@ -100,7 +109,12 @@ func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []d
 	}
 	items := make(responses.ResponseInputParam, 0, len(outputs))
 	for _, o := range outputs {
-		item := responses.ResponseInputItemParamOfFunctionCallOutput(modelOutput(o.Result, maxResponsesOutput))
+		out := modelOutput(o.Result, maxResponsesOutput)
+		if o.Call.Custom {
+			items = append(items, responses.ResponseInputItemParamOfCustomToolCallOutput(o.Call.ID, out))
+			continue
+		}
+		item := responses.ResponseInputItemParamOfFunctionCallOutput(out)
 		item.OfFunctionCallOutput.CallID = openai.String(o.Call.ID)
 		items = append(items, item)
 	}
@@ -122,6 +136,47 @@ func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []d
 	return &dispatch.Submission{Next: &next}, nil
 }
 
+// Output items of a response, by what the dispatcher does with them (the
+// table in docs/operations.md). The platform runs the hosted tools and
+// finishes their items itself; the client must answer the others, and
+// toolrelay answers function and custom tool calls.
+var hostedItems = map[string]bool{
+	"message": true, "reasoning": true, "compaction": true,
+	"file_search_call": true, "web_search_call": true, "image_generation_call": true, "code_interpreter_call": true,
+	"mcp_call": true, "mcp_list_tools": true, "mcp_approval_response": true,
+	"program": true, "program_output": true, "additional_tools": true,
+	// Outputs the client sent earlier, echoed back.
+	"function_call_output": true, "custom_tool_call_output": true, "computer_call_output": true,
+	"local_shell_call_output": true, "shell_call_output": true, "apply_patch_call_output": true,
+	"tool_search_output": true,
+}
+
+// outputCall returns the call toolrelay answers for an output item, or
+// nil; served reports whether the item needs nothing from toolrelay (a
+// call it answers, or an item the platform finished). Anything else
+// (mcp_approval_request, computer_call, local_shell_call, shell_call,
+// apply_patch_call, a client-executed tool_search_call, a type this
+// SDK does not know) is unsupported.
+func outputCall(it responses.ResponseOutputItemUnion) (call *dispatch.CallRequest, served bool) {
+	switch it.Type {
+	case "function_call":
+		fc := it.AsFunctionCall()
+		return &dispatch.CallRequest{ID: fc.CallID, Name: fc.Name, Arguments: []byte(fc.Arguments)}, true
+	case "custom_tool_call":
+		cc := it.AsCustomToolCall()
+		return &dispatch.CallRequest{ID: cc.CallID, Name: cc.Name, Arguments: mustJSON(cc.Input), Custom: true}, true
+	case "tool_search_call":
+		return nil, it.AsToolSearchCall().Execution != "client"
+	}
+	return nil, hostedItems[it.Type]
+}
+
+// mustJSON encodes a string as JSON (which cannot fail).
+func mustJSON(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
 // answered reports whether the conversation holds an output for every
 // call of outputs, among its newest items.
 func (a *Responses) answered(ctx context.Context, conversation string, outputs []dispatch.Output) (bool, error) {
@@ -134,7 +189,7 @@ func (a *Responses) answered(ctx context.Context, conversation string, outputs [
 		return false, classify("list conversation items "+conversation, err)
 	}
 	for _, it := range page.Data {
-		if it.Type == "function_call_output" {
+		if it.Type == "function_call_output" || it.Type == "custom_tool_call_output" {
 			delete(want, it.CallID)
 		}
 	}
@@ -146,6 +201,10 @@ func (a *Responses) answered(ctx context.Context, conversation string, outputs [
 func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*dispatch.Observation, error) {
 	pending := map[string]dispatch.CallRequest{}
 	var order []string
+	// Items the client must answer that toolrelay does not, by the ID
+	// their answer names, until it appears.
+	waiting := map[string]dispatch.UnsupportedItem{}
+	var waitOrder []string
 	answer := ""
 	iter := a.client.Conversations.Items.ListAutoPaging(ctx, ref.Conversation, conversations.ItemListParams{Order: "asc", Limit: openai.Int(100)})
 	for iter.Next() {
@@ -159,8 +218,26 @@ func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*di
 			}
 			pending[it.CallID] = dispatch.CallRequest{ID: it.CallID, Name: it.Name, Arguments: []byte(args)}
 			order = append(order, it.CallID)
-		case "function_call_output":
+		case "custom_tool_call":
+			pending[it.CallID] = dispatch.CallRequest{ID: it.CallID, Name: it.Name, Arguments: mustJSON(it.Input), Custom: true}
+			order = append(order, it.CallID)
+		case "function_call_output", "custom_tool_call_output":
 			delete(pending, it.CallID)
+		case "computer_call", "local_shell_call", "shell_call", "apply_patch_call":
+			waiting[it.CallID] = dispatch.UnsupportedItem{Type: it.Type, ID: it.CallID}
+			waitOrder = append(waitOrder, it.CallID)
+		case "computer_call_output", "local_shell_call_output", "shell_call_output", "apply_patch_call_output", "tool_search_output":
+			delete(waiting, it.CallID)
+		case "tool_search_call":
+			if it.Execution == "client" {
+				waiting[it.CallID] = dispatch.UnsupportedItem{Type: it.Type, ID: it.CallID}
+				waitOrder = append(waitOrder, it.CallID)
+			}
+		case "mcp_approval_request":
+			waiting[it.ID] = dispatch.UnsupportedItem{Type: it.Type, ID: it.ID}
+			waitOrder = append(waitOrder, it.ID)
+		case "mcp_approval_response":
+			delete(waiting, it.ApprovalRequestID)
 		case "message":
 			if it.Role == "assistant" {
 				answer = messageText(it.RawJSON())
@@ -169,6 +246,16 @@ func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*di
 	}
 	if err := iter.Err(); err != nil {
 		return nil, classify("list conversation items "+ref.Conversation, err)
+	}
+	var unsupported []dispatch.UnsupportedItem
+	for _, id := range waitOrder {
+		if u, ok := waiting[id]; ok {
+			unsupported = append(unsupported, u)
+			delete(waiting, id)
+		}
+	}
+	if len(unsupported) > 0 {
+		return &dispatch.Observation{State: dispatch.ObjectUnsupported, Unsupported: unsupported}, nil
 	}
 	turn := &dispatch.TurnRequest{Ref: ref, Scope: ref.Conversation}
 	for _, id := range order {

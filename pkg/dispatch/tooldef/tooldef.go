@@ -38,14 +38,41 @@ func Export(specs []*protocol.FunctionSpec, p protocol.Platform) ([]Tool, error)
 	if err != nil {
 		return nil, err
 	}
+	offered := slices.DeleteFunc(slices.Clone(specs), func(s *protocol.FunctionSpec) bool { return !Offered(s, p) })
 	out := make([]Tool, len(defs))
 	for i, def := range defs {
 		out[i].Definition = def
-		if i < len(specs) { // then tool_search, if any
-			out[i].Team, out[i].Function, out[i].DefinitionDigest = specs[i].Team, specs[i].Name, dispatch.DefinitionDigest(specs[i])
+		if i < len(offered) { // then tool_search, if any
+			out[i].Team, out[i].Function, out[i].DefinitionDigest = offered[i].Team, offered[i].Name, dispatch.DefinitionDigest(offered[i])
 		}
 	}
 	return out, nil
+}
+
+// Offered reports whether a platform can be given s: a custom tool (a
+// function with a Format) only the Responses API can.
+func Offered(s *protocol.FunctionSpec, p protocol.Platform) bool {
+	return s.Format == nil || p == protocol.PlatformResponses
+}
+
+// NotOffered is a function an export leaves out, and why.
+type NotOffered struct {
+	Function string `json:"function"`
+	Team     string `json:"team"`
+	Reason   string `json:"reason"`
+}
+
+// Left lists the specs an export for p leaves out: custom tools, for a
+// platform without them.
+func Left(specs []*protocol.FunctionSpec, p protocol.Platform) []NotOffered {
+	var out []NotOffered
+	for _, s := range specs {
+		if !Offered(s, p) {
+			out = append(out, NotOffered{Function: s.Name, Team: s.Team,
+				Reason: fmt.Sprintf("%s is a custom tool (it takes text, format %s); %s has no custom tools, only the Responses API does", s.Name, s.Format.Type, p)})
+		}
+	}
+	return out
 }
 
 // Definitions renders functions as the tool definitions a platform's
@@ -58,6 +85,10 @@ func Export(specs []*protocol.FunctionSpec, p protocol.Platform) ([]Tool, error)
 // Agents and Responses, and then one {"type":"tool_search"} tool follows
 // the functions, so the model can load deferred ones on demand. Assistants
 // have no such field: every function is emitted in full.
+//
+// A custom tool (a function with a Format) is emitted for Responses as
+// {"type":"custom",...} with its format; Agents sessions and Assistants
+// have no custom tools, so it is left out for them (Left names it).
 func Definitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]json.RawMessage, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -67,6 +98,17 @@ func Definitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]json.Ra
 	}
 	out := make([]json.RawMessage, 0, len(specs))
 	for _, s := range specs {
+		if !Offered(s, p) {
+			continue
+		}
+		if s.Format != nil {
+			b, err := json.Marshal(customTool(s))
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, b)
+			continue
+		}
 		var schema map[string]any
 		if err := json.Unmarshal(s.Parameters, &schema); err != nil {
 			return nil, fmt.Errorf("tooldef: schema of %s: %w", s.Name, err)
@@ -91,10 +133,25 @@ func Definitions(specs []*protocol.FunctionSpec, p protocol.Platform) ([]json.Ra
 		}
 		out = append(out, b)
 	}
-	if p != protocol.PlatformAssistants && slices.ContainsFunc(specs, func(s *protocol.FunctionSpec) bool { return s.DeferLoading }) {
+	if p != protocol.PlatformAssistants && slices.ContainsFunc(specs, func(s *protocol.FunctionSpec) bool { return s.DeferLoading && Offered(s, p) }) {
 		out = append(out, json.RawMessage(`{"type":"tool_search"}`))
 	}
 	return out, nil
+}
+
+// customTool is a Responses custom tool: {"type":"custom","name",
+// "description","format":{"type":"text"} or {"type":"grammar","syntax",
+// "definition"}}, as openai-go's responses.CustomToolParam has it.
+func customTool(s *protocol.FunctionSpec) map[string]any {
+	format := map[string]any{"type": s.Format.Type}
+	if s.Format.Type == protocol.FormatGrammar {
+		format["syntax"], format["definition"] = s.Format.Syntax, s.Format.Definition
+	}
+	def := map[string]any{"type": "custom", "name": s.Name, "description": s.Description, "format": format}
+	if s.DeferLoading {
+		def["defer_loading"] = true
+	}
+	return def
 }
 
 // strictCompatible reports whether a schema meets the platforms' strict

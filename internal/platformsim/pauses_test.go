@@ -1,0 +1,102 @@
+package platformsim_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+)
+
+// pauseScenarios are the pauses a platform makes besides function calls.
+var pauseScenarios = []platformsim.Scenario{
+	{Name: "custom", Prompt: "run sql", Steps: []platformsim.Step{{{Name: "run_sql", Kind: platformsim.KindCustom, Arguments: "SELECT 1"}}},
+		Answer: `rows: {{out "run_sql"}}`},
+	{Name: "approval", Prompt: "needs approval", Steps: []platformsim.Step{{{Name: "get_weather", Arguments: `{"location":"Oz"}`}, {Name: "delete_repo", Kind: "mcp_approval_request"}}}},
+	{Name: "unknown", Prompt: "new item", Steps: []platformsim.Step{{{Kind: "hologram_call"}}}},
+	{Name: "environment", Prompt: "connect env", Steps: []platformsim.Step{{{Name: "env_1", Kind: "environment_connection"}}}},
+}
+
+// TestResponsesCustomToolCall: a custom_tool_call as the SDK reads it, answered
+// with the SDK's custom_tool_call_output.
+func TestResponsesCustomToolCall(t *testing.T) {
+	_, hs := newSim(t, platformsim.Options{Model: &platformsim.Model{Scenarios: pauseScenarios}})
+	c := client(hs)
+	ctx := t.Context()
+	first, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("please run sql")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Output) != 1 || first.Output[0].Type != "custom_tool_call" {
+		t.Fatalf("output = %+v", first.Output)
+	}
+	cc := first.Output[0].AsCustomToolCall()
+	if cc.Name != "run_sql" || cc.Input != "SELECT 1" || cc.CallID == "" {
+		t.Fatalf("custom_tool_call = %+v", cc)
+	}
+	final, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5", PreviousResponseID: openai.String(first.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
+			responses.ResponseInputItemParamOfCustomToolCallOutput(cc.CallID, "1"),
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := final.OutputText(); got != "rows: 1" {
+		t.Errorf("final = %q", got)
+	}
+}
+
+// TestResponsesUnservedItems: items the client must answer that are not
+// function calls, known to the SDK or not, decode through its union.
+func TestResponsesUnservedItems(t *testing.T) {
+	_, hs := newSim(t, platformsim.Options{Model: &platformsim.Model{Scenarios: pauseScenarios}})
+	c := client(hs)
+	for prompt, want := range map[string][]string{
+		"needs approval": {"function_call", "mcp_approval_request"},
+		"new item":       {"hologram_call"},
+	} {
+		r, err := c.Responses.New(t.Context(), responses.ResponseNewParams{Model: "gpt-5.5",
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, it := range r.Output {
+			got = append(got, it.Type)
+		}
+		if len(got) != len(want) || got[0] != want[0] || got[len(got)-1] != want[len(want)-1] {
+			t.Errorf("%s: output types = %v, want %v", prompt, got, want)
+		}
+		if want[0] == "function_call" && r.Output[1].AsMcpApprovalRequest().ID == "" {
+			t.Errorf("%s: approval request without id: %s", prompt, r.Output[1].RawJSON())
+		}
+	}
+}
+
+// TestAgentsEnvironmentConnectionAction: a session that waits on a
+// non-function action, as the SDK reads it.
+func TestAgentsEnvironmentConnectionAction(t *testing.T) {
+	_, hs := newSim(t, platformsim.Options{Model: &platformsim.Model{Scenarios: pauseScenarios}})
+	c := client(hs)
+	ctx := t.Context()
+	sess, err := c.Beta.Agents.Sessions.New(ctx, openai.BetaAgentSessionNewParams{
+		Environment: openai.EnvironmentParamUnion{OfParamNone: &openai.EnvironmentParamNone{}},
+		Input:       openai.BetaAgentSessionNewParamsInputUnion{OfString: openai.String("connect env")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *openai.AgentSession
+	testutil.WaitForWhat(t, 5*time.Second, "the session to require action", func() bool {
+		got, err = c.Beta.Agents.Sessions.Get(ctx, sess.ID)
+		return err == nil && got.Status == "requires_action"
+	})
+	if len(got.RequiredActions) != 1 || got.RequiredActions[0].Type != "environment_connection" ||
+		got.RequiredActions[0].AsEnvironmentConnection().EnvironmentID != "env_1" {
+		t.Fatalf("required actions = %+v", got.RequiredActions)
+	}
+}
