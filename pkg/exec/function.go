@@ -88,7 +88,7 @@ func (f *Function) validate() error {
 	}
 	s, err := schema.Compile(f.Name, f.Parameters)
 	if err != nil {
-		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
+		return fmt.Errorf("exec: %w", err) // "schema of <name>: ..."
 	}
 	if err := objectAtTop(f.Parameters); err != nil {
 		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
