@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/cliutil"
@@ -47,6 +48,6 @@ func devCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	return demo.RunDev(ctx, demo.DevOptions{
 		Out: stdout, Logger: logger, FunctionsFile: *config, ScenariosFile: *scenarios,
-		HTTPAddr: *addr, NATSListen: *natsListen, Timeout: *timeout,
+		HTTPAddr: *addr, NATSListen: *natsListen, Timeout: *timeout, TraceURL: os.Getenv("TOOLRELAY_TRACE_URL"),
 	})
 }

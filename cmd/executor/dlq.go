@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -80,6 +81,7 @@ func dlqList(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
+	slices.Reverse(dls) // newest first, as the console lists them
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, d := range dls {

@@ -66,9 +66,15 @@ func (c *cluster) waitServing(team, fn string) {
 
 func (c *cluster) call(team, fn string) *protocol.Call {
 	c.t.Helper()
-	turn := protocol.NewTurnKey(protocol.PlatformAgents, "as_kill/turn_1", []string{"call_1"})
+	return c.callIn("as_kill/turn_1", team, fn)
+}
+
+// callIn queues a call of fn in the turn scope names.
+func (c *cluster) callIn(scope, team, fn string) *protocol.Call {
+	c.t.Helper()
+	turn := protocol.NewTurnKey(protocol.PlatformAgents, scope, []string{"call_1"})
 	call := &protocol.Call{Version: protocol.Version, Key: turn.Call("call_1"), Platform: protocol.PlatformAgents,
-		Scope: "as_kill/turn_1", CallID: "call_1", Team: team, Function: fn, Arguments: json.RawMessage(`{}`),
+		Scope: scope, CallID: "call_1", Team: team, Function: fn, Arguments: json.RawMessage(`{}`),
 		Deadline: time.Now().Add(time.Minute), CreatedAt: time.Now()}
 	data, err := protocol.EncodeCall(call)
 	if err != nil {

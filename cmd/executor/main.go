@@ -121,6 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // serveTeams runs one executor per team (a file may declare functions of
 // several) until ctx ends or one of them stops.
 func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]exec.Function, cfg config, log *slog.Logger, stdout io.Writer) error {
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(teams))
@@ -167,7 +168,12 @@ func serveTeams(ctx context.Context, js jetstream.JetStream, teams map[string][]
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	say("executor stopped: declarations withdrawn, running calls finished or handed back\n")
+	// A clean stop is a signal (the cause names it) or the parent's end.
+	why := "stopped"
+	if cause := context.Cause(parent); cause != nil {
+		why = cause.Error()
+	}
+	say("executor stopped (%s): declarations withdrawn, running calls finished or handed back\n", why)
 	return nil
 }
 

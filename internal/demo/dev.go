@@ -21,6 +21,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/toolrelay/toolrelay/internal/console"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -51,6 +52,9 @@ type DevOptions struct {
 	// Default: 127.0.0.1:4222, so `dispatcher tools` and executors in
 	// other terminals find it as they would a local dispatcher's.
 	NATSListen string
+	// TraceURL links the console's trace ids to a tracing UI, as
+	// TOOLRELAY_TRACE_URL does for the dispatcher. Default: no links.
+	TraceURL string
 	// Timeout bounds each scenario. Default: 60s.
 	Timeout time.Duration
 	// PollInterval is how often the files are checked for changes.
@@ -133,12 +137,14 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 	}
 	defer nc.Close()
 	client := openai.NewClient(option.WithBaseURL(baseURL), option.WithAPIKey("sk-dev"), option.WithMaxRetries(0))
+	var dp atomic.Pointer[dispatch.Dispatcher] // for the report, which New needs first
 	d, err := dispatch.New(js, openaiplatform.New(client), dispatch.Options{
-		Logger: opts.Logger, OnEvent: reportDevTurns(out), TracerProvider: tp,
+		Logger: opts.Logger, OnEvent: reportDevTurns(ctx, out, &dp), TracerProvider: tp,
 	})
 	if err != nil {
 		return err
 	}
+	dp.Store(d)
 	derr := make(chan error, 1)
 	wg.Go(func() { derr <- d.Run(ctx) })
 	defer cancel() // runs before wg.Wait: stops the dispatcher and executors
@@ -154,22 +160,35 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 	apiHandler := httpapi.New(d, httpapi.Options{Logger: opts.Logger, TracerProvider: tp})
 	mux.Handle("POST /dev/play", apiHandler.Guard(playHandler(ctx, plays))) // refuses other sites' pages
 	mux.Handle("/", apiHandler)
+	ui, err := console.New(d, apiHandler, console.Options{Logger: opts.Logger, TraceURL: opts.TraceURL})
+	if err != nil {
+		return err
+	}
+	ui.Mount(mux) // /ui and /v1/deadletters, for loopback clients
 	apiSrv := httpapi.NewServer(mux, httpapi.Timeouts{})
 	wg.Go(func() { _ = apiSrv.Serve(api) })
 	defer func() { _ = apiSrv.Close() }()
 	httpAddr := api.Addr().String()
 
 	out.printf("toolrelay dev\n  functions:  %s (%s)\n  scenarios:  %s\n  JetStream:  %s (data in a temporary directory, removed at exit)\n"+
-		"  platform:   simulator at %s\n  dispatcher: http://%s (/v1, /mcp)\n"+
+		"  platform:   simulator at %s\n  dispatcher: http://%s (/v1, /mcp)\n  console:    http://%s/ui\n"+
+		"  executors:  others join with NATS_URL=%s (executor -config FILE, or a Go program on pkg/exec)\n"+
 		"  play again: curl -X POST http://%s/dev/play   (or save either file)\n  one call:   dispatcher call -addr http://%s <function> '<json>'\n\n",
-		opts.FunctionsFile, describeTeams(teams), files.describeScenarios(len(scenarios)), natsURL, baseURL, httpAddr, httpAddr, httpAddr)
+		opts.FunctionsFile, describeTeams(teams), files.describeScenarios(len(scenarios)), natsURL, baseURL, httpAddr, httpAddr, natsURL, httpAddr, httpAddr)
 
+	// warn runs once the file's functions are served, so that functions
+	// executors in other processes serve count too.
 	warn := func() {
-		for _, w := range undeclared(teams, *p.scenarios.Load()) {
+		var elsewhere []string
+		if specs, err := dispatch.Functions(ctx, js); err == nil {
+			for _, s := range specs {
+				elsewhere = append(elsewhere, s.Name)
+			}
+		}
+		for _, w := range unserved(teams, elsewhere, *p.scenarios.Load()) {
 			out.printf("warning: %s\n", w)
 		}
 	}
-	warn()
 	fleet := &devFleet{js: js, out: out, tp: tp, log: opts.Logger}
 	exs, err := fleet.prepare(teams)
 	if err != nil {
@@ -183,6 +202,7 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 		}
 		return err
 	}
+	warn()
 	p.playAll(ctx, "")
 	if opts.Ready != nil {
 		opts.Ready(httpAddr)
@@ -225,34 +245,53 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 				sim.swap(newDevSim(change.scenarios, opts.Logger))
 				p.scenarios.Store(&change.scenarios)
 			}
-			warn()
 			if err := p.waitServed(ctx, teams, derr); err != nil {
 				out.printf("  %v\n\n", err)
 				continue
 			}
+			warn()
 			p.playAll(ctx, "")
 		}
 	}
 }
 
-// reportDevTurns prints turns as the demo does, and names the function of
-// a direct call (dispatcher call, or any MCP client), which has no
-// scenario around it.
-func reportDevTurns(out *lockedWriter) func(dispatch.Event) {
+// reportDevTurns prints turns as the demo does, and a direct call
+// (dispatcher call, or any MCP client), which has no scenario around it,
+// by its function and how it ended: answered, or failed and why.
+func reportDevTurns(ctx context.Context, out *lockedWriter, d *atomic.Pointer[dispatch.Dispatcher]) func(dispatch.Event) {
 	report := reportTurns(out)
 	return func(e dispatch.Event) {
-		if e.Turn != nil && e.Turn.Ref.Platform == protocol.PlatformMCP && len(e.Turn.Calls) == 1 {
-			if e.Kind == dispatch.EventTurnSubmitted {
-				trace := ""
-				if parts := strings.Split(e.Turn.Trace.Traceparent, "-"); len(parts) == 4 {
-					trace = ", trace " + parts[1]
-				}
-				out.printf("[mcp] %s answered in %s%s\n", e.Turn.Calls[0].Name, e.Latency.Round(10*time.Microsecond), trace)
-			}
+		if e.Turn == nil || e.Turn.Ref.Platform != protocol.PlatformMCP || len(e.Turn.Calls) != 1 {
+			report(e)
 			return
 		}
-		report(e)
+		t, latency := e.Turn, e.Latency.Round(10*time.Microsecond)
+		switch e.Kind {
+		case dispatch.EventTurnFailed:
+			out.printf("[mcp] %s not answered after %s: %s\n", t.Calls[0].Name, latency, t.Outcome().Error)
+		case dispatch.EventTurnSubmitted:
+			// The result is read off the event's goroutine, which the
+			// dispatcher's hot path runs.
+			go func() {
+				how := "answered"
+				if v, err := d.Load().InspectTurn(ctx, dispatch.Caller{Admin: true}, t.Key); err == nil && len(v.Calls) == 1 && v.Calls[0].Error != nil {
+					ce := v.Calls[0].Error
+					how = fmt.Sprintf("failed (%s: %s)", ce.Code, firstLine(ce.Message))
+				}
+				trace := ""
+				if parts := strings.Split(t.Trace.Traceparent, "-"); len(parts) == 4 {
+					trace = ", trace " + parts[1]
+				}
+				out.printf("[mcp] %s %s in %s%s\n", t.Calls[0].Name, how, latency, trace)
+			}()
+		}
 	}
+}
+
+// firstLine is s up to its first line break.
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }
 
 func describeTeams(teams map[string][]exec.Function) string {

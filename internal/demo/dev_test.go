@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/exec"
@@ -191,13 +193,47 @@ func TestDevRefusesABadFileAtStart(t *testing.T) {
 	}
 }
 
-func TestUndeclaredFunctionsAreWarnedOf(t *testing.T) {
+// A scenario's call of a function nobody serves is warned of once; one an
+// executor in another process serves (a Go executor) is not.
+func TestUnservedFunctionsAreWarnedOf(t *testing.T) {
 	teams := map[string][]exec.Function{"orders": {{Name: "get_order_status"}}}
-	scenarios := []platformsim.Scenario{{Name: "s", Steps: []platformsim.Step{{{Name: "get_order_status"}, {Name: "get_invoice"}}, {{Name: "get_invoice"}}}}}
-	got := undeclared(teams, scenarios)
+	scenarios := []platformsim.Scenario{{Name: "s", Steps: []platformsim.Step{
+		{{Name: "get_order_status"}, {Name: "get_invoice"}, {Name: "reverse_text"}}, {{Name: "get_invoice"}}}}}
+	got := unserved(teams, []string{"reverse_text"}, scenarios)
 	if len(got) != 1 || !strings.Contains(got[0], "scenario s calls get_invoice") {
-		t.Errorf("undeclared = %q, want one warning about get_invoice", got)
+		t.Errorf("unserved = %q, want one warning about get_invoice", got)
 	}
+}
+
+// The console is at /ui, and a direct call (dispatcher call, any MCP
+// client) prints how it ended: a call refused for its arguments says so
+// rather than "answered".
+func TestDevServesTheConsoleAndReportsDirectCalls(t *testing.T) {
+	paths := copyTestdata(t, "dev-functions.yaml", "scenarios.yaml")
+	out, addr, _ := devLoop(t, DevOptions{FunctionsFile: paths[0], ScenariosFile: paths[1]})
+	if !strings.Contains(out.String(), "console:    http://"+addr+"/ui") {
+		t.Errorf("the banner does not give the console's address:\n%s", out.String())
+	}
+	page, err := httpGet("http://" + addr + "/ui/turns")
+	if err != nil || !strings.Contains(page, "Recently closed") || !strings.Contains(page, "order-status") && !strings.Contains(page, "get_order_status") {
+		t.Errorf("GET /ui/turns: %v\n%.400s", err, page)
+	}
+
+	client := mcp.NewClient(&mcp.Implementation{Name: "dev-test", Version: "1"}, nil)
+	s, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, args := range []string{`{"order_id":"nope"}`, `{"order_id":"A-1001"}`} {
+		if _, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "get_order_status", Arguments: json.RawMessage(args)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitForWhat(t, 10*time.Second, "both direct calls to be reported", func() bool {
+		got := out.String()
+		return strings.Contains(got, "[mcp] get_order_status failed (invalid_arguments: ") && strings.Contains(got, "[mcp] get_order_status answered in ")
+	})
 }
 
 func TestExampleArguments(t *testing.T) {

@@ -113,22 +113,27 @@ func (f *devFiles) describeScenarios(n int) string {
 	return fmt.Sprintf("%s (%d)", f.scenarios, n)
 }
 
-// undeclared lists, for each scenario call of a function the functions
-// file does not declare, a warning: the call will fail as unknown.
-func undeclared(teams map[string][]exec.Function, scenarios []platformsim.Scenario) []string {
-	declared := map[string]bool{}
+// unserved lists, for each scenario call of a function that neither the
+// functions file declares nor another executor serves (a Go executor on
+// the embedded JetStream, say), a warning: the call will fail as unknown.
+func unserved(teams map[string][]exec.Function, elsewhere []string, scenarios []platformsim.Scenario) []string {
+	served := map[string]bool{}
 	for _, fns := range teams {
 		for _, f := range fns {
-			declared[f.Name] = true
+			served[f.Name] = true
 		}
+	}
+	for _, name := range elsewhere {
+		served[name] = true
 	}
 	var out []string
 	for _, sc := range scenarios {
 		for _, step := range sc.Steps {
 			for _, c := range step {
-				if !declared[c.Name] {
-					out = append(out, fmt.Sprintf("scenario %s calls %s, which the functions file does not declare: the call will fail as unknown_function", sc.Name, c.Name))
-					declared[c.Name] = true // once
+				if !served[c.Name] {
+					out = append(out, fmt.Sprintf("scenario %s calls %s, which neither the functions file declares nor a running executor serves: "+
+						"the call will fail as unknown_function unless an executor serving it joins (see docs/first-team.md)", sc.Name, c.Name))
+					served[c.Name] = true // once
 				}
 			}
 		}

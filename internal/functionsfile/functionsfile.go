@@ -166,13 +166,13 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 }
 
 // withoutPrefixes drops what Register's error repeats of where it is
-// (where already says it): "exec: function f: parameters: schema of f: ",
-// and the schema's internal address.
+// (where already says it): "exec: schema of f: " or
+// "exec: function f: parameters: ".
 func withoutPrefixes(msg, name string) string {
-	for _, p := range []string{"exec: function " + name + ": ", "parameters: ", "schema of " + name + ": "} {
+	for _, p := range []string{"exec: ", "function " + name + ": ", "parameters: ", "schema of " + name + ": "} {
 		msg = strings.TrimPrefix(msg, p)
 	}
-	return strings.Replace(msg, fmt.Sprintf("%q is not valid against metaschema", "toolrelay:///functions/"+name+"#"), "not a valid JSON Schema", 1)
+	return msg
 }
 
 // commandIn resolves a command given by a relative path (./bin/x, bin/x)

@@ -122,7 +122,7 @@ func compileWithin(function string, doc any, timeout time.Duration) (*jsonschema
 		case p.over != nil:
 			err = p.over
 		case err != nil:
-			err = fmt.Errorf("schema of %s: %w", function, err)
+			err = fmt.Errorf("schema of %s: %w", function, notValid(err))
 		}
 		done <- result{s, err}
 	}()
@@ -132,6 +132,18 @@ func compileWithin(function string, doc any, timeout time.Duration) (*jsonschema
 	case <-timer.C:
 		return nil, over
 	}
+}
+
+// notValid words a schema the metaschema refuses as "not a valid JSON
+// Schema" and the places it fails, without the compiler's own heading
+// (the schema's internal address and the metaschema's URL).
+func notValid(err error) error {
+	var sve *jsonschema.SchemaValidationError
+	if !errors.As(err, &sve) || sve.Err == nil {
+		return err
+	}
+	_, places, _ := strings.Cut(sve.Err.Error(), "\n")
+	return fmt.Errorf("not a valid JSON Schema:\n%s", places)
 }
 
 type refuseLoader struct{}

@@ -64,3 +64,25 @@ func TestDigestTellsApartWhatTheValidatorDoes(t *testing.T) {
 		t.Error("key order and spacing changed the digest")
 	}
 }
+
+// A schema the metaschema refuses reads "schema of f: not a valid JSON
+// Schema:" and where, naming the function once and none of the compiler's
+// internals.
+func TestCompileNamesAnInvalidSchemaOnce(t *testing.T) {
+	_, err := Compile("roll_dice", []byte(`{"type":"object","properties":{"sides":{"type":"intger"}}}`))
+	if err == nil {
+		t.Fatal("Compile accepted a type that does not exist")
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "schema of roll_dice: not a valid JSON Schema:\n") || !strings.Contains(msg, "/properties/sides/type") {
+		t.Errorf("error %q: want it to start with the function and say where", msg)
+	}
+	for _, internal := range []string{"toolrelay:///", "metaschema", "jsonschema validation failed"} {
+		if strings.Contains(msg, internal) {
+			t.Errorf("error %q mentions %q", msg, internal)
+		}
+	}
+	if n := strings.Count(msg, "roll_dice"); n != 1 {
+		t.Errorf("error %q names the function %d times, want once", msg, n)
+	}
+}

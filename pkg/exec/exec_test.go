@@ -307,6 +307,14 @@ func TestRegisterRejectsBadFunctions(t *testing.T) {
 	if _, err := exec.New(nil, "Team.A", exec.Options{}); err == nil {
 		t.Error("New accepted an invalid team name")
 	}
+	// A schema the metaschema refuses names the function once.
+	err = e.Register(exec.Function{Name: "roll_dice", Handler: h, Parameters: json.RawMessage(`{"type":"object","properties":{"n":{"type":"intger"}}}`)})
+	if err == nil {
+		t.Fatal("Register accepted a type that does not exist")
+	}
+	if msg := err.Error(); !strings.HasPrefix(msg, "exec: schema of roll_dice: not a valid JSON Schema:") || strings.Count(msg, "roll_dice") != 1 {
+		t.Errorf("Register of an invalid schema: %q, want it to name the function once", msg)
+	}
 	// Tool text over its bounds or with hidden characters is refused at
 	// Register, naming the bound or the character.
 	for name, tc := range map[string]struct {

@@ -124,7 +124,7 @@ func (f *Function) validateParameters() error {
 	}
 	s, err := schema.Compile(f.Name, f.Parameters)
 	if err != nil {
-		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
+		return fmt.Errorf("exec: %w", err) // "schema of <name>: ..."
 	}
 	if err := objectAtTop(f.Parameters); err != nil {
 		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
