@@ -146,7 +146,7 @@ func turnsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(tw, "... and %d more (-limit)\n", list.OpenTotal-len(list.Open))
 	}
 	if !*open {
-		fmt.Fprintf(tw, "\nRECENTLY CLOSED (%d, of the latest %d this replica kept)\n", len(list.Recent), list.RecentKept)
+		fmt.Fprintf(tw, "\nRECENTLY CLOSED (%d, of the fleet's latest %d)\n", len(list.Recent), list.RecentKept)
 		if len(list.Recent) > 0 {
 			fmt.Fprintln(tw, "KEY\tPLATFORM\tOBJECT\tOUTCOME\tCALLS\tDURATION\tLEFT AT SUBMIT\tSUBMITTED\tTRACE")
 		}

@@ -82,7 +82,8 @@ type TurnList struct {
 	Open      []TurnView `json:"open"`
 	OpenTotal int        `json:"open_total"`
 	// Recent are recently closed turns, newest first: of the latest
-	// RecentKept closed turns this replica knows (see the index).
+	// RecentKept closed turns of the fleet, whichever replica closed them
+	// (the index follows the turns bucket).
 	Recent     []TurnView `json:"recent,omitempty"`
 	RecentKept int        `json:"recent_kept"`
 }
