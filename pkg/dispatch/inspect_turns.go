@@ -21,7 +21,8 @@ type TurnView struct {
 	Key      protocol.TurnKey  `json:"key"`
 	Platform protocol.Platform `json:"platform"`
 	// Object is the platform object, for people ("assistants run
-	// thread_…/run_…"); ObjectID its id (the run, session or response).
+	// thread_…/run_…"); ObjectID its id (the run, session or response;
+	// for an MCP call, mcp/ and the call's id).
 	Object   string    `json:"object"`
 	ObjectID string    `json:"object_id"`
 	State    TurnState `json:"state"`
@@ -124,7 +125,7 @@ func outcome(t *Turn) string {
 // view is t as caller sees it, without its calls' results.
 func view(caller Caller, t *Turn, now time.Time) TurnView {
 	o := t.Outcome()
-	v := TurnView{Key: t.Key, Platform: t.Ref.Platform, Object: t.Ref.String(), ObjectID: objectID(t.Ref), State: t.State,
+	v := TurnView{Key: t.Key, Platform: t.Ref.Platform, Object: t.Ref.String(), ObjectID: objectID(t.Ref, t.Scope), State: t.State,
 		Outcome: outcome(t), CreatedAt: t.CreatedAt, Deadline: t.Deadline, ExpiresAt: t.ExpiresAt,
 		BudgetMS: t.Deadline.Sub(t.CreatedAt).Milliseconds(), Error: o.Error, Owner: o.Owner, TraceID: t.Trace.TraceID(),
 		Teams: []string{}, Functions: []string{}}
@@ -153,12 +154,14 @@ func view(caller Caller, t *Turn, now time.Time) TurnView {
 	return v
 }
 
-func objectID(r Ref) string {
+func objectID(r Ref, scope string) string {
 	switch r.Platform {
 	case protocol.PlatformAgents:
 		return r.SessionID
 	case protocol.PlatformAssistants:
 		return r.RunID
+	case protocol.PlatformMCP:
+		return scope // mcp/<the call's id>: an MCP call has no platform object
 	}
 	return r.ResponseID
 }
