@@ -1,0 +1,87 @@
+package kit_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolrelay/toolrelay/internal/conformance/kit"
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+)
+
+// goTarget serves kit.GoFunctions on pkg/exec, in-process: the reference
+// executor the kit must pass.
+type goTarget struct {
+	t      *testing.T
+	js     jetstream.JetStream
+	cancel context.CancelFunc
+	done   chan error
+}
+
+var _ kit.Target = (*goTarget)(nil)
+
+func (g *goTarget) Start(ctx context.Context) error {
+	e, err := exec.New(g.js, "kit", exec.Options{Name: "go-reference", Logger: testutil.Logger(g.t), NoTelemetry: false})
+	if err != nil {
+		return err
+	}
+	for _, fn := range kit.GoFunctions() {
+		if err := e.Register(fn); err != nil {
+			return err
+		}
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.cancel, g.done = cancel, make(chan error, 1)
+	go func() { g.done <- e.Run(rctx) }()
+	return nil
+}
+
+func (g *goTarget) Stop(ctx context.Context) error {
+	g.cancel()
+	select {
+	case err := <-g.done:
+		return err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// TestGoExecutorPassesTheKit runs every case of the kit against pkg/exec:
+// the kit's checks are docs/protocol.md's statements, so this is also the
+// test that the Go executor does what the document says.
+func TestGoExecutorPassesTheKit(t *testing.T) {
+	srv := natstest.Start(t)
+	_, djs := srv.Connect(t)
+	d, err := dispatch.New(djs, nil, dispatch.Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("dispatcher Run: %v", err)
+		}
+	})
+	testutil.WaitForWhat(t, 10*time.Second, "the dispatcher to be ready", d.Ready)
+
+	nc, js := srv.Connect(t)
+	var out bytes.Buffer
+	start := time.Now()
+	rep, err := kit.Run(t.Context(), nc, &goTarget{t: t, js: js}, kit.Options{Team: "kit"}, &out)
+	t.Logf("kit report (%s):\n%s", time.Since(start).Round(time.Millisecond), out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || rep.Skipped > 0 {
+		t.Errorf("the Go executor failed %d and skipped %d of the kit's cases", rep.Failed, rep.Skipped)
+	}
+}
