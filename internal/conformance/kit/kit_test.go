@@ -6,51 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolrelay/toolrelay/internal/conformance/kit"
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
-	"github.com/toolrelay/toolrelay/pkg/exec"
 )
-
-// goTarget serves kit.GoFunctions on pkg/exec, in-process: the reference
-// executor the kit must pass.
-type goTarget struct {
-	t      *testing.T
-	js     jetstream.JetStream
-	cancel context.CancelFunc
-	done   chan error
-}
-
-var _ kit.Target = (*goTarget)(nil)
-
-func (g *goTarget) Start(ctx context.Context) error {
-	e, err := exec.New(g.js, "kit", exec.Options{Name: "go-reference", Logger: testutil.Logger(g.t), NoTelemetry: false})
-	if err != nil {
-		return err
-	}
-	for _, fn := range kit.GoFunctions() {
-		if err := e.Register(fn); err != nil {
-			return err
-		}
-	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	g.cancel, g.done = cancel, make(chan error, 1)
-	go func() { g.done <- e.Run(rctx) }()
-	return nil
-}
-
-func (g *goTarget) Stop(ctx context.Context) error {
-	g.cancel()
-	select {
-	case err := <-g.done:
-		return err
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
 
 // TestGoExecutorPassesTheKit runs every case of the kit against pkg/exec:
 // the kit's checks are docs/protocol.md's statements, so this is also the
@@ -76,7 +36,7 @@ func TestGoExecutorPassesTheKit(t *testing.T) {
 	nc, js := srv.Connect(t)
 	var out bytes.Buffer
 	start := time.Now()
-	rep, err := kit.Run(t.Context(), nc, &goTarget{t: t, js: js}, kit.Options{Team: "kit"}, &out)
+	rep, err := kit.Run(t.Context(), nc, &kit.GoTarget{JS: js, Team: "kit", Logger: testutil.Logger(t)}, kit.Options{Team: "kit"}, &out)
 	t.Logf("kit report (%s):\n%s", time.Since(start).Round(time.Millisecond), out.String())
 	if err != nil {
 		t.Fatal(err)
