@@ -3,6 +3,7 @@ package kit_test
 import (
 	"bytes"
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -43,5 +44,17 @@ func TestGoExecutorPassesTheKit(t *testing.T) {
 	}
 	if !rep.OK() || rep.Skipped > 0 {
 		t.Errorf("the Go executor failed %d and skipped %d of the kit's cases", rep.Failed, rep.Skipped)
+	}
+}
+
+// TestOperationsDocShowsTheEchoSchema keeps the schema teams copy from
+// docs/operations.md the one the kit's Go functions declare.
+func TestOperationsDocShowsTheEchoSchema(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(doc, []byte("```json\n"+kit.EchoSchema+"\n```")) {
+		t.Errorf("docs/operations.md (Conformance kit) does not show kit.EchoSchema:\n%s", kit.EchoSchema)
 	}
 }
