@@ -10,6 +10,7 @@
 //	dispatcher tools     print the registry as a platform's tool definitions
 //	dispatcher token     make a bearer token for the HTTP API (TOOLRELAY_API_TOKENS_FILE)
 //	dispatcher nats-config  write the NATS server configuration for a set of teams
+//	dispatcher conformance  drive an executor through the protocol's cases (the conformance kit)
 //	dispatcher turns     open and recently closed turns, from a running dispatcher's API
 //	dispatcher turn      one turn and each call's result
 //	dispatcher functions functions, their executors, queues and figures
@@ -82,6 +83,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return functionsCmd(ctx, args, stdout, stderr)
 	case "watches":
 		return watchesCmd(ctx, args, stdout, stderr)
+	case "conformance":
+		return conformanceCmd(ctx, args, stdout, stderr)
 	case "help":
 		usage(stdout)
 		fmt.Fprintln(stdout, "\nSettings of serve (environment variables):")
@@ -93,7 +96,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|dev|call|simulator|tools|token|nats-config|turns|turn|functions|watches] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|dev|call|simulator|tools|token|nats-config|conformance|turns|turn|functions|watches] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
@@ -107,6 +110,8 @@ func usage(w io.Writer) {
   token       make a bearer token for the HTTP API and the line for TOOLRELAY_API_TOKENS_FILE
   nats-config write the NATS server configuration, NKEY users and env files for a set of
               teams, one account each (run it again to add a team)
+  conformance drive an executor in any language through docs/protocol.md, PASS/FAIL per case:
+              -team T [-function F,...] [-nats URL] [-exec "command" | -go]
 
 Inspecting a running dispatcher through its HTTP API (-addr, default http://127.0.0.1:8080;
 the bearer token from TOOLRELAY_API_TOKEN; -json prints the API's JSON):

@@ -28,13 +28,10 @@ func deadLetter(ctx context.Context, js jetstream.JetStream, call *protocol.Call
 	return err
 }
 
-// deadLetterCallSubject is where the records of one call are kept:
-// fndlq.<team>.<function>.<call key> (the key is two tokens). With one
-// subject per call, [DeadLetters] finds a call's records by a direct get on
-// its subject instead of reading every dead letter; team and function may
-// be "*" to find a key alone. Records written before this layout sit on
-// fndlq.<team>.<function>; the stream's fndlq.> and a team's fndlq.<team>.>
-// permission cover both.
+// deadLetterCallSubject is protocol.DeadLetterCallSubject; team and
+// function may be "*" to find a key alone. Records written before per-call
+// subjects sit on fndlq.<team>.<function>; the stream's fndlq.> and a
+// team's fndlq.<team>.> permission cover both.
 func deadLetterCallSubject(team, function string, key protocol.CallKey) string {
-	return protocol.DeadLetterSubject(team, function) + "." + string(key)
+	return protocol.DeadLetterCallSubject(team, function, key)
 }

@@ -30,9 +30,20 @@ const (
 	ReasonUndelivered = "undeliverable"
 )
 
-// DeadLetterSubject is where dead letters of a function are kept.
+// DeadLetterSubject is the prefix of the subjects of a function's dead
+// letters (see DeadLetterCallSubject), and the subject where records
+// written before per-call subjects are kept.
 func DeadLetterSubject(team, function string) string {
 	return DeadLetterSubjectPrefix + "." + team + "." + function
+}
+
+// DeadLetterCallSubject is where the records of one call are kept, its
+// dead letter and its replays' outcomes:
+// fndlq.<team>.<function>.<turn>.<call> (the call key is two tokens). One
+// subject per call lets a reader find a call's records by a direct get on
+// its subject, and count dead letters per call from the stream's subjects.
+func DeadLetterCallSubject(team, function string, key CallKey) string {
+	return DeadLetterSubject(team, function) + "." + string(key)
 }
 
 // DeadLetter is the record of a call that failed for good, or (Replay > 0)
