@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -207,7 +208,7 @@ func (k *kit) trace(ctx context.Context) string {
 }
 
 func (k *kit) malformed(ctx context.Context) string {
-	acks := make(chan *nats.Msg, 4)
+	acks := make(chan *nats.Msg, 64)
 	sub, err := k.nc.ChanSubscribe("$JS.ACK."+protocol.CallStream(k.team)+"."+FnEcho+".>", acks)
 	if err != nil {
 		return fmt.Sprintf("expected to watch the acks, saw %v", err)
@@ -215,19 +216,29 @@ func (k *kit) malformed(ctx context.Context) string {
 	defer func() { _ = sub.Unsubscribe() }()
 	m := nats.NewMsg(protocol.CallSubject(k.team, FnEcho))
 	m.Data = []byte(`{"v":1,"key":"not a call"}`)
-	if _, err := k.js.PublishMsg(ctx, m, jetstream.WithMsgID("conformance-malformed-"+uuid.NewString())); err != nil {
+	pub, err := k.js.PublishMsg(ctx, m, jetstream.WithMsgID("conformance-malformed-"+uuid.NewString()))
+	if err != nil {
 		return err.Error()
 	}
-	select {
-	case a := <-acks:
-		body := string(a.Data)
-		if reason, ok := strings.CutPrefix(body, "+TERM "); !ok || strings.TrimSpace(reason) == "" {
-			return fmt.Sprintf("expected \"+TERM <reason>\", saw %q", body)
+	// The acks of earlier cases' calls may still come: only this
+	// message's counts ($JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...).
+	seq := strconv.FormatUint(pub.Sequence, 10)
+	timeout := time.After(short)
+	for {
+		select {
+		case a := <-acks:
+			if tok := strings.Split(a.Subject, "."); len(tok) < 6 || tok[5] != seq {
+				continue
+			}
+			body := string(a.Data)
+			if reason, ok := strings.CutPrefix(body, "+TERM "); !ok || strings.TrimSpace(reason) == "" {
+				return fmt.Sprintf("expected \"+TERM <reason>\", saw %q", body)
+			}
+			return ""
+		case <-timeout:
+			return "expected \"+TERM <reason>\" on the delivery's reply subject, saw nothing"
 		}
-	case <-time.After(short):
-		return "expected \"+TERM <reason>\" on the delivery's reply subject, saw nothing"
 	}
-	return ""
 }
 
 func (k *kit) deadlinePassed(ctx context.Context) string {
