@@ -85,6 +85,15 @@ func TestInspectionAPI(t *testing.T) {
 	if open.Recent != nil {
 		t.Errorf("open=1 listed recent turns: %+v", open.Recent)
 	}
+	// The straggler is named once the other call's result is in: to an
+	// admin with its call id, to orders (billing's call) by function only.
+	testutil.WaitForWhat(t, 10*time.Second, "the open turn to be waiting on get_invoice alone", func() bool {
+		return getAs(t, hs.URL+"/v1/turns?open=1", tokens["admin"], &open) == http.StatusOK && len(open.Open) == 1 &&
+			len(open.Open[0].Waiting) == 1 && strings.HasPrefix(open.Open[0].Waiting[0], "get_invoice/")
+	})
+	if getAs(t, hs.URL+"/v1/turns?open=1", tokens["orders"], &open); len(open.Open) != 1 || !slices.Equal(open.Open[0].Waiting, []string{"get_invoice"}) {
+		t.Errorf("orders' view of the open turn waits on %+v; want billing's call by its function only", open.Open)
+	}
 	select {
 	case ev := <-events:
 		if ev.name != "turn" || !strings.Contains(ev.data, string(turn.Key)) {

@@ -56,7 +56,16 @@ type TurnView struct {
 	TraceID string `json:"trace_id,omitempty"`
 	// Calls are in GET /v1/turns/{key} and in the recently submitted list.
 	Calls []CallReport `json:"calls,omitempty"`
+	// Waiting names the calls of an open turn still without a result, as
+	// function/call id (another team's as function only): the stragglers.
+	// Listed for the stragglerTurns open turns nearest their deadline.
+	Waiting []string `json:"waiting,omitempty"`
 }
+
+// stragglerTurns is how many of the open turns listed, nearest their
+// deadline first, have their calls' results read to name the stragglers:
+// a few direct gets each.
+const stragglerTurns = 20
 
 // TurnQuery filters the turns listed; empty fields match everything.
 type TurnQuery struct {
@@ -196,6 +205,21 @@ func seenCalls(caller Caller, calls []callReport) []callReport {
 	return out
 }
 
+// stragglers names the calls of open turn t still without a result.
+func (d *Dispatcher) stragglers(ctx context.Context, caller Caller, t *Turn) []string {
+	var out []string
+	for _, c := range seenCalls(caller, d.callReports(ctx, t)) {
+		switch {
+		case c.Result != "pending":
+		case c.Redacted:
+			out = append(out, c.Function)
+		default:
+			out = append(out, c.Function+"/"+c.ID)
+		}
+	}
+	return out
+}
+
 // ErrOutOfScope means what was asked for belongs to teams the caller does
 // not see: the API answers 403.
 var ErrOutOfScope = errors.New("dispatch: out of the caller's scope")
@@ -241,8 +265,12 @@ func (d *Dispatcher) InspectTurns(ctx context.Context, caller Caller, q TurnQuer
 	if limit > 0 && len(open) > limit {
 		open = open[:limit]
 	}
-	for _, t := range open {
-		list.Open = append(list.Open, view(caller, t, now))
+	for i, t := range open {
+		v := view(caller, t, now)
+		if i < stragglerTurns {
+			v.Waiting = d.stragglers(ctx, caller, t)
+		}
+		list.Open = append(list.Open, v)
 	}
 	if !q.OpenOnly {
 		list.Recent = []TurnView{}

@@ -58,6 +58,7 @@
     row.append(
       el("td", {}, [link]), el("td", { textContent: t.platform }), el("td", { className: "obj" }, [shortID(t.object_id)]),
       el("td", { textContent: t.teams.join(", ") }), el("td", { textContent: t.functions.join(", ") }),
+      el("td", { className: "waiting", textContent: (t.waiting || []).join(", ") }),
       el("td", { textContent: clock(t.deadline) }),
       el("td", { className: "left" }, [bar, " ", el("span", { className: "secs" })]));
     setBar(row, Date.now() + skew);
