@@ -3,7 +3,7 @@
 // answered?, cancelled?, too late?, arguments, side effects, run, conclude.
 
 import { headers as natsHeaders, type NatsConnection } from "@nats-io/transport-node";
-import { JetStreamApiError, type Consumer, type JetStreamClient, type JetStreamManager, type JsMsg } from "@nats-io/jetstream";
+import { JetStreamApiError, type Consumer, type ConsumerMessages, type JetStreamClient, type JetStreamManager, type JsMsg } from "@nats-io/jetstream";
 import { context as otelContext, SpanKind, SpanStatusCode, trace, type Span, type Tracer } from "@opentelemetry/api";
 import type { ValidateFunction } from "ajv";
 import type { Cancels } from "./cancels.js";
@@ -73,6 +73,7 @@ export class Worker {
   private readonly inFlight = new Set<Promise<void>>();
   private stopping = false;
   private loops: Promise<void>[] = [];
+  private readonly pulls = new Set<ConsumerMessages>();
 
   constructor(private readonly env: WorkerEnv, private readonly fn: Registered) {}
 
@@ -81,9 +82,15 @@ export class Worker {
     this.loops = Array.from({ length: this.fn.concurrency }, () => this.loop());
   }
 
-  /** stop stops pulling; a call arriving on a pull still open is handed back at once. */
+  /**
+   * stop stops pulling: the open pull requests are closed, so that the
+   * server, finding no interest in them, hands no more calls to this
+   * process (a call handed back would otherwise come back to another of its
+   * pulls and spend a delivery). A call that slips through is handed back.
+   */
   stop(): void {
     this.stopping = true;
+    for (const pull of this.pulls) void pull.close();
   }
 
   /** idle resolves when no call of this function runs. */
@@ -96,7 +103,7 @@ export class Worker {
     while (!this.stopping) {
       try {
         consumer ??= await this.env.js.consumers.get(p.callStream(this.env.team), this.fn.def.name);
-        const m = await consumer.next({ expires: PULL_EXPIRES_MS });
+        const m = await this.pull(consumer);
         if (!m) continue;
         if (this.stopping) {
           m.nak(); // let another process have it now
@@ -113,6 +120,19 @@ export class Worker {
         await sleep(1_000);
         await this.env.heal(this.fn.def.name).catch((err) => this.env.log.warn("recreating the consumer failed", { err: String(err) }));
       }
+    }
+  }
+
+  /** pull waits for one call (a pull request of one: only a free slot pulls), or null when none came. */
+  private async pull(consumer: Consumer): Promise<JsMsg | null> {
+    const it = await consumer.fetch({ max_messages: 1, expires: PULL_EXPIRES_MS });
+    this.pulls.add(it);
+    try {
+      if (this.stopping) return null;
+      for await (const m of it) return m;
+      return null;
+    } finally {
+      this.pulls.delete(it);
     }
   }
 
