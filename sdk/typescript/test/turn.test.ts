@@ -1,0 +1,101 @@
+// Full turns through the real dispatcher: `dispatcher call` sends each
+// function call through its /mcp front door, as a platform's call runs.
+
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { dispatcherCall, deadLetter, start, waitFor, type Env } from "./harness.js";
+import { DeadlineError, Executor, RefusalError, RetryableError, type Invocation } from "../src/index.js";
+
+const team = "tsturn";
+let env: Env;
+let ex: Executor;
+const attempts = new Map<string, number>();
+const seen = new Map<string, { schema?: string; traceparent?: string; reason?: unknown }>();
+const resultHeaders: Array<{ key: string; traceparent?: string }> = [];
+
+// A schema with what the digest must get right: non-ASCII, <>& and a number
+// that is not a float64.
+const weatherSchema = `{"type":"object","description":"Wetter <heute> & morgen, 日本","properties":{"location":{"type":"string","maxLength":9007199254740993}},"required":["location"]}`;
+
+before(async () => {
+  env = await start({ dispatcher: true });
+  ex = new Executor(env.nc, team, { name: "ts-test", ackWaitMs: 3_000 });
+  ex.register<{ location: string }>({
+    name: "ts_weather", description: "The weather at a location.", parameters: weatherSchema,
+    handler: async ({ location }, inv: Invocation) => {
+      seen.set("ts_weather", { schema: undefined });
+      return `sunny in ${location} (attempt ${inv.attempt})`;
+    },
+  });
+  ex.register({
+    name: "ts_flaky", parameters: { type: "object", properties: {} }, retry: { initialBackoffMs: 50 },
+    handler: (_args, inv) => {
+      attempts.set("ts_flaky", inv.attempt);
+      if (inv.attempt === 1) throw new RetryableError("backend busy");
+      return { ok: true, attempt: inv.attempt };
+    },
+  });
+  ex.register({ name: "ts_refuse", handler: () => { throw new RefusalError("The order has shipped; it cannot be changed."); } });
+  ex.register({ name: "ts_broken", handler: () => { throw new Error("the ledger is corrupt"); } });
+  ex.register({
+    name: "ts_slow", timeoutMs: 300,
+    handler: (_a, inv) => new Promise((_, reject) => inv.signal.addEventListener("abort", () => {
+      seen.set("ts_slow", { reason: inv.signal.reason });
+      reject(inv.signal.reason);
+    })),
+  });
+  const sub = env.nc.subscribe(`fnresult.${team}.>`);
+  (async () => {
+    for await (const m of sub) resultHeaders.push({ key: m.headers?.get("Toolrelay-Call-Key") ?? "", traceparent: m.headers?.get("traceparent") });
+  })();
+  await ex.start();
+});
+
+after(async () => {
+  await ex?.shutdown();
+  await env?.stop();
+});
+
+test("success: the output reaches the caller, the schema digest is the dispatcher's, the trace is kept", async () => {
+  const r = await dispatcherCall(env.dispatcherAddr!, "ts_weather", { location: "Paris" });
+  assert.equal(r.error, undefined, JSON.stringify(r));
+  assert.equal(r.output, "sunny in Paris (attempt 1)");
+  // The dispatcher's own view of the function's schema digest is ours.
+  const fns = (await (await fetch(`http://${env.dispatcherAddr}/v1/functions`)).json()) as any;
+  const list: any[] = Array.isArray(fns) ? fns : fns.functions ?? [];
+  const mine = list.find((f) => f.name === "ts_weather" || f.function === "ts_weather");
+  assert.ok(mine, `ts_weather in /v1/functions: ${JSON.stringify(fns).slice(0, 300)}`);
+  assert.equal(mine.schema_digest, ex.digest("ts_weather"));
+  // The result carries the call's trace: the trace ID `dispatcher call` started.
+  const tp = await waitFor("the result's traceparent", () => resultHeaders.find((h) => h.traceparent?.includes(r.trace_id))?.traceparent);
+  assert.match(tp, new RegExp(`^00-${r.trace_id}-[0-9a-f]{16}-0[01]$`));
+});
+
+test("a retryable failure is naked and the next attempt succeeds", async () => {
+  const r = await dispatcherCall(env.dispatcherAddr!, "ts_flaky", {});
+  assert.equal(r.output, `{"ok":true,"attempt":2}`);
+  assert.equal(attempts.get("ts_flaky"), 2);
+});
+
+test("a refusal is a function_error the model reads, without a dead letter", async () => {
+  const r = await dispatcherCall(env.dispatcherAddr!, "ts_refuse", {});
+  assert.deepEqual(r.error, { type: "function_error", message: "The order has shipped; it cannot be changed." });
+  const key = resultHeaders.at(-1)!.key;
+  assert.equal(await deadLetter(env.nc, team, "ts_refuse", key), undefined);
+});
+
+test("a permanent failure leaves a dead letter, then its result", async () => {
+  const r = await dispatcherCall(env.dispatcherAddr!, "ts_broken", {});
+  assert.deepEqual(r.error, { type: "function_error", message: "the ledger is corrupt" });
+  const key = resultHeaders.at(-1)!.key;
+  const dl = await deadLetter(env.nc, team, "ts_broken", key);
+  assert.equal(dl?.reason, "permanent_error");
+  assert.equal(dl?.call.key, key);
+  assert.equal(dl?.result.error.type, "function_error");
+});
+
+test("the deadline is an AbortSignal: the function's timeout aborts it and the call times out", async () => {
+  const r = await dispatcherCall(env.dispatcherAddr!, "ts_slow", {});
+  assert.equal(r.error?.type, "timeout", JSON.stringify(r));
+  assert.ok(seen.get("ts_slow")?.reason instanceof DeadlineError);
+});
