@@ -74,11 +74,18 @@ type Keeper struct {
 	withdrawn bool
 	every     time.Duration
 	// unanswered: no dispatcher answered the first declaration, so the
-	// first renewal comes soon.
+	// first renewal comes soon; since is when that began.
 	unanswered bool
-	// failing: renewals fail (logged once, when they start to).
+	since      time.Time
+	// failing: renewals fail (logged once: at once after a dispatcher had
+	// answered, after startQuiet when none has yet).
 	failing bool
 }
+
+// startQuiet is how long an executor started before any dispatcher (in a
+// deployment coming up, or a test) declares without a warning: a
+// dispatcher starting takes seconds; one missing for longer is news.
+const startQuiet = 15 * time.Second
 
 // Declare sends every declaration once and returns the keeper that renews
 // them. A refusal is a *RefusedError, returned with the keeper so that what
@@ -106,7 +113,7 @@ func Declare(ctx context.Context, nc *nats.Conn, team string, decls []*protocol.
 	var failed *dispatcherError
 	switch {
 	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-		log.Warn("no dispatcher answered this executor's declarations; declaring again until one does", "err", err)
+		log.Info("no dispatcher answered this executor's declarations yet; declaring again until one does", "err", err)
 	case errors.As(err, &failed):
 		// The protocol's "send it again": the dispatcher could not write
 		// the registry (a cluster electing a leader, say), which a later
@@ -115,7 +122,7 @@ func Declare(ctx context.Context, nc *nats.Conn, team string, decls []*protocol.
 	default:
 		return k, err
 	}
-	k.unanswered = true
+	k.unanswered, k.since = true, time.Now()
 	return k, nil
 }
 
@@ -258,11 +265,18 @@ func (k *Keeper) Run(ctx context.Context) {
 			k.log.Error("dispatchers refuse declarations of this executor; no calls of them will arrive", "err", err)
 		case err != nil:
 			// Logged once per outage: while no dispatcher answers the
-			// renewal is retried often, and quietly.
-			if !k.failing {
-				k.log.Warn("renewing this executor's declarations failed; retrying until a dispatcher answers", "err", err)
+			// renewal is retried often, and quietly. Before any has
+			// answered, only once startQuiet has passed.
+			switch {
+			case k.failing:
+			case !k.unanswered:
+				k.failing, k.since = true, time.Now()
+				k.log.Warn("renewing this executor's declarations failed; retrying until a dispatcher answers; no calls arrive meanwhile", "err", err)
+			case time.Since(k.since) >= startQuiet:
+				k.failing = true
+				k.log.Warn("no dispatcher has answered this executor's declarations yet; retrying until one does; no calls arrive meanwhile",
+					"err", err, "for", time.Since(k.since).Round(time.Second))
 			}
-			k.failing = true
 			next = retryAfterFailure
 		case k.failing || k.unanswered:
 			k.log.Info("a dispatcher has this executor's declarations again")

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,10 +109,13 @@ func TestRefusalIsReported(t *testing.T) {
 
 // With no dispatcher running, Declare does not fail: the keeper declares
 // again soon, and the first dispatcher to start gets the declaration.
+// Nothing is wrong yet, so nothing is logged above INFO: dispatchers
+// starting take seconds (startQuiet).
 func TestNoDispatcherYet(t *testing.T) {
 	nc, _ := natstest.Start(t).Connect(t)
 	ctx := t.Context()
-	k, err := Declare(ctx, nc, "orders", []*protocol.Declaration{declaration("early")}, testutil.Logger(t))
+	var logs testutil.Buffer
+	k, err := Declare(ctx, nc, "orders", []*protocol.Declaration{declaration("early")}, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatalf("Declare without a dispatcher: %v, want nil", err)
 	}
@@ -120,6 +125,9 @@ func TestNoDispatcherYet(t *testing.T) {
 	got := dispatcher(t, nc, accept)
 	if req := next(t, got); req.Declarations[0].Instance != "early" {
 		t.Fatalf("request %+v, want the early declaration", req)
+	}
+	if out := logs.String(); !strings.Contains(out, "level=INFO msg=\"no dispatcher answered") || strings.Contains(out, "level=WARN") {
+		t.Errorf("an executor started before its dispatcher logged:\n%s\nwant INFO only", out)
 	}
 }
 
