@@ -408,9 +408,17 @@ func (k *kit) cancelRunning(ctx context.Context) string {
 }
 
 func (k *kit) cancelQueued(ctx context.Context) string {
-	c := k.newCall(FnEcho, `{"text":"cancelled"}`, callOpts{})
-	if err := k.cancel(ctx, c, cancelReason); err != nil {
+	c := k.newCall(FnEcho, `{"text":"cxl"}`, callOpts{})
+	seq, err := k.cancelAt(ctx, c, cancelReason)
+	if err != nil {
 		return err.Error()
+	}
+	// An executor learns of cancellations as they are delivered to it: a
+	// call that overtakes its turn's cancellation is run, as it would be
+	// in a dispatcher's hands. The call goes out once the cancellation
+	// reached every executor following them.
+	if !k.until(ctx, short, func() bool { return k.cancelsDelivered(ctx, seq) }) {
+		return fmt.Sprintf("expected the executors following %s to be delivered the cancellation, saw it undelivered", protocol.CancelStream)
 	}
 	if err := k.publish(ctx, c, callOpts{}); err != nil {
 		return err.Error()

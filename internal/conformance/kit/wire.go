@@ -156,10 +156,36 @@ func (k *kit) mark(ctx context.Context, key protocol.CallKey) (*protocol.Attempt
 
 // cancel publishes the cancellation of c's turn as a dispatcher does.
 func (k *kit) cancel(ctx context.Context, c *protocol.Call, reason string) error {
+	_, err := k.cancelAt(ctx, c, reason)
+	return err
+}
+
+// cancelAt cancels c's turn and returns the cancellation's sequence in
+// its stream.
+func (k *kit) cancelAt(ctx context.Context, c *protocol.Call, reason string) (uint64, error) {
 	m := nats.NewMsg(protocol.CancelSubject(k.team, c.Key.Turn()))
 	m.Data = []byte(reason)
-	_, err := k.js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.CancelMsgID(c.Key.Turn(), k.team)))
-	return err
+	ack, err := k.js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.CancelMsgID(c.Key.Turn(), k.team)))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// cancelsDelivered reports whether every consumer of the cancellations
+// stream (an executor following them) was delivered the one at seq.
+func (k *kit) cancelsDelivered(ctx context.Context, seq uint64) bool {
+	s, err := k.js.Stream(ctx, protocol.CancelStream)
+	if err != nil {
+		return false
+	}
+	infos := s.ListConsumers(ctx)
+	for info := range infos.Info() {
+		if info.Delivered.Stream < seq {
+			return false
+		}
+	}
+	return infos.Err() == nil
 }
 
 // taken waits until fn's consumer has a call unacknowledged (taken and
