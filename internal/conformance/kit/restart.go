@@ -30,6 +30,14 @@ func (k *kit) stop(ctx context.Context) string {
 	if !k.taken(ctx, FnSlow, short) {
 		return "expected the call to be taken, saw it queued"
 	}
+	// Stopped only once the executor has held the call a moment: a call
+	// the server delivers in the instant a pull consumer stops may reach
+	// no one and come back only after its ack wait (a residual of pull
+	// consumers, docs/protocol.md), which is not what this case is about.
+	takenAt := time.Now()
+	if !k.until(ctx, short, func() bool { return time.Since(takenAt) > 300*time.Millisecond && k.taken(ctx, FnSlow, 0) }) {
+		return "expected the call to stay taken while it runs, saw it handed back before the stop"
+	}
 	k.restart.handedBack = c
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
