@@ -85,7 +85,7 @@ func conformanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	case *goRef:
 		target = &kit.GoTarget{JS: js, Team: *team, Logger: logger}
 	case *command != "":
-		target = &kit.Command{Argv: []string{"sh", "-c", *command}, Env: []string{"NATS_URL=" + url, "TOOLRELAY_TEAM=" + *team}, Output: stderr}
+		target = kit.Shell(*command, []string{"NATS_URL=" + url, "TOOLRELAY_TEAM=" + *team}, stderr)
 	default:
 		target, opts.NoRestart = kit.Running{}, true
 	}

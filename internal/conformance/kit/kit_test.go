@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,6 +47,43 @@ func TestGoExecutorPassesTheKit(t *testing.T) {
 	}
 	if !rep.OK() || rep.Skipped > 0 {
 		t.Errorf("the Go executor failed %d and skipped %d of the kit's cases", rep.Failed, rep.Skipped)
+	}
+}
+
+// TestShellStopsTheExecutorNotTheShell: -exec's command runs under sh -c,
+// and dash does not exec it; SIGTERM must still reach the executor, the
+// kit must wait for it to stop, and its exit status must be the command's.
+func TestShellStopsTheExecutorNotTheShell(t *testing.T) {
+	pidFile := t.TempDir() + "/pid"
+	// The "executor" is a shell that is not exec'd, with a graceful stop.
+	executor := `sh -c 'echo $$ > ` + pidFile + `; trap "sleep 0.3; echo stopped; exit 0" TERM; while :; do sleep 0.05; done'; echo after`
+	var out testutil.Buffer
+	c := kit.Shell(executor, nil, &out)
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	testutil.WaitForWhat(t, 5*time.Second, "the executor to start", func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
+			pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+			return err == nil
+		}
+		return false
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v (output %q)", err, out.String())
+	}
+	if got := out.String(); !strings.HasSuffix(got, "stopped\nafter\n") {
+		t.Errorf("expected the executor to stop gracefully before the shell exited, saw output %q", got)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Errorf("the executor (pid %d) outlived Stop", pid)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Errorf("a second Stop: %v", err)
 	}
 }
 

@@ -17,9 +17,10 @@ import (
 )
 
 // Command is an executor process the kit starts and stops: Argv run with
-// the kit's environment plus Env, its output copied to Output. Stop sends
-// SIGTERM and waits; an exit status other than 0, or no exit before the
-// context ends (then it is killed), is an error.
+// the kit's environment plus Env, its output copied to Output, in a process
+// group of its own. Stop sends SIGTERM to the group and waits; an exit
+// status other than 0, or no exit before the context ends (then the group
+// is killed), is an error.
 type Command struct {
 	Argv   []string
 	Env    []string
@@ -32,6 +33,15 @@ type Command struct {
 
 var _ Target = (*Command)(nil)
 
+// Shell is the Command of a command line run by sh -c, as `dispatcher
+// conformance -exec` runs it. SIGTERM must reach the executor whether or
+// not the shell execs it (dash, Debian's sh, stays as its parent): the
+// signal goes to the process group, and the shell traps it as a no-op, so
+// it waits for the executor to stop and exits with its status.
+func Shell(command string, env []string, out io.Writer) *Command {
+	return &Command{Argv: []string{"sh", "-c", "trap : TERM\n" + command}, Env: env, Output: out}
+}
+
 // Start starts the process.
 func (c *Command) Start(context.Context) error {
 	if len(c.Argv) == 0 {
@@ -40,6 +50,7 @@ func (c *Command) Start(context.Context) error {
 	cmd := osexec.Command(c.Argv[0], c.Argv[1:]...)
 	cmd.Env = append(os.Environ(), c.Env...)
 	cmd.Stdout, cmd.Stderr = c.Output, c.Output
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("conformance: start %s: %w", c.Argv[0], err)
 	}
@@ -51,15 +62,18 @@ func (c *Command) Start(context.Context) error {
 	return nil
 }
 
-// Stop sends SIGTERM and waits for the process to exit.
+// Stop sends SIGTERM to the process group and waits for the process to
+// exit.
 func (c *Command) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	cmd, done := c.cmd, c.done
+	c.cmd = nil
 	c.mu.Unlock()
 	if cmd == nil {
 		return nil
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	pgid := cmd.Process.Pid // Setpgid: the group is the process's own
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	select {
 	case err := <-done:
 		if err != nil {
@@ -67,7 +81,7 @@ func (c *Command) Stop(ctx context.Context) error {
 		}
 		return nil
 	case <-ctx.Done():
-		_ = cmd.Process.Kill()
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-done
 		return fmt.Errorf("conformance: the executor did not exit after SIGTERM: %w", context.Cause(ctx))
 	}
