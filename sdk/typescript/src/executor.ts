@@ -220,7 +220,7 @@ export class Executor {
     if (!this.opts.controlAPIPrefix) await prov.ensureStream(this.jsm, prov.resultStreamConfig(this.team, r));
     await prov.ensureStream(this.jsm, prov.deadLetterStreamConfig(r));
     await prov.ensureStream(this.jsm, prov.cancelStreamConfig(r));
-    if ([...this.funcs.values()].some((f) => f.def.sideEffects)) await prov.ensureAttemptBucket(this.js, r);
+    if ([...this.funcs.values()].some((f) => f.def.sideEffects)) await prov.ensureStream(this.jsm, prov.attemptBucketConfig(r));
     for (const f of this.funcs.values()) {
       if (only && !only.includes(f.def.name)) continue;
       await prov.ensureConsumer(this.jsm, this.team, f.def.name, f.def.maxConcurrency ?? 1000, this.opts.ackWaitMs);

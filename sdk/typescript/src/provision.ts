@@ -8,8 +8,6 @@ import {
   AckPolicy, DeliverPolicy, DiscardPolicy, JetStreamApiError, RetentionPolicy, StorageType,
   type JetStreamManager, type StreamConfig,
 } from "@nats-io/jetstream";
-import { Kvm } from "@nats-io/kv";
-import type { JetStreamClient } from "@nats-io/jetstream";
 import * as p from "./protocol.js";
 
 const ns = (ms: number) => ms * 1_000_000;
@@ -77,23 +75,25 @@ export async function ensureStream(jsm: JetStreamManager, want: Spec): Promise<v
     (want.max_msgs_per_subject === undefined && (have.max_msgs_per_subject ?? 0) <= 0));
   check("discard_new_per_subject", !!have.discard_new_per_subject === !!want.discard_new_per_subject);
   if (want.allow_msg_ttl) check("allow_msg_ttl", !!have.allow_msg_ttl);
+  if (want.allow_rollup_hdrs) check("allow_rollup_hdrs", !!have.allow_rollup_hdrs);
   if (want.allow_direct) check("allow_direct", !!have.allow_direct);
   for (const s of want.subjects) check("subjects", (have.subjects ?? []).includes(s));
   if (diffs.length) throw new Error(`toolrelay: stream ${want.name} is incompatible: ${diffs.join("; ")}`);
 }
 
-/** ensureAttemptBucket opens, or creates, the attempts bucket. */
-export async function ensureAttemptBucket(js: JetStreamClient, replicas: number): Promise<void> {
-  const kvm = new Kvm(js);
-  try {
-    await kvm.open(p.ATTEMPT_BUCKET);
-    await js.jetstreamManager().then((jsm) => jsm.streams.info(`KV_${p.ATTEMPT_BUCKET}`));
-  } catch {
-    await kvm.create(p.ATTEMPT_BUCKET, {
-      history: 1, ttl: 2 * HOUR, description: "toolrelay attempts of side-effect functions",
-      storage: StorageType.File, replicas,
-    });
-  }
+/**
+ * attemptBucketConfig is the stream of the attempts bucket as docs/protocol.md
+ * ("Side effects") gives it: what Go's key-value client creates for history 1
+ * and TTL 2h. Created as a stream, not with @nats-io/kv, whose buckets lack
+ * deny_delete.
+ */
+export function attemptBucketConfig(replicas: number): Spec {
+  return {
+    name: `KV_${p.ATTEMPT_BUCKET}`, description: "toolrelay attempts of side-effect functions",
+    subjects: [`$KV.${p.ATTEMPT_BUCKET}.>`], retention: RetentionPolicy.Limits, discard: DiscardPolicy.New,
+    max_msgs_per_subject: 1, max_age: ns(2 * HOUR), allow_rollup_hdrs: true, deny_delete: true, allow_direct: true,
+    duplicate_window: ns(2 * MINUTE), storage: StorageType.File, num_replicas: replicas,
+  };
 }
 
 /** ensureConsumer creates or updates a function's durable consumer. */
