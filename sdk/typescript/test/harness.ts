@@ -15,7 +15,8 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 const run = promisify(execFile);
 /** The repository's root: this file is sdk/typescript/dist/test/harness.js. */
 export const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../../../..");
-const binDir = process.env.TOOLRELAY_TS_BIN ?? join(tmpdir(), "toolrelay-ts-bin");
+/** Where buildBinaries puts nats-server and dispatcher. */
+export const binDir = process.env.TOOLRELAY_TS_BIN ?? join(tmpdir(), "toolrelay-ts-bin");
 
 let built: Promise<void> | undefined;
 /** buildBinaries builds nats-server and the dispatcher once per process (go's cache makes repeats quick). */
