@@ -26,7 +26,7 @@ import (
 func callCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dispatcher call", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", defaultAPIAddr, "the dispatcher's HTTP API (of the service, or of dispatcher dev)")
+	addr := fs.String("addr", apiAddr(), "the dispatcher's HTTP API (of the service, or of dispatcher dev), as a URL or host:port (default from "+APIURLEnv+")")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up waiting after this long (the dispatcher's TOOLRELAY_MCP_CALL_TIMEOUT bounds the call itself)")
 	asJSON := fs.Bool("json", false, "print {\"function\",\"output\"|\"error\",\"trace_id\"} as JSON on stdout instead")
 	fs.Usage = func() {
@@ -58,11 +58,7 @@ func callCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := json.Unmarshal([]byte(raw), &obj); err != nil || obj == nil {
 		return fmt.Errorf("arguments of %s must be a JSON object such as '{\"order_id\":\"A-1001\"}': %q", name, raw)
 	}
-	endpoint := strings.TrimRight(*addr, "/")
-	if !strings.Contains(endpoint, "://") {
-		endpoint = "http://" + endpoint
-	}
-	endpoint += "/mcp"
+	endpoint := apiBase(*addr) + "/mcp"
 
 	traceID, traceparent := newTraceparent()
 	header := http.Header{"Traceparent": {traceparent}}

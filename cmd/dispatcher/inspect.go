@@ -27,8 +27,31 @@ import (
 // bearer token from.
 const APITokenEnv = "TOOLRELAY_API_TOKEN"
 
-// defaultAPIAddr is where the inspection commands look for the API.
+// defaultAPIAddr is where the CLI's commands look for the API, unless
+// APIURLEnv or -addr says otherwise.
 const defaultAPIAddr = "http://127.0.0.1:8080"
+
+// APIURLEnv names the dispatcher's HTTP API for the CLI's commands (call,
+// turns, turn, functions, watches): the default of their -addr.
+const APIURLEnv = "TOOLRELAY_API_URL"
+
+// apiAddr is the default of the CLI's -addr flags.
+func apiAddr() string {
+	if u := os.Getenv(APIURLEnv); u != "" {
+		return u
+	}
+	return defaultAPIAddr
+}
+
+// apiBase is the base URL of the API at addr, given as a URL or as
+// host:port (as dev's own -addr takes it).
+func apiBase(addr string) string {
+	base := strings.TrimRight(addr, "/")
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	return base
+}
 
 // apiRequestTimeout bounds one request of an inspection command.
 const apiRequestTimeout = 30 * time.Second
@@ -42,7 +65,7 @@ type apiClient struct {
 // get decodes the JSON body of GET path?query into v; an answer other
 // than 200 is an error carrying the API's message.
 func (c *apiClient) get(ctx context.Context, path string, query url.Values, v any) error {
-	u := strings.TrimRight(c.base, "/") + path
+	u := apiBase(c.base) + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
@@ -87,7 +110,7 @@ func inspectFlags(name, usage string, stderr io.Writer) (*flag.FlagSet, *apiClie
 	fs := flag.NewFlagSet("dispatcher "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &apiClient{token: os.Getenv(APITokenEnv)}
-	fs.StringVar(&c.base, "addr", defaultAPIAddr, "the dispatcher's HTTP API")
+	fs.StringVar(&c.base, "addr", apiAddr(), "the dispatcher's HTTP API, as a URL or host:port (default from "+APIURLEnv+")")
 	asJSON := fs.Bool("json", false, "print the API's JSON instead of a table")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: dispatcher %s\n\n", usage)

@@ -95,6 +95,14 @@ func TestInspectionCommands(t *testing.T) {
 	if _, err := inspectErr(t, "turn", "-addr", addr, "ffffffffffff"); err == nil || !strings.Contains(err.Error(), "whole key") {
 		t.Errorf("turn by a prefix no turn has: %v; want an error asking for the whole key", err)
 	}
+	// -addr as dev's own flag takes it (host:port), or from the environment.
+	if plain := inspect(t, "functions", "-addr", d.addr); !strings.Contains(plain, "getCityNickname") {
+		t.Errorf("functions -addr host:port:\n%s", plain)
+	}
+	t.Setenv(APIURLEnv, addr)
+	if env := inspect(t, "functions"); !strings.Contains(env, "getCityNickname") {
+		t.Errorf("functions with %s and no -addr:\n%s", APIURLEnv, env)
+	}
 	fns := inspect(t, "functions", "-addr", addr)
 	for _, want := range []string{"FUNCTION", "getCityNickname", "demo", "get_horoscope"} {
 		if !strings.Contains(fns, want) {
