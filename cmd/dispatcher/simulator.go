@@ -41,7 +41,7 @@ func simulatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer sim.Close()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("the simulator cannot listen on %s (-addr): %w; give -addr a free address", *addr, err)
 	}
 	fmt.Fprintf(stdout, "platform simulator listening on http://%s/v1 (OPENAI_BASE_URL)\n", ln.Addr())
 	// The simulator's event streams last as long as a run: no write timeout.

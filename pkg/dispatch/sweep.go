@@ -79,7 +79,7 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 		}
 		return true
 	})
-	if err != nil {
+	if err != nil && ctx.Err() == nil { // not the replica stopping
 		d.log.Warn("sweep: listing open turns failed", "err", err)
 	}
 	// Measured from after the listing, as the ages sweepTurn reads are: a

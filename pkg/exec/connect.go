@@ -122,7 +122,8 @@ func Connect(ctx context.Context, url string, opts ConnectOptions) (*nats.Conn, 
 			return nc, js, nil
 		}
 		wait := retry.Next()
-		log.Warn("NATS not reachable yet; retrying", "url", url, "err", err, "in", wait.String())
+		log.Warn("NATS not reachable yet; retrying (is a dispatcher with its embedded server, or nats-server, listening there? NATS_URL names it)",
+			"url", url, "err", err, "in", wait.String())
 		if !backoff.Sleep(ctx, wait) {
 			return nil, nil, fmt.Errorf("exec: connect to NATS at %s: %w (gave up: %w)", url, err, context.Cause(ctx))
 		}
