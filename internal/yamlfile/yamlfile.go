@@ -11,6 +11,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -35,9 +36,39 @@ func Decode(path string, v any, list string) error {
 		if errors.As(err, &te) {
 			return fmt.Errorf("%s: %s", path, strings.Join(explain(te.Errors, keysOf(reflect.TypeOf(v))), "; "))
 		}
-		return fmt.Errorf("%s: %w", path, err)
+		return fmt.Errorf("%s: %w", path, located(err, data))
 	}
 	return nil
+}
+
+// syntaxError matches a YAML syntax error: yaml names the line where the
+// block it was reading began, not the line that broke it.
+var syntaxError = regexp.MustCompile(`^yaml: line (\d+): (.+)$`)
+
+// located rewrites a syntax error to name the first line at which the file
+// stops being YAML (a line indented one space off, say), found by parsing
+// ever longer beginnings of data; other errors, and files too long to
+// search, pass as they are.
+func located(err error, data []byte) error {
+	m := syntaxError.FindStringSubmatch(err.Error())
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if m == nil || len(lines) > 5000 {
+		return err
+	}
+	for n := 1; n <= len(lines); n++ {
+		var node yaml.Node
+		perr := yaml.Unmarshal(bytes.Join(lines[:n], nil), &node)
+		// A beginning may end inside a construct (a list in brackets over
+		// several lines): only the file's own complaint counts.
+		if perr == nil || !strings.HasSuffix(perr.Error(), ": "+m[2]) {
+			continue
+		}
+		if at := strconv.Itoa(n); at != m[1] {
+			return fmt.Errorf("yaml: line %s: %s (in the block that begins at line %s: check this line's indentation)", at, m[2], m[1])
+		}
+		return err
+	}
+	return err
 }
 
 // unknownField matches yaml's report of a key the target has no field for.
