@@ -143,7 +143,25 @@ func notValid(err error) error {
 		return err
 	}
 	_, places, _ := strings.Cut(sve.Err.Error(), "\n")
-	return fmt.Errorf("not a valid JSON Schema:\n%s", places)
+	return fmt.Errorf("not a valid JSON Schema:\n%s", strings.Join(leaves(strings.Split(places, "\n")), "\n"))
+}
+
+// leaves keeps, of the compiler's tree of failures (each level indented
+// by two more spaces: "'allOf' failed" over what failed under it), the
+// lines nothing is nested under: where the schema is wrong, and why.
+func leaves(tree []string) []string {
+	indent := func(l string) int { return len(l) - len(strings.TrimLeft(l, " ")) }
+	var out []string
+	for i, l := range tree {
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		if i+1 < len(tree) && indent(tree[i+1]) > indent(l) {
+			continue
+		}
+		out = append(out, strings.TrimLeft(l, " "))
+	}
+	return out
 }
 
 type refuseLoader struct{}
