@@ -5,6 +5,7 @@ package functionsfile
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -59,7 +60,8 @@ type grammarConfig struct {
 
 // Load reads a functions file. Unknown keys, a bad schema, a bad or
 // duplicate name: the error names the file and the field, and nothing runs.
-// Functions are grouped by owning team, in the file's order.
+// Every function's mistakes are reported at once, one per line. Functions
+// are grouped by owning team, in the file's order.
 func Load(path string) (map[string][]exec.Function, error) {
 	var fc fileConfig
 	if err := yamlfile.Decode(path, &fc, "functions"); err != nil {
@@ -74,20 +76,26 @@ func Load(path string) (map[string][]exec.Function, error) {
 	}
 	teams := map[string][]exec.Function{}
 	seen := map[string]int{}
+	var errs []error
 	for i, f := range fc.Functions {
 		where := fmt.Sprintf("%s: functions[%d]", path, i)
 		if f.Name != "" {
 			where += " (" + f.Name + ")"
 		}
 		if j, dup := seen[f.Name]; dup && protocol.ValidateFunctionName(f.Name) == nil {
-			return nil, fmt.Errorf("%s: name: %q is also declared by functions[%d]", where, f.Name, j)
+			errs = append(errs, fmt.Errorf("%s: name: %q is also declared by functions[%d]", where, f.Name, j))
+			continue
 		}
 		seen[f.Name] = i
 		fn, err := f.function(where, dir)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		teams[f.Owner] = append(teams[f.Owner], fn)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return teams, nil
 }

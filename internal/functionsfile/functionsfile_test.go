@@ -121,3 +121,26 @@ func TestSchemaErrorSaysWhereOnce(t *testing.T) {
 		t.Errorf("error %q: want 'parameters' once and no internal prefixes", msg)
 	}
 }
+
+// From a new user's first hour: four mistakes took four runs to find.
+// Every function's mistake is reported at once, one per line.
+func TestEveryFunctionsMistakeIsReportedAtOnce(t *testing.T) {
+	path := testutil.WriteFile(t, "functions.yaml", "functions:\n"+
+		"  - name: a\n    owner: t\n    parameters: {type: nonsense}\n    command: [\"cat\"]\n"+
+		"  - name: b\n    owner: t\n    parameters: {type: object}\n"+
+		"  - name: c\n    owner: t\n    parameters: {type: object}\n    command: [\"cat\"]\n"+
+		"  - name: c\n    owner: t\n    parameters: {type: object}\n    command: [\"cat\"]\n")
+	_, err := Load(path)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	for _, want := range []string{"functions[0] (a): parameters", "functions[1] (b)", `functions[3] (c): name: "c" is also declared by functions[2]`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q lacks %q", msg, want)
+		}
+	}
+	if strings.Count(msg, "\n") < 2 {
+		t.Errorf("error %q: want one mistake per line", msg)
+	}
+}
