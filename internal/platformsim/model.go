@@ -49,18 +49,36 @@ type CallSpec struct {
 	// "computer_call", or a type no SDK knows) or an Agents required action
 	// ("environment_connection", "computer_use_approval_request"). Such an
 	// item is never answered: the conversation waits on it.
+	//
+	// "tool_search" is a client-executed tool search (Responses
+	// tool_search_call with execution "client"): Arguments renders the
+	// query (text, sent as {"query": text}; or a JSON object, sent as
+	// is), the client answers with a tool_search_output, and the output
+	// later templates read is the names of the tools it loaded, joined
+	// by commas. Name is optional; the output's default name is
+	// "tool_search".
 	Kind string
 }
 
 // Call kinds of a CallSpec.
 const (
-	KindFunction = ""
-	KindCustom   = "custom"
+	KindFunction   = ""
+	KindCustom     = "custom"
+	KindToolSearch = "tool_search"
 )
+
+// answered reports whether the client answers the kind: a function, a
+// custom tool or a client tool search.
+func answeredKind(kind string) bool {
+	return kind == KindFunction || kind == KindCustom || kind == KindToolSearch
+}
 
 func (c CallSpec) key() string {
 	if c.As != "" {
 		return c.As
+	}
+	if c.Name == "" && c.Kind == KindToolSearch {
+		return "tool_search"
 	}
 	return c.Name
 }
@@ -141,11 +159,16 @@ func (s *script) next(newID func() string) (calls []modelCall, answer string, er
 		}
 		id := newID()
 		if spec.Kind != KindFunction {
-			if spec.Kind == KindCustom {
+			if answeredKind(spec.Kind) {
 				s.pending[id] = spec
 				s.order = append(s.order, id)
 			}
-			calls = append(calls, modelCall{ID: id, Name: spec.Name, Arguments: rendered, Kind: spec.Kind})
+			name := spec.Name
+			if spec.Kind == KindToolSearch {
+				rendered = searchArguments(rendered)
+				name = cmpOr(name, "tool_search")
+			}
+			calls = append(calls, modelCall{ID: id, Name: name, Arguments: rendered, Kind: spec.Kind})
 			continue
 		}
 		if !json.Valid([]byte(rendered)) {
@@ -215,6 +238,17 @@ func templateFuncs(outputs map[string]string) template.FuncMap {
 			return string(b)
 		},
 	}
+}
+
+// searchArguments are a tool_search_call's arguments for a rendered
+// query: a JSON object as is, other text as {"query": text}.
+func searchArguments(query string) string {
+	var obj map[string]any
+	if json.Unmarshal([]byte(query), &obj) == nil && obj != nil {
+		return compactJSON(query)
+	}
+	b, _ := json.Marshal(map[string]string{"query": query})
+	return string(b)
 }
 
 func compactJSON(s string) string {

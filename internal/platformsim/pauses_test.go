@@ -100,3 +100,68 @@ func TestAgentsEnvironmentConnectionAction(t *testing.T) {
 		t.Fatalf("required actions = %+v", got.RequiredActions)
 	}
 }
+
+// TestResponsesClientToolSearch: a client-executed tool_search_call as the
+// SDK reads it, answered with the SDK's tool_search_output, after which
+// the model calls the function the search loaded; a malformed output is
+// refused.
+func TestResponsesClientToolSearch(t *testing.T) {
+	_, hs := newSim(t, platformsim.Options{Model: &platformsim.Model{Scenarios: []platformsim.Scenario{{
+		Name: "search", Prompt: "refund",
+		Steps: []platformsim.Step{
+			{{Kind: platformsim.KindToolSearch, Arguments: "refund an order"}},
+			{{Name: "issue_refund", Arguments: `{"order_id":"A-1"}`}},
+		},
+		Answer: `loaded {{out "tool_search"}}; {{out "issue_refund"}}`,
+	}}}})
+	c := client(hs)
+	ctx := t.Context()
+	first, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("please refund")},
+		Tools: []responses.ToolUnionParam{
+			{OfFunction: &responses.FunctionToolParam{Name: "get_order_status", Parameters: map[string]any{"type": "object"}}},
+			{OfToolSearch: &responses.ToolSearchToolParam{Execution: responses.ToolSearchToolExecutionClient}},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Output) != 1 || first.Output[0].Type != "tool_search_call" {
+		t.Fatalf("output = %+v", first.Output)
+	}
+	ts := first.Output[0].AsToolSearchCall()
+	if ts.Execution != responses.ResponseToolSearchCallExecutionClient || ts.CallID == "" ||
+		ts.JSON.Arguments.Raw() != `{"query":"refund an order"}` {
+		t.Fatalf("tool_search_call = %s", first.Output[0].RawJSON())
+	}
+	answer := func(tools []responses.ResponseToolSearchOutputItemParamToolUnion) (*responses.Response, error) {
+		item := responses.ResponseInputItemParamOfToolSearchOutput(tools)
+		item.OfToolSearchOutput.CallID = openai.String(ts.CallID)
+		item.OfToolSearchOutput.Execution = responses.ResponseToolSearchOutputItemParamExecutionClient
+		return c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5", PreviousResponseID: openai.String(first.ID),
+			Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{item}}})
+	}
+	if _, err := answer([]responses.ResponseToolSearchOutputItemParamToolUnion{{OfFunction: &responses.FunctionToolParam{}}}); err == nil {
+		t.Fatal("a loaded function without a name was accepted")
+	}
+	next, err := answer([]responses.ResponseToolSearchOutputItemParamToolUnion{{OfFunction: &responses.FunctionToolParam{
+		Name: "issue_refund", Description: openai.String("Refund an order"), DeferLoading: openai.Bool(true),
+		Parameters: map[string]any{"type": "object", "properties": map[string]any{"order_id": map[string]any{"type": "string"}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(next.Output) != 1 || next.Output[0].AsFunctionCall().Name != "issue_refund" {
+		t.Fatalf("after the search: %+v", next.Output)
+	}
+	final, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5", PreviousResponseID: openai.String(next.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
+			{OfFunctionCallOutput: &responses.ResponseInputItemFunctionCallOutputParam{CallID: openai.String(next.Output[0].AsFunctionCall().CallID),
+				Output: responses.ResponseInputItemFunctionCallOutputOutputUnionParam{OfString: openai.String("done")}}},
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := final.OutputText(); got != "loaded issue_refund; done" {
+		t.Errorf("final = %q", got)
+	}
+}

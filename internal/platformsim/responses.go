@@ -80,6 +80,56 @@ type inputItem struct {
 	// ApprovalRequestID and Approve answer an mcp_approval_request.
 	ApprovalRequestID string `json:"approval_request_id"`
 	Approve           *bool  `json:"approve"`
+	// Tools and Execution are a tool_search_output's.
+	Tools     json.RawMessage `json:"tools"`
+	Execution string          `json:"execution"`
+}
+
+// text is what the scripted model reads of an answer: a call's output,
+// or the names of the tools a tool search loaded, joined by commas.
+func (it inputItem) text() string {
+	if it.Type != "tool_search_output" {
+		return outputText(it.Output)
+	}
+	var tools []struct {
+		Name string `json:"name"`
+	}
+	_ = json.Unmarshal(it.Tools, &tools)
+	names := make([]string, len(tools))
+	for i, t := range tools {
+		names[i] = t.Name
+	}
+	return strings.Join(names, ",")
+}
+
+// checkSearchOutput validates a tool_search_output item as the platform
+// does: loaded tools are tool definitions, a function one with a name.
+func checkSearchOutput(it inputItem, i int) *apiError {
+	at := func(field string) string { return fmt.Sprintf("input[%d].%s", i, field) }
+	if it.CallID == "" {
+		return invalid(fmt.Sprintf("Missing required parameter: '%s'.", at("call_id")), at("call_id"))
+	}
+	if it.Execution != "" && it.Execution != "client" && it.Execution != "server" {
+		return invalid(fmt.Sprintf("Invalid value for '%s': must be 'server' or 'client'.", at("execution")), at("execution"))
+	}
+	var tools []map[string]any
+	if json.Unmarshal(it.Tools, &tools) != nil || tools == nil {
+		return invalid(fmt.Sprintf("Missing required parameter: '%s' (an array of tool definitions).", at("tools")), at("tools"))
+	}
+	for j, t := range tools {
+		tf := fmt.Sprintf("tools[%d]", j)
+		typ, _ := t["type"].(string)
+		if typ == "" {
+			return invalid(fmt.Sprintf("Missing required parameter: '%s'.", at(tf+".type")), at(tf+".type"))
+		}
+		if name, _ := t["name"].(string); (typ == "function" || typ == "custom") && name == "" {
+			return invalid(fmt.Sprintf("Missing required parameter: '%s'.", at(tf+".name")), at(tf+".name"))
+		}
+		if _, ok := t["parameters"].(map[string]any); typ == "function" && !ok && t["parameters"] != nil {
+			return invalid(fmt.Sprintf("Invalid value for '%s': expected a JSON Schema object.", at(tf+".parameters")), at(tf+".parameters"))
+		}
+	}
+	return nil
 }
 
 func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
@@ -235,6 +285,11 @@ func parseInput(raw json.RawMessage) (prompt string, outputs []inputItem, aerr *
 				return "", nil, invalid(fmt.Sprintf("Missing required parameter: 'input[%d].call_id'.", i), fmt.Sprintf("input[%d].call_id", i))
 			}
 			outputs = append(outputs, it)
+		case it.Type == "tool_search_output":
+			if aerr := checkSearchOutput(it, i); aerr != nil {
+				return "", nil, aerr
+			}
+			outputs = append(outputs, it)
 		case it.Type == "message" || it.Type == "" && it.Role != "":
 			t, err := messageParam{Role: it.Role, Content: it.Content}.text()
 			if err != nil {
@@ -250,7 +305,7 @@ func parseInput(raw json.RawMessage) (prompt string, outputs []inputItem, aerr *
 				return "", nil, invalid(fmt.Sprintf("Missing required parameter: 'input[%d].%s'.", i, field), fmt.Sprintf("input[%d].%s", i, field))
 			}
 			outputs = append(outputs, it)
-		case it.Type == "function_call", it.Type == "custom_tool_call", it.Type == "reasoning", it.Type == "mcp_list_tools", it.Type == "mcp_call",
+		case it.Type == "function_call", it.Type == "custom_tool_call", it.Type == "tool_search_call", it.Type == "reasoning", it.Type == "mcp_list_tools", it.Type == "mcp_call",
 			it.Type == "mcp_approval_request":
 			// Echoed history: ignored by the scripted model.
 		default:
@@ -302,8 +357,12 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 		}
 		sc = prev.script.clone()
 		for _, o := range outputs {
-			sc.answer(o.CallID, outputText(o.Output))
-			s.answered(o.CallID, outputText(o.Output))
+			sc.answer(o.CallID, o.text())
+			if o.Type == "tool_search_output" {
+				s.answered(o.CallID, string(o.Tools)) // the definitions, as sent
+			} else {
+				s.answered(o.CallID, outputText(o.Output))
+			}
 		}
 		s.stats.FunctionCallOutputs += len(outputs)
 	} else {
@@ -335,6 +394,11 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 	s.responses[resp.id] = resp
 	if conv != nil {
 		for _, o := range outputs {
+			if o.Type == "tool_search_output" {
+				conv.items = append(conv.items, map[string]any{"id": newID("tso_"), "type": o.Type, "call_id": o.CallID,
+					"execution": cmpOr(o.Execution, "client"), "tools": o.Tools, "status": "completed"})
+				continue
+			}
 			conv.items = append(conv.items, map[string]any{"id": newID("fco_"), "type": cmpOr(o.Type, "function_call_output"),
 				"call_id": o.CallID, "output": outputText(o.Output), "status": "completed"})
 		}
@@ -400,7 +464,7 @@ func pendingCalls(prev *response) []string {
 	}
 	var ids []string
 	for _, it := range prev.output {
-		if it["type"] == "function_call" || it["type"] == "custom_tool_call" {
+		if it["type"] == "function_call" || it["type"] == "custom_tool_call" || it["type"] == "tool_search_call" && it["execution"] == "client" {
 			ids = append(ids, it["call_id"].(string))
 		}
 	}
@@ -433,6 +497,9 @@ func (s *Server) finishResponse(resp *response, o turnOutcome) {
 		case KindCustom:
 			resp.output = append(resp.output, map[string]any{"id": newID("ctc_"), "type": "custom_tool_call", "status": "completed",
 				"call_id": c.ID, "name": c.Name, "input": c.Arguments})
+		case KindToolSearch:
+			resp.output = append(resp.output, map[string]any{"id": newID("tsc_"), "type": "tool_search_call", "status": "completed",
+				"call_id": c.ID, "execution": "client", "arguments": json.RawMessage(c.Arguments)})
 		default:
 			resp.output = append(resp.output, unservedItem(c))
 		}

@@ -48,7 +48,8 @@ type callConfig struct {
 	Arguments yaml.Node `yaml:"arguments"`
 	As        string    `yaml:"as"`
 	// Kind is CallSpec.Kind: custom (a custom tool call whose input is
-	// Input, a template of text), or the type of an item or action no
+	// Input, a template of text), tool_search (a client tool search whose
+	// query is Input; function is then optional), or the type of an item or action no
 	// one answers (mcp_approval_request, computer_call,
 	// environment_connection, ...; function is then optional).
 	Kind  string `yaml:"kind"`
@@ -126,8 +127,8 @@ func (sc *scenarioConfig) scenario(index int) (Scenario, error) {
 		var step Step
 		thisStep := map[string]bool{}
 		for j, c := range st.Calls {
-			unserved := c.Kind != KindFunction && c.Kind != KindCustom
-			if err := protocol.ValidateFunctionName(c.Function); err != nil && !(unserved && c.Function == "") {
+			unserved := !answeredKind(c.Kind)
+			if err := protocol.ValidateFunctionName(c.Function); err != nil && !((unserved || c.Kind == KindToolSearch) && c.Function == "") {
 				return s, fmt.Errorf("%s: %q must match %s", field(j, "function"), c.Function, protocol.FunctionNamePattern)
 			}
 			spec := CallSpec{Name: c.Function, As: c.As, Kind: c.Kind}

@@ -593,6 +593,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		}
 		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
+		d.answerSearches(ctx, t, recorded)
 		d.publishCalls(ctx, t, recorded, nil)
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:

@@ -478,7 +478,7 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 	}
 	teams := map[string]bool{}
 	for _, c := range t.Calls {
-		if !c.Rejected && c.Team != protocol.SystemTeam && !teams[c.Team] {
+		if c.published() && c.Team != protocol.SystemTeam && !teams[c.Team] {
 			teams[c.Team] = true
 			if _, err := d.js.Publish(ctx, protocol.CancelSubject(c.Team, key), []byte(reason),
 				jetstream.WithMsgID(protocol.CancelMsgID(key, c.Team))); err != nil {

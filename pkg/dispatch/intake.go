@@ -119,6 +119,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		c := t.call(k)
 		d.recordFailure(ctx, t, c, cerr)
 	}
+	d.answerSearches(ctx, t, nil)
 	d.publishCalls(ctx, t, nil, checked)
 	crashpoint.Reached(crashpoint.Fanout, d.opts.Name, string(key))
 	return t, nil
@@ -144,6 +145,7 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 		d.log.Warn("a repeated intake could not read the turn's results; publishing none of its calls again", "turn", t.Key, "err", err)
 		return
 	}
+	d.answerSearches(ctx, t, recorded)
 	d.publishCalls(ctx, t, recorded, nil)
 }
 
@@ -166,9 +168,17 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 			stored = mustJSONString(string(stored))
 		}
 		cerr := oversized(tc.Name, len(stored), budget)
-		if cerr != nil {
+		switch {
+		case cerr != nil:
 			stored = mustJSONString(fmt.Sprintf("(%d bytes, not kept)", len(stored)))
-		} else {
+		case c.ToolSearch:
+			// Answered by this dispatcher (answerSearches), from the
+			// registry: no team, no schema.
+			tc.ToolSearch = true
+			if tc.Name == "" {
+				tc.Name = "tool_search"
+			}
+		default:
 			checked[i], cerr = d.resolve(ctx, &tc, d.opts.ServeGrace)
 		}
 		if cerr != nil {

@@ -100,7 +100,7 @@ func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time)
 		}
 		for i := range t.Calls {
 			c := &t.Calls[i]
-			if c.Rejected {
+			if !c.published() {
 				continue
 			}
 			fn := fnKey{c.Team, c.Name}

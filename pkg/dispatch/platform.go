@@ -201,6 +201,14 @@ type CallRequest struct {
 	// Arguments is then a JSON string holding the model's raw input, and
 	// the output is submitted as a custom_tool_call_output.
 	Custom bool `json:"custom,omitempty"`
+	// ToolSearch marks a client-executed tool search (Responses
+	// tool_search_call with execution "client"): the dispatcher answers it
+	// itself from the registry, and runs it nowhere. Arguments are the
+	// call's arguments (JSON; the query is read from their strings); the
+	// result's output is the JSON array of the matching functions'
+	// [protocol.FunctionSpec]s, which the adapter submits as a
+	// tool_search_output of their tool definitions.
+	ToolSearch bool `json:"tool_search,omitempty"`
 }
 
 // Key is the turn's key.

@@ -41,7 +41,7 @@ func (d *Dispatcher) publishCalls(ctx context.Context, t *Turn, skip map[protoco
 	deadline := t.Deadline.Format(time.RFC3339Nano) // the same on each call
 	for i := range t.Calls {
 		c := &t.Calls[i]
-		if c.Rejected || skip[c.Key] {
+		if !c.published() || skip[c.Key] {
 			continue
 		}
 		var digest string

@@ -278,5 +278,8 @@ func appendCall(b []byte, c *TurnCall) ([]byte, error) {
 	if c.Custom {
 		b = append(b, `,"custom":true`...)
 	}
+	if c.ToolSearch {
+		b = append(b, `,"tool_search":true`...)
+	}
 	return append(b, '}'), nil
 }

@@ -134,7 +134,15 @@ type TurnCall struct {
 	Rejected bool `json:"rejected,omitempty"`
 	// Custom marks a custom tool call (see CallRequest.Custom).
 	Custom bool `json:"custom,omitempty"`
+	// ToolSearch marks a tool search the dispatcher answers itself (see
+	// CallRequest.ToolSearch): never published, its result recorded at
+	// intake.
+	ToolSearch bool `json:"tool_search,omitempty"`
 }
+
+// published reports whether the call goes to executors: not one rejected
+// at intake, nor a tool search the dispatcher answers.
+func (c *TurnCall) published() bool { return !c.Rejected && !c.ToolSearch }
 
 // resultSubject is where this call's result is recorded.
 func (c *TurnCall) resultSubject() string { return protocol.ResultSubject(c.Team, c.Key) }

@@ -12,6 +12,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -109,6 +110,10 @@ func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []d
 	}
 	items := make(responses.ResponseInputParam, 0, len(outputs))
 	for _, o := range outputs {
+		if o.Call.ToolSearch {
+			items = append(items, toolSearchOutput(o))
+			continue
+		}
 		out := modelOutput(o.Result, maxResponsesOutput)
 		if o.Call.Custom {
 			items = append(items, responses.ResponseInputItemParamOfCustomToolCallOutput(o.Call.ID, out))
@@ -155,8 +160,9 @@ var hostedItems = map[string]bool{
 // nil; served reports whether the item needs nothing from toolrelay (a
 // call it answers, or an item the platform finished). Anything else
 // (mcp_approval_request, computer_call, local_shell_call, shell_call,
-// apply_patch_call, a client-executed tool_search_call, a type this
-// SDK does not know) is unsupported.
+// apply_patch_call, a type this SDK does not know) is unsupported. A
+// client-executed tool_search_call is a call the dispatcher answers
+// itself, from the registry.
 func outputCall(it responses.ResponseOutputItemUnion) (call *dispatch.CallRequest, served bool) {
 	switch it.Type {
 	case "function_call":
@@ -166,9 +172,47 @@ func outputCall(it responses.ResponseOutputItemUnion) (call *dispatch.CallReques
 		cc := it.AsCustomToolCall()
 		return &dispatch.CallRequest{ID: cc.CallID, Name: cc.Name, Arguments: mustJSON(cc.Input), Custom: true}, true
 	case "tool_search_call":
-		return nil, it.AsToolSearchCall().Execution != "client"
+		ts := it.AsToolSearchCall()
+		if ts.Execution != responses.ResponseToolSearchCallExecutionClient {
+			return nil, true // the platform searched
+		}
+		return &dispatch.CallRequest{ID: ts.CallID, Name: "tool_search", Arguments: searchArguments(ts.JSON.Arguments.Raw()), ToolSearch: true}, true
 	}
 	return nil, hostedItems[it.Type]
+}
+
+// searchArguments are a tool_search_call's arguments as a call carries
+// them: JSON (an object, whatever the tool_search's parameters say).
+func searchArguments(raw string) json.RawMessage {
+	if raw == "" || raw == "null" || !json.Valid([]byte(raw)) {
+		return json.RawMessage("{}")
+	}
+	return json.RawMessage(raw)
+}
+
+// toolSearchOutput answers a client-executed tool_search_call with the
+// tool definitions of the functions the dispatcher found (the call's
+// result holds their specs), rendered as `dispatcher tools` exports them
+// for Responses. A search that failed finds nothing.
+func toolSearchOutput(o dispatch.Output) responses.ResponseInputItemUnionParam {
+	var specs []*protocol.FunctionSpec
+	if o.Result != nil && o.Result.OK() {
+		_ = json.Unmarshal([]byte(o.Result.Output), &specs)
+	}
+	tools := []responses.ResponseToolSearchOutputItemParamToolUnion{}
+	defs, _ := tooldef.Definitions(specs, protocol.PlatformResponses)
+	for _, def := range defs {
+		var tool responses.ResponseToolSearchOutputItemParamToolUnion
+		if json.Unmarshal(def, &tool) != nil || tool.OfToolSearch != nil {
+			continue // the tool_search Definitions adds after deferred functions
+		}
+		tools = append(tools, tool)
+	}
+	item := responses.ResponseInputItemParamOfToolSearchOutput(tools)
+	item.OfToolSearchOutput.CallID = openai.String(o.Call.ID)
+	item.OfToolSearchOutput.Execution = responses.ResponseToolSearchOutputItemParamExecutionClient
+	item.OfToolSearchOutput.Status = responses.ResponseToolSearchOutputItemParamStatusCompleted
+	return item
 }
 
 // mustJSON encodes a string as JSON (which cannot fail).
@@ -189,7 +233,7 @@ func (a *Responses) answered(ctx context.Context, conversation string, outputs [
 		return false, classify("list conversation items "+conversation, err)
 	}
 	for _, it := range page.Data {
-		if it.Type == "function_call_output" || it.Type == "custom_tool_call_output" {
+		if it.Type == "function_call_output" || it.Type == "custom_tool_call_output" || it.Type == "tool_search_output" {
 			delete(want, it.CallID)
 		}
 	}
@@ -221,18 +265,18 @@ func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*di
 		case "custom_tool_call":
 			pending[it.CallID] = dispatch.CallRequest{ID: it.CallID, Name: it.Name, Arguments: mustJSON(it.Input), Custom: true}
 			order = append(order, it.CallID)
-		case "function_call_output", "custom_tool_call_output":
+		case "tool_search_call":
+			if it.Execution == "client" {
+				pending[it.CallID] = dispatch.CallRequest{ID: it.CallID, Name: "tool_search", Arguments: searchArguments(it.JSON.Arguments.Raw()), ToolSearch: true}
+				order = append(order, it.CallID)
+			}
+		case "function_call_output", "custom_tool_call_output", "tool_search_output":
 			delete(pending, it.CallID)
 		case "computer_call", "local_shell_call", "shell_call", "apply_patch_call":
 			waiting[it.CallID] = dispatch.UnsupportedItem{Type: it.Type, ID: it.CallID}
 			waitOrder = append(waitOrder, it.CallID)
-		case "computer_call_output", "local_shell_call_output", "shell_call_output", "apply_patch_call_output", "tool_search_output":
+		case "computer_call_output", "local_shell_call_output", "shell_call_output", "apply_patch_call_output":
 			delete(waiting, it.CallID)
-		case "tool_search_call":
-			if it.Execution == "client" {
-				waiting[it.CallID] = dispatch.UnsupportedItem{Type: it.Type, ID: it.CallID}
-				waitOrder = append(waitOrder, it.CallID)
-			}
 		case "mcp_approval_request":
 			waiting[it.ID] = dispatch.UnsupportedItem{Type: it.Type, ID: it.ID}
 			waitOrder = append(waitOrder, it.ID)
