@@ -21,7 +21,7 @@ import (
 func runBin(t *testing.T, bin string, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	cmd := osexec.Command(bin, args...)
-	dieWithTest(cmd)
+	testutil.DieWithTest(cmd)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	cmd.Env = append(os.Environ(), env...)

@@ -102,7 +102,7 @@ func (w *world) start(name, bin string, args []string, env ...string) *proc {
 func startProc(t *testing.T, dir, name, bin string, args []string, env ...string) *proc {
 	t.Helper()
 	cmd := osexec.Command(bin, args...)
-	dieWithTest(cmd)
+	testutil.DieWithTest(cmd)
 	log, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		t.Fatal(err)

@@ -38,7 +38,7 @@ func newCluster(t *testing.T) *cluster {
 func (c *cluster) executor(name, cfg string) *osexec.Cmd {
 	c.t.Helper()
 	cmd := osexec.Command(executorBin, "-config", cfg)
-	dieWithTest(cmd)
+	testutil.DieWithTest(cmd)
 	log, err := os.Create(filepath.Join(c.dir, name+".log"))
 	if err != nil {
 		c.t.Fatal(err)
