@@ -73,9 +73,14 @@ func (f *fleet) measureFloor(ctx context.Context, d time.Duration, inFlight int)
 	wcc, err := wc.Consume(func(m jetstream.Msg) {
 		working.Go(func() {
 			id := strings.TrimPrefix(m.Subject(), "floor.call.")
-			if _, err := wjs.Publish(ctx, "floor.result."+id, m.Data()); err == nil {
-				_ = m.Ack()
+			if _, err := wjs.Publish(ctx, "floor.result."+id, m.Data()); err != nil {
+				// Again soon, not after the ack wait (30 s): the warm-up's
+				// repeats are one call to JetStream (one message ID), so a
+				// result lost to a leader election would stall it that long.
+				_ = m.NakWithDelay(100 * time.Millisecond)
+				return
 			}
+			_ = m.Ack()
 		})
 	}, jetstream.PullMaxMessages(inFlight))
 	if err != nil {
