@@ -56,8 +56,14 @@ export interface Env {
   url: string;
   nc: NatsConnection;
   dispatcherAddr?: string;
-  /** connectExecutor connects as the executor user: limited by start's deny, else as nc. */
-  connectExecutor(): Promise<NatsConnection>;
+  /** connectExecutor connects as the executor user (limited by start's deny, else as nc); with reconnect, it outlives restartEmpty. */
+  connectExecutor(o?: { reconnect?: boolean }): Promise<NatsConnection>;
+  /**
+   * restartEmpty stops nats-server, deletes its store and starts it again
+   * on the same port (a development server restarted without its data); it
+   * resolves to a new administrator's connection (nc is closed by then).
+   */
+  restartEmpty(): Promise<NatsConnection>;
   stop(): Promise<void>;
 }
 
@@ -93,16 +99,16 @@ export async function start(opts: { dispatcher?: boolean; deny?: string[] } = {}
     args.push("-c", conf);
   }
   const url = opts.deny ? `nats://admin:admin-secret@127.0.0.1:${port}` : `nats://127.0.0.1:${port}`;
-  const nats = spawn(join(binDir, "nats-server"), args, { stdio: "ignore" });
-  procs.push(nats);
+  procs.push(spawn(join(binDir, "nats-server"), args, { stdio: "ignore" }));
   const servers = `nats://127.0.0.1:${port}`;
-  const nc = await waitFor("nats-server", async () => {
+  const connectAdmin = () => waitFor("nats-server", async () => {
     try {
       return await connect({ servers, reconnect: false, ...admin });
     } catch {
       return undefined;
     }
   });
+  const nc = await connectAdmin();
   const extra: NatsConnection[] = [];
   let dispatcherAddr: string | undefined;
   if (opts.dispatcher) {
@@ -126,8 +132,19 @@ export async function start(opts: { dispatcher?: boolean; deny?: string[] } = {}
   }
   return {
     url, nc, dispatcherAddr,
-    async connectExecutor() {
-      const c = await connect({ servers, reconnect: false, ...executor });
+    async connectExecutor(o = {}) {
+      const c = await connect({
+        servers, ...executor,
+        ...(o.reconnect ? { maxReconnectAttempts: -1, reconnectTimeWait: 100 } : { reconnect: false }),
+      });
+      extra.push(c);
+      return c;
+    },
+    async restartEmpty() {
+      await kill(procs[0]!);
+      rmSync(join(dir, "js"), { recursive: true, force: true });
+      procs[0] = spawn(join(binDir, "nats-server"), args, { stdio: "ignore" });
+      const c = await connectAdmin();
       extra.push(c);
       return c;
     },

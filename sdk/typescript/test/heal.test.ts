@@ -9,7 +9,7 @@ import { test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { dispatcherCall, start, waitFor, type Env } from "./harness.js";
+import { dispatcherCall, publishCall, result, start, waitFor, type Env } from "./harness.js";
 import { Executor, protocol as p, type Logger } from "../src/index.js";
 import * as prov from "../src/provision.js";
 
@@ -109,6 +109,28 @@ test("executors that may recreate what they own", async (t) => {
     await served(env, fn, 2);
     t.diagnostic(`served again ${Date.now() - recreated} ms after the stream was recreated`);
   });
+});
+
+// The server starts again on an empty store (a development server
+// restarted without its data): no "consumer deleted" reaches the pull, which
+// finds its consumer gone when it resumes after reconnecting. No dispatcher
+// here: calls are published and results read as the dispatcher would.
+test("a server started again on an empty store: the executor recreates its stream and consumer and serves again", async (t) => {
+  const [team, fn] = ["tsheal-empty", "heal_empty"];
+  const env = await start();
+  t.after(() => env.stop());
+  const { log } = await serve(t, await env.connectExecutor({ reconnect: true }), team, fn);
+  const key = await publishCall(env.nc, team, fn, { n: 1 });
+  assert.equal((await result(env.nc, team, key)).output, "echo 1");
+
+  const nc = await env.restartEmpty();
+  const restarted = Date.now();
+  const jsm = await jetstreamManager(nc);
+  await waitFor("the executor to recreate its stream and consumer", () => consumerExists(jsm, team, fn), HEAL_WITHIN_MS);
+  const again = await publishCall(nc, team, fn, { n: 2 });
+  assert.equal((await result(nc, team, again, HEAL_WITHIN_MS)).output, "echo 2");
+  t.diagnostic(`served again ${Date.now() - restarted} ms after the server restarted`);
+  assert.ok(log.logged("warn", "the function's consumer is gone; recreating it"), JSON.stringify(log.lines));
 });
 
 test("executors that may not recreate what they own", async (t) => {
