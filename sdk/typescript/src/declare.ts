@@ -1,6 +1,8 @@
 // Declarations as leases (docs/protocol.md, Declarations: leases): a declare
 // request to the dispatchers on toolrelay.declare.<team>, sent again every
 // lease renewal, withdrawn on stop. No answer is not a refusal: keep sending.
+// A function whose consumer is gone for good is held back (suspend): its
+// declaration is withdrawn alone and left out of renewals until resume.
 
 import type { NatsConnection } from "@nats-io/transport-node";
 import { DeclarationRefusedError, type Refusal } from "./errors.js";
@@ -22,6 +24,12 @@ type Sent = { reply: Reply } | { unanswered: string };
 export class Lease {
   private timer?: NodeJS.Timeout;
   private stopped = false;
+  /** Functions held back: not declared now (their consumer is gone). */
+  private readonly held = new Set<string>();
+  /** Whether declare has begun: only then is there anything to withdraw. */
+  private declaring = false;
+  /** The last exchange: one at a time, so a renewal never overtakes a withdrawal. */
+  private last: Promise<unknown> = Promise.resolve();
   /** declarations: the JSON text of each declaration, by function. */
   constructor(
     private readonly nc: NatsConnection,
@@ -36,13 +44,25 @@ export class Lease {
     return `{"v":${p.VERSION},"op":"${op}","declarations":[${names.map((n) => this.declarations.get(n)!).join(",")}]}`;
   }
 
-  private async send(op: "declare" | "withdraw", names = [...this.declarations.keys()]): Promise<Sent> {
-    try {
-      const m = await this.nc.request(p.declareSubject(this.team), this.body(op, names), { timeout: REQUEST_TIMEOUT_MS });
-      return { reply: JSON.parse(m.string()) as Reply };
-    } catch (e) {
-      return { unanswered: e instanceof Error ? e.message : String(e) };
-    }
+  /** serving names the functions declared now: those not held back. */
+  private serving(): string[] {
+    return [...this.declarations.keys()].filter((n) => !this.held.has(n));
+  }
+
+  /** send sends one request after the one before has ended; declaring nothing is answered at once. */
+  private send(op: "declare" | "withdraw", names?: string[]): Promise<Sent> {
+    const sent = this.last.then(async (): Promise<Sent> => {
+      const which = names ?? (op === "declare" ? this.serving() : [...this.declarations.keys()]);
+      if (which.length === 0) return { reply: { v: p.VERSION } };
+      try {
+        const m = await this.nc.request(p.declareSubject(this.team), this.body(op, which), { timeout: REQUEST_TIMEOUT_MS });
+        return { reply: JSON.parse(m.string()) as Reply };
+      } catch (e) {
+        return { unanswered: e instanceof Error ? e.message : String(e) };
+      }
+    });
+    this.last = sent;
+    return sent;
   }
 
   /**
@@ -51,6 +71,7 @@ export class Lease {
    * starts). A refusal is thrown as a DeclarationRefusedError.
    */
   async declare(): Promise<void> {
+    this.declaring = true;
     for (let tries = 0; ; tries++) {
       const sent = await this.send("declare");
       if ("unanswered" in sent) {
@@ -83,6 +104,32 @@ export class Lease {
       this.timer = setTimeout(tick, p.LEASE_RENEWAL_MS);
     };
     this.timer = setTimeout(tick, p.LEASE_RENEWAL_MS);
+  }
+
+  /**
+   * suspend withdraws fn's declaration alone and leaves it out of renewals
+   * until resume: this process cannot serve fn now. A withdrawal no
+   * dispatcher answers lapses with the lease.
+   */
+  async suspend(fn: string): Promise<void> {
+    if (this.held.has(fn)) return;
+    this.held.add(fn);
+    if (!this.declaring || this.stopped) return;
+    const sent = await this.send("withdraw", [fn]);
+    if ("unanswered" in sent || sent.reply.error) {
+      this.log("withdrawing the function's declaration failed; it lapses with its lease",
+        { fn, err: "unanswered" in sent ? sent.unanswered : sent.reply.error });
+    }
+  }
+
+  /** resume declares fn again at once (with the others served) and renews it from then on. */
+  async resume(fn: string): Promise<void> {
+    if (!this.held.delete(fn) || !this.declaring || this.stopped) return;
+    const sent = await this.send("declare");
+    if ("unanswered" in sent || sent.reply.error || sent.reply.refused?.length) {
+      this.log("declaring the function again failed; the next renewal declares it",
+        { fn, err: "unanswered" in sent ? sent.unanswered : sent.reply.error, refused: "reply" in sent ? sent.reply.refused : undefined });
+    }
   }
 
   /** withdraw stops renewing and withdraws every declaration. */

@@ -122,7 +122,9 @@ export class Executor {
    * executor serves; it rejects with a DeclarationRefusedError when the
    * dispatchers refuse a declaration (another team owns the name), having
    * stopped everything. A dispatcher that does not answer yet is not a
-   * refusal: renewals reach the first one that starts.
+   * refusal: renewals reach the first one that starts. A function whose
+   * consumer or stream disappears later is recreated, or, where it cannot
+   * be, not declared until it exists again (heal.ts).
    */
   async start(): Promise<void> {
     if (this.state !== "new") throw new Error("toolrelay: start called twice");
@@ -137,17 +139,19 @@ export class Executor {
       apiPrefix: this.opts.controlAPIPrefix || p.DEFAULT_API_PREFIX, cancels: this.cancels,
       tracer: (this.opts.tracerProvider ?? trace.getTracerProvider()).getTracer("toolrelay-executor-ts"),
       log: this.log, shutdown: this.shutdownAbort.signal,
-      heal: async (fn: string) => {
-        await this.provision([fn]);
-      },
+      provision: (fn: string) => this.provision([fn]),
+      suspend: (fn: string) => lease.suspend(fn),
+      resume: (fn: string) => lease.resume(fn),
     };
-    this.workers = [...this.funcs.values()].map((f) => new Worker(env, f));
-    for (const w of this.workers) w.start();
-
     const started = new Date().toISOString();
     const decls = new Map<string, string>();
     for (const f of this.funcs.values()) decls.set(f.def.name, this.declaration(f, started));
-    this.lease = new Lease(this.nc, this.team, decls, (msg, extra) => this.log.warn(msg, extra));
+    // The lease exists before the workers, so a worker that loses its
+    // consumer at once holds its function back from the first declaration.
+    const lease = new Lease(this.nc, this.team, decls, (msg, extra) => this.log.warn(msg, extra));
+    this.lease = lease;
+    this.workers = [...this.funcs.values()].map((f) => new Worker(env, f));
+    for (const w of this.workers) w.start();
     try {
       await this.lease.declare();
     } catch (e) {

@@ -60,9 +60,14 @@ export async function ensureStream(jsm: JetStreamManager, want: Spec): Promise<v
       await jsm.streams.add(want);
       return;
     } catch (e2) {
-      // Another process created it meanwhile: check it as found.
-      have = (await jsm.streams.info(want.name)).config;
-      void e2;
+      // Another process created it meanwhile: check it as found. If it
+      // is not there, why it could not be created is the error (no
+      // permission, say), not that it is missing.
+      try {
+        have = (await jsm.streams.info(want.name)).config;
+      } catch {
+        throw e2;
+      }
     }
   }
   const diffs: string[] = [];

@@ -11,6 +11,7 @@ import {
   CallCancelledError, DeadlineError, DidNotRunError, InvalidArgumentsError, RefusalError, RetryableError, ShutdownError,
 } from "./errors.js";
 import type { FunctionDef, Invocation } from "./function.js";
+import { Backoff, consumerGone, Healer, sleep } from "./heal.js";
 import * as p from "./protocol.js";
 import { extract, inject } from "./trace.js";
 
@@ -34,8 +35,12 @@ export interface WorkerEnv {
   log: Logger;
   /** Aborted once the executor gives up waiting for running calls at shutdown. */
   shutdown: AbortSignal;
-  /** Recreates the function's stream and consumer after it went away. */
-  heal(fn: string): Promise<void>;
+  /** Looks up or creates the team's streams and fn's consumer, as start does. */
+  provision(fn: string): Promise<void>;
+  /** Withdraws fn's declaration and stops renewing it: its consumer is gone for now. */
+  suspend(fn: string): Promise<void>;
+  /** Declares fn again: its consumer is back. */
+  resume(fn: string): Promise<void>;
 }
 
 export interface Registered {
@@ -55,8 +60,6 @@ const ABANDON_GRACE_MS = 2_000;
 const PERSIST_FOR_MS = 30_000;
 const PULL_EXPIRES_MS = 5_000;
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
 /** What one run of a handler came to. */
 interface Outcome {
   res?: p.Result;
@@ -72,10 +75,21 @@ export class Worker {
   private readonly running = new Map<string, Promise<void>>();
   private readonly inFlight = new Set<Promise<void>>();
   private stopping = false;
+  private readonly stopped = new AbortController();
   private loops: Promise<void>[] = [];
   private readonly pulls = new Set<ConsumerMessages>();
+  /** The consumer the loops pull from, looked up once per generation. */
+  private consumer?: Promise<Consumer>;
+  /** Counts the times the consumer was looked up afresh after a failure. */
+  private generation = 0;
+  /** The one recovery under way after a failed pull, which every loop awaits. */
+  private recovering?: Promise<void>;
+  private readonly healer: Healer;
+  private readonly pullRetry = new Backoff(1_000, 5_000);
 
-  constructor(private readonly env: WorkerEnv, private readonly fn: Registered) {}
+  constructor(private readonly env: WorkerEnv, private readonly fn: Registered) {
+    this.healer = new Healer(env, fn.def.name, this.stopped.signal);
+  }
 
   /** start runs `concurrency` pull loops: one call each at a time, so no call waits in a buffer. */
   start(): void {
@@ -90,6 +104,7 @@ export class Worker {
    */
   stop(): void {
     this.stopping = true;
+    this.stopped.abort();
     for (const pull of this.pulls) void pull.close();
   }
 
@@ -99,28 +114,54 @@ export class Worker {
   }
 
   private async loop(): Promise<void> {
-    let consumer: Consumer | undefined;
     while (!this.stopping) {
+      const generation = this.generation;
+      let m: JsMsg | null;
       try {
-        consumer ??= await this.env.js.consumers.get(p.callStream(this.env.team), this.fn.def.name);
-        const m = await this.pull(consumer);
-        if (!m) continue;
-        if (this.stopping) {
-          m.nak(); // let another process have it now
-          break;
-        }
-        const run = this.handle(m).catch((e) => this.env.log.error("handling a call failed", { fn: this.fn.def.name, err: String(e) }));
-        this.inFlight.add(run);
-        await run;
-        this.inFlight.delete(run);
+        this.consumer ??= this.env.js.consumers.get(p.callStream(this.env.team), this.fn.def.name);
+        m = await this.pull(await this.consumer);
       } catch (e) {
         if (this.stopping || this.env.nc.isClosed()) break;
-        this.env.log.warn("pull failed; recreating the consumer in a second", { fn: this.fn.def.name, err: String(e) });
-        consumer = undefined;
-        await sleep(1_000);
-        await this.env.heal(this.fn.def.name).catch((err) => this.env.log.warn("recreating the consumer failed", { err: String(err) }));
+        // The loops that failed together recover once; a loop whose pull
+        // began before the last recovery just pulls again.
+        if (generation === this.generation) {
+          this.recovering ??= this.recover(e)
+            .catch((err) => this.env.log.error("recovering from a failed pull failed", { fn: this.fn.def.name, err: String(err) }))
+            .finally(() => (this.recovering = undefined));
+        }
+        await this.recovering;
+        continue;
       }
+      this.pullRetry.reset();
+      if (!m) continue;
+      if (this.stopping) {
+        m.nak(); // let another process have it now
+        break;
+      }
+      const run = this.handle(m).catch((e) => this.env.log.error("handling a call failed", { fn: this.fn.def.name, err: String(e) }));
+      this.inFlight.add(run);
+      await run;
+      this.inFlight.delete(run);
     }
+  }
+
+  /**
+   * recover deals with a failed pull: a consumer the server shows gone is
+   * recreated (Healer); otherwise the pull is tried again after a pause.
+   */
+  private async recover(err: unknown): Promise<void> {
+    const { env, fn } = this;
+    const gone = await consumerGone(env.jsm, env.team, fn.def.name, err);
+    this.consumer = undefined;
+    if (gone) {
+      this.pullRetry.reset();
+      await this.healer.heal(gone);
+    } else {
+      const wait = this.pullRetry.next();
+      env.log.warn("pulling calls failed; pulling again", { fn: fn.def.name, err: String(err), in_ms: wait });
+      await sleep(wait, this.stopped.signal);
+    }
+    this.generation++;
   }
 
   /** pull waits for one call (a pull request of one: only a free slot pulls), or null when none came. */

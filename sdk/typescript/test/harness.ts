@@ -2,7 +2,7 @@
 // both built from the repository's Go module (no docker, no global installs).
 
 import { execFile, spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -56,6 +56,14 @@ export interface Env {
   url: string;
   nc: NatsConnection;
   dispatcherAddr?: string;
+  /** connectExecutor connects as the executor user (limited by start's deny, else as nc); with reconnect, it outlives restartEmpty. */
+  connectExecutor(o?: { reconnect?: boolean }): Promise<NatsConnection>;
+  /**
+   * restartEmpty stops nats-server, deletes its store and starts it again
+   * on the same port (a development server restarted without its data); it
+   * resolves to a new administrator's connection (nc is closed by then).
+   */
+  restartEmpty(): Promise<NatsConnection>;
   stop(): Promise<void>;
 }
 
@@ -68,22 +76,40 @@ function kill(p: ChildProcess): Promise<void> {
   });
 }
 
-/** start runs nats-server (and, with dispatcher, the dispatcher) and connects. */
-export async function start(opts: { dispatcher?: boolean } = {}): Promise<Env> {
+/**
+ * start runs nats-server (and, with dispatcher, the dispatcher) and
+ * connects. With deny, the server has two users: an administrator (nc and
+ * the dispatcher) and an executor user who may not publish to the subjects
+ * in deny (connectExecutor).
+ */
+export async function start(opts: { dispatcher?: boolean; deny?: string[] } = {}): Promise<Env> {
   await buildBinaries();
   const dir = mkdtempSync(join(tmpdir(), "toolrelay-ts-"));
   const port = await freePort();
-  const url = `nats://127.0.0.1:${port}`;
   const procs: ChildProcess[] = [];
-  const nats = spawn(join(binDir, "nats-server"), ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", join(dir, "js")], { stdio: "ignore" });
-  procs.push(nats);
-  const nc = await waitFor("nats-server", async () => {
+  const args = ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", join(dir, "js")];
+  const admin = opts.deny ? { user: "admin", pass: "admin-secret" } : {};
+  const executor = opts.deny ? { user: "executor", pass: "executor-secret" } : {};
+  if (opts.deny) {
+    const conf = join(dir, "nats.conf");
+    writeFileSync(conf, `authorization { users = [
+  { user: admin, password: admin-secret }
+  { user: executor, password: executor-secret, permissions: { publish: { allow: [">"], deny: ${JSON.stringify(opts.deny)} } } }
+] }\n`);
+    args.push("-c", conf);
+  }
+  const url = opts.deny ? `nats://admin:admin-secret@127.0.0.1:${port}` : `nats://127.0.0.1:${port}`;
+  procs.push(spawn(join(binDir, "nats-server"), args, { stdio: "ignore" }));
+  const servers = `nats://127.0.0.1:${port}`;
+  const connectAdmin = () => waitFor("nats-server", async () => {
     try {
-      return await connect({ servers: url, reconnect: false });
+      return await connect({ servers, reconnect: false, ...admin });
     } catch {
       return undefined;
     }
   });
+  const nc = await connectAdmin();
+  const extra: NatsConnection[] = [];
   let dispatcherAddr: string | undefined;
   if (opts.dispatcher) {
     const addr = `127.0.0.1:${await freePort()}`;
@@ -106,7 +132,24 @@ export async function start(opts: { dispatcher?: boolean } = {}): Promise<Env> {
   }
   return {
     url, nc, dispatcherAddr,
+    async connectExecutor(o = {}) {
+      const c = await connect({
+        servers, ...executor,
+        ...(o.reconnect ? { maxReconnectAttempts: -1, reconnectTimeWait: 100 } : { reconnect: false }),
+      });
+      extra.push(c);
+      return c;
+    },
+    async restartEmpty() {
+      await kill(procs[0]!);
+      rmSync(join(dir, "js"), { recursive: true, force: true });
+      procs[0] = spawn(join(binDir, "nats-server"), args, { stdio: "ignore" });
+      const c = await connectAdmin();
+      extra.push(c);
+      return c;
+    },
     async stop() {
+      for (const c of extra) await c.close();
       await nc.close();
       for (const p of procs.reverse()) await kill(p);
       rmSync(dir, { recursive: true, force: true });
