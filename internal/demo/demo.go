@@ -503,9 +503,9 @@ func announce(out *lockedWriter) exec.Middleware {
 		return exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
 			if input, ok := inv.Input(); ok {
 				out.printf("  Calling %s... (custom tool, input %q)\n", inv.Call.Function, input)
-				return next.Handle(ctx, inv)
+			} else {
+				out.printf("  Calling %s...\n", inv.Call.Function)
 			}
-			out.printf("  Calling %s...\n", inv.Call.Function)
 			return next.Handle(ctx, inv)
 		})
 	}
