@@ -11,7 +11,7 @@ import (
 // and the tool_search tool that loads deferred ones. Other tool types pass
 // through unchecked.
 
-// checkTools validates the function and tool_search tools of a request the
+// checkTools validates the function, custom and tool_search tools of a request the
 // way the platform's request types define them, so a configuration the
 // platform would refuse is refused here too. param names the list
 // ("agent.tools" or "tools"); agents selects the Agents rules (a function
