@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/demo"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -110,8 +111,8 @@ func TestInspectionCommands(t *testing.T) {
 		}
 	}
 	var fj struct{ Functions []dispatch.FunctionView }
-	if err := json.Unmarshal([]byte(inspect(t, "functions", "-addr", addr, "-json")), &fj); err != nil || len(fj.Functions) != 6 {
-		t.Errorf("functions -json: %v, %d functions; want the 6 seeds", err, len(fj.Functions))
+	if err := json.Unmarshal([]byte(inspect(t, "functions", "-addr", addr, "-json")), &fj); err != nil || len(fj.Functions) != len(demo.Functions()) {
+		t.Errorf("functions -json: %v, %d functions; want executor -demo's %d", err, len(fj.Functions), len(demo.Functions()))
 	}
 	testutil.WaitForWhat(t, 10*time.Second, "inspect watches to list the watch completed", func() bool {
 		return strings.Contains(inspect(t, "watches", "-addr", addr), "completed")

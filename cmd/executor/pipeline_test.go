@@ -9,7 +9,9 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -143,6 +145,63 @@ func TestCommandAndHTTPFunctionsAnswerThroughThePipeline(t *testing.T) {
 		if w.State != dispatch.WatchCompleted || !strings.Contains(w.Answer, want) {
 			t.Errorf("watch %s answer %q (%s) lacks %q", w.State, w.Answer, w.Error, want)
 		}
+	}
+}
+
+// TestCustomToolsFromAFunctionsFile: functions declared with format: text
+// and a regex grammar: in a file take the model's text as it is, a
+// command on stdin and an HTTP endpoint as a text/plain body, and answer
+// custom tool calls; an input the grammar refuses reaches neither.
+func TestCustomToolsFromAFunctionsFile(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string // what the endpoint was posted, with its content type
+	dates := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, r.Header.Get("Content-Type")+": "+string(body))
+		mu.Unlock()
+		fmt.Fprintf(w, "dates of %s", body)
+	}))
+	defer dates.Close()
+	const raw = "it's \"raw\"\nline two"
+	p := newPipeline(t, fmt.Sprintf(`functions:
+  - name: shout
+    owner: astro
+    format: text
+    command: ["tr", "a-z", "A-Z"]
+  - name: get_sign_dates
+    owner: astro
+    grammar: {syntax: regex, definition: "Aquarius|Pisces"}
+    http: {url: %q}
+`, dates.URL), platformsim.Scenario{
+		Name: "custom", Prompt: "sign dates",
+		Steps: []platformsim.Step{{
+			{Name: "shout", Kind: platformsim.KindCustom, Arguments: raw},
+			{Name: "get_sign_dates", Kind: platformsim.KindCustom, Arguments: "Pisces"},
+			{Name: "get_sign_dates", Kind: platformsim.KindCustom, Arguments: "Ophiuchus", As: "refused"},
+		}},
+		Answer: `{{out "shout"}} | {{out "get_sign_dates"}} | {{out "refused"}}`,
+	})
+	p.waitServing(t, 2)
+	r, err := p.client.Responses.New(context.Background(), responses.ResponseNewParams{
+		Model: "m", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("sign dates")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := p.finish(t, dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: r.ID})
+	parts := strings.Split(w.Answer, " | ")
+	if w.State != dispatch.WatchCompleted || len(parts) != 3 {
+		t.Fatalf("watch %s %q (%s), want a completed answer of 3 parts", w.State, w.Answer, w.Error)
+	}
+	if parts[0] != strings.ToUpper(raw) || parts[1] != "dates of Pisces" ||
+		!strings.Contains(parts[2], `"type":"invalid_arguments"`) || !strings.Contains(parts[2], "does not match its grammar") {
+		t.Errorf("answers %q; want the command's output of the raw text, the endpoint's, and an invalid_arguments error", parts)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"text/plain; charset=utf-8: Pisces"}; !slices.Equal(bodies, want) {
+		t.Errorf("the endpoint was posted %q, want %q", bodies, want)
 	}
 }
 

@@ -62,11 +62,25 @@ var scenarios = []scenario{
 	{protocol.PlatformAssistants, "Azure OpenAI Assistants run", "What's the weather like in my favorite city?",
 		[]string{"Seattle, WA", "The Emerald City", "70f"}},
 	{protocol.PlatformResponses, "Responses API (and Foundry agents)", "What is my horoscope? I am an Aquarius.",
-		[]string{"Aquarius: Next Tuesday you will befriend a baby otter."}},
+		[]string{"Aquarius: Next Tuesday you will befriend a baby otter.", "Aquarius birthdays fall between January 20 and February 18."}},
 	// The platform itself calls the fleet, through the dispatcher's MCP
 	// front door: no watch, no function_call items for the client.
 	{protocol.PlatformMCP, "Responses API with the fleet as its remote MCP server (/mcp)", "What's the weather like in my favorite city?",
 		[]string{"Seattle, WA", "The Emerald City", "70f"}},
+}
+
+// horoscopeScenario is the Responses API guide's horoscope, with a custom
+// tool call beside the function call: the model writes the sign as text
+// for get_sign_dates, whose regex grammar the dispatcher checks. Only the
+// demo plays it, on the Responses API: the simulator plays a scenario on
+// every platform, and only the Responses API has custom tools.
+var horoscopeScenario = platformsim.Scenario{
+	Name: "horoscope", Prompt: "horoscope",
+	Steps: []platformsim.Step{{
+		{Name: "get_horoscope", Arguments: `{"sign":"Aquarius"}`},
+		{Name: "get_sign_dates", Kind: platformsim.KindCustom, Arguments: "Aquarius"},
+	}},
+	Answer: `Your horoscope: {{out "get_horoscope"}} {{out "get_sign_dates"}}`,
 }
 
 // Run plays one scenario per platform through a real JetStream server, the
@@ -108,14 +122,15 @@ func Run(ctx context.Context, opts Options) (err error) {
 	defer wg.Wait()
 	defer cancel()
 
+	var executors *running // nil: executors in other processes
 	if !opts.ExternalExecutors {
-		wait, err := startExecutors(ctx, &wg, natsURL, out, tp, opts.Logger)
-		if err != nil {
+		var err error
+		if executors, err = startExecutors(ctx, &wg, natsURL, out, tp, opts.Logger); err != nil {
 			return err
 		}
 		defer func() {
 			cancel()
-			if rerr := wait(); rerr != nil && err == nil {
+			if rerr := executors.wait(); rerr != nil && err == nil {
 				err = rerr
 			}
 		}()
@@ -143,7 +158,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	derr := make(chan error, 1)
 	wg.Go(func() { derr <- d.Run(ctx) })
-	if err := waitReady(ctx, d, js, derr); err != nil {
+	if err := waitReady(ctx, d, js, derr, executors); err != nil {
 		return err
 	}
 	// The dispatcher's HTTP API, for its MCP front door; loopback clients
@@ -179,7 +194,10 @@ var simTimeouts = httpapi.Timeouts{Write: -1}
 // stop is called.
 func startSimulator(logger *slog.Logger) (baseURL string, stop func(), err error) {
 	sim := platformsim.New(platformsim.Options{
-		Model: &platformsim.Model{Scenarios: platformsim.SeedScenarios()}, APIKey: "sk-demo", Logger: logger,
+		// The first scenario a prompt matches wins: the demo's horoscope
+		// before the seed one.
+		Model:  &platformsim.Model{Scenarios: append([]platformsim.Scenario{horoscopeScenario}, platformsim.SeedScenarios()...)},
+		APIKey: "sk-demo", Logger: logger,
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -192,9 +210,21 @@ func startSimulator(logger *slog.Logger) (baseURL string, stop func(), err error
 	return "http://" + ln.Addr().String() + "/v1", func() { sim.Close(); _ = hs.Close(); <-done }, nil
 }
 
+// running is a Run in its own goroutine: done closes once it returned err.
+type running struct {
+	done chan struct{}
+	err  error
+}
+
+// wait waits for Run to return and returns its error.
+func (r *running) wait() error {
+	<-r.done
+	return r.err
+}
+
 // startExecutors serves the seed functions in this process, on their own
-// connection, until ctx ends; wait returns what their Run returned.
-func startExecutors(ctx context.Context, wg *sync.WaitGroup, natsURL string, out *lockedWriter, tp *sdktrace.TracerProvider, logger *slog.Logger) (wait func() error, err error) {
+// connection, until ctx ends or their Run fails.
+func startExecutors(ctx context.Context, wg *sync.WaitGroup, natsURL string, out *lockedWriter, tp *sdktrace.TracerProvider, logger *slog.Logger) (*running, error) {
 	nc, js, err := connect(natsURL, "toolrelay-demo-executor")
 	if err != nil {
 		return nil, err
@@ -211,9 +241,13 @@ func startExecutors(ctx context.Context, wg *sync.WaitGroup, natsURL string, out
 		nc.Close()
 		return nil, err
 	}
-	errc := make(chan error, 1)
-	wg.Go(func() { errc <- ex.Run(ctx) })
-	return func() error { err := <-errc; nc.Close(); return err }, nil
+	r := &running{done: make(chan struct{})}
+	wg.Go(func() {
+		defer close(r.done)
+		r.err = ex.Run(ctx)
+		nc.Close()
+	})
+	return r, nil
 }
 
 func startNATS(opts Options) (url string, stop func(), err error) {
@@ -250,13 +284,23 @@ func connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
 }
 
 // waitReady waits for the dispatcher and for every seed function to be
-// served by a live executor.
-func waitReady(ctx context.Context, d *dispatch.Dispatcher, js jetstream.JetStream, derr <-chan error) error {
+// served by a live executor; executors, when not nil, are the in-process
+// ones, whose failure ends the wait.
+func waitReady(ctx context.Context, d *dispatch.Dispatcher, js jetstream.JetStream, derr <-chan error, executors *running) error {
 	deadline := time.Now().Add(30 * time.Second)
+	var stopped chan struct{} // nil: never ready
+	if executors != nil {
+		stopped = executors.done
+	}
 	for {
 		select {
 		case err := <-derr:
 			return fmt.Errorf("demo: dispatcher stopped: %w", err)
+		case <-stopped:
+			if executors.err == nil {
+				return errors.New("demo: the executors stopped before they served every function")
+			}
+			return fmt.Errorf("demo: the executors stopped: %w", executors.err)
 		default:
 		}
 		if d.Ready() && registered(ctx, js) {
@@ -452,11 +496,16 @@ func start(ctx context.Context, client openai.Client, sc scenario) (dispatch.Ref
 	}
 }
 
-// announce prints "Calling <name>..." as each call starts.
+// announce prints "Calling <name>..." as each call starts, and a custom
+// tool's text input after it.
 func announce(out *lockedWriter) exec.Middleware {
 	return func(next exec.Handler) exec.Handler {
 		return exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-			out.printf("  Calling %s...\n", inv.Call.Function)
+			if input, ok := inv.Input(); ok {
+				out.printf("  Calling %s... (custom tool, input %q)\n", inv.Call.Function, input)
+			} else {
+				out.printf("  Calling %s...\n", inv.Call.Function)
+			}
 			return next.Handle(ctx, inv)
 		})
 	}

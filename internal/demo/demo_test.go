@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
 func TestDemoPlaysEveryPlatform(t *testing.T) {
@@ -20,6 +22,8 @@ func TestDemoPlaysEveryPlatform(t *testing.T) {
 		"Customer 123 is Example Customer on the pro plan.",
 		"Your favorite city, Seattle, WA, is also known as The Emerald City. The current weather there is 70f.",
 		"Aquarius: Next Tuesday you will befriend a baby otter.",
+		`Calling get_sign_dates... (custom tool, input "Aquarius")`,
+		"answer: Your horoscope: Aquarius: Next Tuesday you will befriend a baby otter. Aquarius birthdays fall between January 20 and February 18.",
 		"turn submitted: 2 call(s)",
 		"[mcp]", "platform: mcp_list_tools, 6 tools from toolrelay",
 		`platform: mcp_call getCurrentWeatherAtLocation{"location":"Seattle, WA","unit":"f"} -> 70f`,
@@ -31,6 +35,38 @@ func TestDemoPlaysEveryPlatform(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(got)
+	}
+}
+
+// TestSignDates: the custom tool takes the sign's name as text; its
+// grammar admits exactly the twelve signs, each of which has dates.
+func TestSignDates(t *testing.T) {
+	var signDates exec.Function
+	for _, f := range Functions() {
+		if f.Name == "get_sign_dates" {
+			signDates = f
+		}
+	}
+	if signDates.Format == nil {
+		t.Fatal("get_sign_dates is not a custom tool")
+	}
+	re, err := signDates.Format.Regex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sign := range strings.Split(signGrammar, "|") {
+		if !re.MatchString(sign) {
+			t.Errorf("the grammar refuses %q", sign)
+		}
+		out, err := signDates.Handler.Handle(t.Context(), textInvocation("get_sign_dates", sign))
+		if err != nil || !strings.HasPrefix(string(out), sign+" birthdays fall between ") {
+			t.Errorf("get_sign_dates(%s) = %q, %v", sign, out, err)
+		}
+	}
+	for _, input := range []string{"Ophiuchus", "aquarius", "Aquarius ", "Leo|Virgo", ""} {
+		if re.MatchString(input) {
+			t.Errorf("the grammar admits %q", input)
+		}
 	}
 }
 

@@ -250,3 +250,22 @@ func TestExampleArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultScenariosCallACustomToolAsOne: a function with a Format is
+// played as a custom tool call with text, not as a function call with
+// JSON arguments the dispatcher would refuse.
+func TestDefaultScenariosCallACustomToolAsOne(t *testing.T) {
+	var signDates exec.Function
+	for _, f := range Functions() {
+		if f.Name == "get_sign_dates" {
+			signDates = f
+		}
+	}
+	got := defaultScenarios(map[string][]exec.Function{Team: {signDates}})
+	if len(got) != 1 || len(got[0].Steps) != 1 || len(got[0].Steps[0]) != 1 {
+		t.Fatalf("scenarios = %+v", got)
+	}
+	if call := got[0].Steps[0][0]; call.Kind != platformsim.KindCustom || call.Arguments != "example" || got[0].Platform != "" {
+		t.Errorf("the custom tool is played as %+v on %q; want a custom call with text, on the Responses API", call, got[0].Platform)
+	}
+}

@@ -143,7 +143,9 @@ func unserved(teams map[string][]exec.Function, elsewhere []string, scenarios []
 
 // defaultScenarios has one scenario per function, by name: the model calls
 // it once with arguments made up from its schema and answers with the
-// output.
+// output. A custom tool (a function with a Format) is called as one, with
+// the text "example" on the Responses API: a grammar's example is for the
+// team's own scenarios to give.
 func defaultScenarios(teams map[string][]exec.Function) []platformsim.Scenario {
 	var fns []exec.Function
 	for _, list := range teams {
@@ -152,10 +154,14 @@ func defaultScenarios(teams map[string][]exec.Function) []platformsim.Scenario {
 	slices.SortFunc(fns, func(a, b exec.Function) int { return strings.Compare(a.Name, b.Name) })
 	var out []platformsim.Scenario
 	for _, fn := range fns {
+		call := platformsim.CallSpec{Name: fn.Name, Arguments: exampleArguments(fn.Parameters)}
+		if fn.Format != nil {
+			call = platformsim.CallSpec{Name: fn.Name, Kind: platformsim.KindCustom, Arguments: "example"}
+		}
 		out = append(out, platformsim.Scenario{
 			Name:   fn.Name,
 			Prompt: "Please call " + fn.Name + " now.",
-			Steps:  []platformsim.Step{{{Name: fn.Name, Arguments: exampleArguments(fn.Parameters)}}},
+			Steps:  []platformsim.Step{{call}},
 			Answer: fn.Name + " returned: {{out " + strconv.Quote(fn.Name) + "}}",
 		})
 	}

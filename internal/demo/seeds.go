@@ -14,12 +14,15 @@ import (
 	"strings"
 
 	"github.com/toolrelay/toolrelay/pkg/exec"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // Team owns the seed functions.
 const Team = "demo"
 
-// Functions returns the seed functions.
+// Functions returns the seed functions, and get_sign_dates, a custom tool
+// of the Responses API: it takes the model's text, a sign's name, which a
+// regex grammar constrains.
 func Functions() []exec.Function {
 	return []exec.Function{
 		{
@@ -53,6 +56,19 @@ func Functions() []exec.Function {
 				Sign string `json:"sign"`
 			}) (any, error) {
 				return a.Sign + ": Next Tuesday you will befriend a baby otter.", nil
+			}),
+		},
+		{
+			Name:        "get_sign_dates",
+			Description: "Get the birthdays an astrological sign covers. Input: the sign's name, e.g. Aquarius.",
+			Format:      &protocol.InputFormat{Type: protocol.FormatGrammar, Syntax: protocol.SyntaxRegex, Definition: signGrammar},
+			Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+				sign, _ := inv.Input()
+				dates, ok := signDates[sign]
+				if !ok {
+					return nil, fmt.Errorf("%q is not an astrological sign; write one of %s", sign, signGrammar)
+				}
+				return []byte(sign + " birthdays fall between " + dates + "."), nil
 			}),
 		},
 		{
@@ -92,6 +108,19 @@ func Functions() []exec.Function {
 			}),
 		},
 	}
+}
+
+// signGrammar is get_sign_dates' regex grammar: the input is exactly one
+// sign's name.
+const signGrammar = "Aries|Taurus|Gemini|Cancer|Leo|Virgo|Libra|Scorpio|Sagittarius|Capricorn|Aquarius|Pisces"
+
+// signDates are the birthdays of each sign of the tropical zodiac.
+var signDates = map[string]string{
+	"Aries": "March 21 and April 19", "Taurus": "April 20 and May 20", "Gemini": "May 21 and June 20",
+	"Cancer": "June 21 and July 22", "Leo": "July 23 and August 22", "Virgo": "August 23 and September 22",
+	"Libra": "September 23 and October 22", "Scorpio": "October 23 and November 21",
+	"Sagittarius": "November 22 and December 21", "Capricorn": "December 22 and January 19",
+	"Aquarius": "January 20 and February 18", "Pisces": "February 19 and March 20",
 }
 
 // schema builds an object schema with the given properties and required

@@ -6,6 +6,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
+	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
@@ -20,14 +21,24 @@ var pauseScenarios = []platformsim.Scenario{
 	{Name: "environment", Prompt: "connect env", Steps: []platformsim.Step{{{Name: "env_1", Kind: "environment_connection"}}}},
 }
 
-// TestResponsesCustomToolCall: a custom_tool_call as the SDK reads it, answered
-// with the SDK's custom_tool_call_output.
+// TestResponsesCustomToolCall: a custom tool declared with a regex
+// grammar, its custom_tool_call as the SDK reads it, answered with the
+// SDK's custom_tool_call_output and not with a function_call_output; a
+// custom tool whose format the platform would refuse is refused.
 func TestResponsesCustomToolCall(t *testing.T) {
 	_, hs := newSim(t, platformsim.Options{Model: &platformsim.Model{Scenarios: pauseScenarios}})
 	c := client(hs)
 	ctx := t.Context()
+	runSQL := func(format shared.CustomToolInputFormatUnionParam) []responses.ToolUnionParam {
+		return []responses.ToolUnionParam{{OfCustom: &responses.CustomToolParam{Name: "run_sql",
+			Description: openai.String("Runs one SELECT statement."), Format: format}}}
+	}
+	grammar := func(syntax, definition string) shared.CustomToolInputFormatUnionParam {
+		return shared.CustomToolInputFormatUnionParam{OfGrammar: &shared.CustomToolInputFormatGrammarParam{Syntax: syntax, Definition: definition}}
+	}
 	first, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
-		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("please run sql")}})
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("please run sql")},
+		Tools: runSQL(grammar("regex", `SELECT [0-9]+`))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,15 +49,41 @@ func TestResponsesCustomToolCall(t *testing.T) {
 	if cc.Name != "run_sql" || cc.Input != "SELECT 1" || cc.CallID == "" {
 		t.Fatalf("custom_tool_call = %+v", cc)
 	}
-	final, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5", PreviousResponseID: openai.String(first.ID),
-		Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
-			responses.ResponseInputItemParamOfCustomToolCallOutput(cc.CallID, "1"),
-		}}})
+	if len(first.Tools) != 1 || first.Tools[0].AsCustom().Format.AsGrammar().Definition != `SELECT [0-9]+` {
+		t.Errorf("the response's tools = %s", first.JSON.Tools.Raw())
+	}
+	answer := func(item responses.ResponseInputItemUnionParam) (*responses.Response, error) {
+		return c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5", PreviousResponseID: openai.String(first.ID),
+			Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{item}}})
+	}
+	asFunction := responses.ResponseInputItemParamOfFunctionCallOutput("1")
+	asFunction.OfFunctionCallOutput.CallID = openai.String(cc.CallID)
+	_, err = answer(asFunction)
+	apiError(t, err, 400, "No tool call found for function call output with call_id "+cc.CallID)
+	final, err := answer(responses.ResponseInputItemParamOfCustomToolCallOutput(cc.CallID, "1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := final.OutputText(); got != "rows: 1" {
 		t.Errorf("final = %q", got)
+	}
+
+	for _, tc := range []struct {
+		format shared.CustomToolInputFormatUnionParam
+		want   string
+	}{
+		{grammar("pcre", `SELECT 1`), "'tools[0].format.syntax': must be 'lark' or 'regex'"},
+		{grammar("regex", ""), "Missing required parameter: 'tools[0].format.definition'"},
+		{grammar("regex", `SELECT (`), "Invalid regex grammar in 'tools[0].format.definition'"},
+	} {
+		_, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("please run sql")}, Tools: runSQL(tc.format)})
+		apiError(t, err, 400, tc.want)
+	}
+	if _, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("please run sql")},
+		Tools: runSQL(shared.CustomToolInputFormatUnionParam{OfText: &shared.CustomToolInputFormatTextParam{}})}); err != nil {
+		t.Errorf("a custom tool with format text: %v", err)
 	}
 }
 

@@ -346,13 +346,15 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 	pending := pendingCalls(prev)
 	if len(pending) > 0 || len(answers) > 0 {
 		for _, o := range outputs {
-			if !slices.Contains(pending, o.CallID) {
-				return nil, invalid(fmt.Sprintf("No tool call found for function call output with call_id %s.", o.CallID), "input")
+			// An output answers a call of its own kind only: a
+			// custom_tool_call_output a custom_tool_call.
+			if !slices.ContainsFunc(pending, func(p pendingCall) bool { return p.id == o.CallID && answerTypes[p.typ] == o.Type }) {
+				return nil, invalid(fmt.Sprintf("No tool call found for %s with call_id %s.", words(o.Type), o.CallID), "input")
 			}
 		}
-		for _, id := range pending {
-			if !slices.ContainsFunc(outputs, func(o inputItem) bool { return o.CallID == id }) {
-				return nil, invalid(fmt.Sprintf("No tool output found for function call %s.", id), "input")
+		for _, p := range pending {
+			if !slices.ContainsFunc(outputs, func(o inputItem) bool { return o.CallID == p.id }) {
+				return nil, invalid(fmt.Sprintf("No tool output found for %s %s.", words(p.typ), p.id), "input")
 			}
 		}
 		sc = prev.script.clone()
@@ -367,7 +369,7 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 		s.stats.FunctionCallOutputs += len(outputs)
 	} else {
 		if len(outputs) > 0 {
-			return nil, invalid(fmt.Sprintf("No tool call found for function call output with call_id %s.", outputs[0].CallID), "input")
+			return nil, invalid(fmt.Sprintf("No tool call found for %s with call_id %s.", words(outputs[0].Type), outputs[0].CallID), "input")
 		}
 		sc = s.model.start(prompt)
 	}
@@ -456,20 +458,36 @@ func cmpOr(s, def string) string {
 	return s
 }
 
-// pendingCalls lists the call IDs of prev's function and custom tool
-// call items.
-func pendingCalls(prev *response) []string {
+// answerTypes maps the type of each item the client answers to the type
+// of its answer.
+var answerTypes = map[string]string{
+	"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output", "tool_search_call": "tool_search_output",
+}
+
+// pendingCall is an item of a response that the client must answer.
+type pendingCall struct {
+	id  string // call_id
+	typ string // item type, a key of answerTypes
+}
+
+// pendingCalls lists prev's function calls, custom tool calls and client
+// tool searches, in order.
+func pendingCalls(prev *response) []pendingCall {
 	if prev == nil {
 		return nil
 	}
-	var ids []string
+	var calls []pendingCall
 	for _, it := range prev.output {
-		if it["type"] == "function_call" || it["type"] == "custom_tool_call" || it["type"] == "tool_search_call" && it["execution"] == "client" {
-			ids = append(ids, it["call_id"].(string))
+		typ, _ := it["type"].(string)
+		if answerTypes[typ] != "" && (typ != "tool_search_call" || it["execution"] == "client") {
+			calls = append(calls, pendingCall{id: it["call_id"].(string), typ: typ})
 		}
 	}
-	return ids
+	return calls
 }
+
+// words spells an item type in an error message: "function call output".
+func words(typ string) string { return strings.ReplaceAll(typ, "_", " ") }
 
 // completeResponse runs the model's step. Caller holds s.mu.
 func (s *Server) completeResponse(resp *response) {

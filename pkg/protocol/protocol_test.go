@@ -372,6 +372,30 @@ func TestFunctionSpec(t *testing.T) {
 	if _, err := EncodeFunctionSpec(&bad); err == nil {
 		t.Error("non-object schema accepted")
 	}
+	bad.Parameters = nil
+	if _, err := EncodeFunctionSpec(&bad); err == nil {
+		t.Error("a function without parameters or format accepted")
+	}
+
+	// A custom tool has a format and no parameters.
+	custom := *s
+	custom.Parameters = nil
+	custom.Format = &InputFormat{Type: FormatGrammar, Syntax: SyntaxRegex, Definition: "Aries|Taurus"}
+	b, err = EncodeFunctionSpec(&custom)
+	if err != nil {
+		t.Fatalf("a custom tool's spec: %v", err)
+	}
+	got, err = DecodeFunctionSpec(b)
+	if err != nil {
+		t.Fatalf("a custom tool's spec %s: %v", b, err)
+	}
+	if diff := cmp.Diff(custom.Format, got.Format); diff != "" {
+		t.Errorf("format (-want +got):\n%s", diff)
+	}
+	custom.Parameters = json.RawMessage(`{"type":"object"}`)
+	if _, err := EncodeFunctionSpec(&custom); err == nil {
+		t.Error("a custom tool with parameters accepted")
+	}
 }
 
 func TestHeaderCarrierKeepsCase(t *testing.T) {

@@ -52,16 +52,16 @@ func (s *FunctionSpec) Validate() error {
 	// Read without decoding: a number too large for a float64 is a bound
 	// of the schema's (ValidateToolText, package schema), refused for this
 	// declaration alone and by name, not a malformed request.
-	if p := bytes.TrimSpace(s.Parameters); !json.Valid(p) || (len(p) > 0 && p[0] != '{' && string(p) != "null") {
-		return fmt.Errorf("%w: function %s: parameters must be a JSON Schema object", ErrMalformed, s.Name)
-	}
+	p := bytes.TrimSpace(s.Parameters)
 	if s.Format != nil {
 		if err := s.Format.Validate(s.Name); err != nil {
 			return err
 		}
-		if p := bytes.TrimSpace(s.Parameters); len(p) > 0 && string(p) != "null" {
+		if len(p) > 0 && string(p) != "null" {
 			return fmt.Errorf("%w: function %s: a function with a format takes text, not parameters", ErrMalformed, s.Name)
 		}
+	} else if !json.Valid(p) || (p[0] != '{' && string(p) != "null") {
+		return fmt.Errorf("%w: function %s: parameters must be a JSON Schema object", ErrMalformed, s.Name)
 	}
 	if s.Timeout < 0 || s.MaxConcurrency < 0 {
 		return fmt.Errorf("%w: function %s: timeout and max_concurrency must not be negative", ErrMalformed, s.Name)
