@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
+
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
@@ -63,4 +65,94 @@ func TestMCPAnswersJSONRPCErrors(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(string(body), `"result"`) {
 		t.Errorf("ping: %d %.300s", status, body)
 	}
+}
+
+// With tokens, /mcp is an OAuth protected resource as MCP clients expect:
+// a request without a valid token gets 401 whose challenge names the
+// resource's RFC 9728 metadata, which the SDK's own discovery reads and
+// checks (the resource it names is the one asked for). Other paths'
+// challenges name none, and without tokens there is no metadata.
+func TestMCPAuthorizationDiscovery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d, _ := e.dispatcher(dispatch.Options{})
+	file, tokens := openTokens(t, "orders")
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t), Authenticator: file}))
+	t.Cleanup(hs.Close)
+	ctx := t.Context()
+
+	for _, token := range []string{"", "not-a-token"} {
+		header := http.Header{}
+		if token != "" {
+			header.Set("Authorization", "Bearer "+token)
+		}
+		status, challenge := postFor401(t, hs.URL+"/mcp", header)
+		cs, err := oauthex.ParseWWWAuthenticate([]string{challenge})
+		if status != http.StatusUnauthorized || err != nil || len(cs) != 1 || !strings.EqualFold(cs[0].Scheme, "bearer") {
+			t.Fatalf("token %q: %d %q (%v); want 401 with one Bearer challenge", token, status, challenge, err)
+		}
+		metadataURL := cs[0].Params["resource_metadata"]
+		if want := hs.URL + "/.well-known/oauth-protected-resource/mcp"; metadataURL != want {
+			t.Errorf("token %q: resource_metadata %q; want %q", token, metadataURL, want)
+		}
+		if token != "" && cs[0].Params["error"] != "invalid_token" {
+			t.Errorf("unknown token: challenge %q lacks error=invalid_token", challenge)
+		}
+	}
+	prm, err := oauthex.GetProtectedResourceMetadata(ctx, hs.URL+"/.well-known/oauth-protected-resource/mcp", hs.URL+"/mcp", hs.Client())
+	if err != nil || len(prm.BearerMethodsSupported) != 1 || prm.BearerMethodsSupported[0] != "header" {
+		t.Errorf("/mcp's metadata: %+v, %v", prm, err)
+	}
+	if _, err := oauthex.GetProtectedResourceMetadata(ctx, hs.URL+"/.well-known/oauth-protected-resource", hs.URL, hs.Client()); err != nil {
+		t.Errorf("the root metadata: %v", err)
+	}
+	// A token still works, and /v1's challenge names no MCP metadata.
+	status, body := mcpPost(t, hs.URL+"/mcp", `{"jsonrpc":"2.0","id":1,"method":"ping"}`, http.Header{"Authorization": {"Bearer " + tokens["orders"]}})
+	if status != http.StatusOK {
+		t.Errorf("ping with a token: %d %.300s", status, body)
+	}
+	if status, challenge := postFor401(t, hs.URL+"/v1/watch", nil); status != http.StatusUnauthorized || strings.Contains(challenge, "resource_metadata") {
+		t.Errorf("/v1/watch without a token: %d %q; want 401 naming no MCP metadata", status, challenge)
+	}
+
+	// The public address and the authorization servers, when set, are the
+	// ones named.
+	const public, issuer = "https://tools.example.com", "https://login.example.com/tenant"
+	hs2 := httptest.NewServer(httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t), Authenticator: file,
+		PublicURL: public + "/", AuthorizationServers: []string{issuer}}))
+	t.Cleanup(hs2.Close)
+	if _, challenge := postFor401(t, hs2.URL+"/mcp", nil); !strings.Contains(challenge, `resource_metadata="`+public+`/.well-known/oauth-protected-resource/mcp"`) {
+		t.Errorf("challenge with a public address: %q", challenge)
+	}
+	resp, err := hs2.Client().Get(hs2.URL + "/.well-known/oauth-protected-resource/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md oauthex.ProtectedResourceMetadata
+	err = json.NewDecoder(resp.Body).Decode(&md)
+	resp.Body.Close()
+	if err != nil || md.Resource != public+"/mcp" || len(md.AuthorizationServers) != 1 || md.AuthorizationServers[0] != issuer ||
+		resp.Header.Get("Access-Control-Allow-Origin") != "*" {
+		t.Errorf("metadata with a public address: %+v (%v), CORS %q", md, err, resp.Header.Get("Access-Control-Allow-Origin"))
+	}
+
+	// Without tokens: nothing to discover.
+	hs3 := httptest.NewServer(httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t)}))
+	t.Cleanup(hs3.Close)
+	resp, err = hs3.Client().Get(hs3.URL + "/.well-known/oauth-protected-resource/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("metadata without tokens: %d; want 404", resp.StatusCode)
+	}
+}
+
+// postFor401 POSTs an empty JSON object to url and returns the status and
+// the WWW-Authenticate header.
+func postFor401(t *testing.T, url string, header http.Header) (int, string) {
+	t.Helper()
+	resp, _ := mcpExchange(t, url, "{}", header)
+	return resp.StatusCode, resp.Header.Get("WWW-Authenticate")
 }
