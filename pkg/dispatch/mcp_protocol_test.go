@@ -1,17 +1,24 @@
 package dispatch_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 
+	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // jsonrpcReply is a JSON-RPC response as a client decodes it.
@@ -155,4 +162,70 @@ func postFor401(t *testing.T, url string, header http.Header) (int, string) {
 	t.Helper()
 	resp, _ := mcpExchange(t, url, "{}", header)
 	return resp.StatusCode, resp.Header.Get("WWW-Authenticate")
+}
+
+// A fleet of 2,000 tools is listed in pages: the SDK's client follows
+// nextCursor through both replicas in turn and gets every tool once, in
+// name order; a page holds at most 500, and a made-up cursor is a JSON-RPC
+// error -32602. The tools are declared as an executor declares them (the
+// executors' consumers, one per function, are not what is tested here).
+func TestMCPToolsListPages(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	e := newEnv(t)
+	var urls []string
+	var ds []*dispatch.Dispatcher
+	for range 2 {
+		d, _ := e.dispatcher(dispatch.Options{})
+		hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t)}))
+		t.Cleanup(hs.Close)
+		urls, ds = append(urls, hs.URL+"/mcp"), append(ds, d)
+	}
+	nc, _ := e.srv.Connect(t)
+	now := time.Now().UTC()
+	decls := make([]*protocol.Declaration, n)
+	for i := range decls {
+		decls[i] = &protocol.Declaration{Version: protocol.Version, Instance: "lister", StartedAt: now,
+			Spec: protocol.FunctionSpec{Version: protocol.Version, Name: fmt.Sprintf("tool_%04d", i), Team: "orders",
+				Description: "A tool.", Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: now}}
+	}
+	keeper, err := lease.Declare(t.Context(), nc, "orders", decls, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { keeper.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.WaitForWhat(t, 30*time.Second, "both replicas to serve all 2,000 tools", func() bool {
+		for _, d := range ds {
+			if len(d.ServedFunctions(func(string) bool { return true })) != n {
+				return false
+			}
+		}
+		return true
+	})
+
+	rr := &roundRobin{urls: urls}
+	session := connect(t, t.Context(), rr, nil)
+	var names []string
+	for tool, err := range session.Tools(t.Context(), nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, tool.Name)
+	}
+	if len(names) != n || !slices.IsSorted(names) || len(slices.Compact(slices.Clone(names))) != n {
+		t.Fatalf("listed %d tools (sorted: %v); want each of %d once", len(names), slices.IsSorted(names), n)
+	}
+	if rr.perReplica[0].Load() == 0 || rr.perReplica[1].Load() == 0 {
+		t.Errorf("requests per replica %d and %d; want the pages from both", rr.perReplica[0].Load(), rr.perReplica[1].Load())
+	}
+	first, err := session.ListTools(t.Context(), nil)
+	if err != nil || len(first.Tools) != 500 || first.NextCursor == "" {
+		t.Fatalf("first page: %d tools, cursor %q, %v; want 500 and a cursor", len(first.Tools), first.NextCursor, err)
+	}
+	if _, err := session.ListTools(t.Context(), &mcp.ListToolsParams{Cursor: "not a cursor!"}); err == nil || !strings.Contains(err.Error(), "invalid cursor") {
+		t.Errorf("a made-up cursor: %v; want an invalid cursor error", err)
+	}
 }

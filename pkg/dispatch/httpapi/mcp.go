@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -239,7 +240,11 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
 					Message: "the dispatcher is starting or stopping; list the tools again shortly"}
 			}
-			return a.mcpListTools(ctx), nil
+			var cursor string
+			if r.Params != nil {
+				cursor = r.Params.Cursor
+			}
+			return a.mcpListTools(ctx, cursor)
 		case *mcp.CallToolRequest:
 			return a.mcpCallTool(ctx, r)
 		}
@@ -247,19 +252,38 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
-// mcpListTools lists the functions the caller's teams own that live
-// executors serve.
-func (a *Handler) mcpListTools(ctx context.Context) *mcp.ListToolsResult {
-	caller, _ := callerFrom(ctx) // none: sees no team
-	specs := a.d.ServedFunctions(caller.Sees)
-	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(specs))}
+// mcpToolsPage is the most tools one tools/list answers: a fleet of
+// thousands of functions is listed in pages, each naming the next by its
+// nextCursor.
+const mcpToolsPage = 500
+
+// mcpListTools lists, a page at a time, the functions the caller's teams
+// own that live executors serve. A cursor is the last name of the page
+// before (encoded, so clients keep it opaque): the next page starts after
+// it, and a function that came or went meanwhile moves no other.
+func (a *Handler) mcpListTools(ctx context.Context, cursor string) (*mcp.ListToolsResult, error) {
+	after := ""
+	if cursor != "" {
+		name, err := base64.RawURLEncoding.DecodeString(cursor)
+		if err != nil || protocol.ValidateFunctionName(string(name)) != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("invalid cursor %q: pass the nextCursor of a tools/list result, or none for the first page", cursor)}
+		}
+		after = string(name)
+	}
+	caller, _ := callerFrom(ctx)              // none: sees no team
+	specs := a.d.ServedFunctions(caller.Sees) // by name
+	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, min(len(specs), mcpToolsPage))}
 	for _, s := range specs {
-		if s.Format != nil {
+		if s.Name <= after || s.Format != nil {
 			continue // a custom tool takes text, and MCP tools take JSON arguments
+		}
+		if len(res.Tools) == mcpToolsPage {
+			res.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(res.Tools[len(res.Tools)-1].Name))
+			break
 		}
 		res.Tools = append(res.Tools, mcpTool(s))
 	}
-	return res
+	return res, nil
 }
 
 // mcpTool describes a function as an MCP tool. The registry knows whether
