@@ -46,6 +46,8 @@ type config struct {
 	MaxStreams    int           `envconfig:"TOOLRELAY_MAX_STREAMS_PER_CALLER" default:"16" desc:"event streams (GET /v1/turns/stream, MCP subscriptions/listen) one caller (a token, or all loopback clients) may hold open at once"`
 	MaxMCPCalls   int           `envconfig:"TOOLRELAY_MAX_MCP_CALLS_PER_CALLER" default:"64" desc:"tools/call one caller may have running at once on /mcp; more fail at once as unavailable"`
 	APITokens     string        `envconfig:"TOOLRELAY_API_TOKENS_FILE" desc:"bearer tokens /v1, /mcp and /ui need (hashes, each scoped to admin or teams; see dispatcher token), re-read when it changes; empty: they serve loopback clients only"`
+	PublicURL     string        `envconfig:"TOOLRELAY_PUBLIC_URL" desc:"the HTTP API's address as clients reach it (https://tools.example.com): with tokens, /mcp's OAuth protected-resource metadata names it; empty: each request's scheme and Host"`
+	AuthServers   []string      `envconfig:"TOOLRELAY_MCP_AUTHORIZATION_SERVERS" desc:"comma-separated issuer URLs of OAuth authorization servers whose tokens reach /mcp through a proxy that checks them (docs/security.md), listed in /mcp's protected-resource metadata"`
 	TraceURL      string        `envconfig:"TOOLRELAY_TRACE_URL" desc:"link the console's trace ids to a tracing UI: {trace_id} is replaced by the id (https://jaeger.example/trace/{trace_id})"`
 	SubmitMargin  time.Duration `envconfig:"TOOLRELAY_SUBMIT_MARGIN" default:"30s" desc:"submit this long before a run expires"`
 	RunTTL        time.Duration `envconfig:"TOOLRELAY_RUN_TTL" default:"10m" desc:"expiry assumed where the platform gives none"`
@@ -90,6 +92,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var cfg config
 	if err := envconfig.Process("", &cfg); err != nil {
 		return fmt.Errorf("settings: %w", err)
+	}
+	if err := cfg.checkResource(); err != nil {
+		return err
 	}
 	log := cliutil.Logger(stderr, cfg.LogLevel)
 	var wg sync.WaitGroup
@@ -188,7 +193,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	timeouts := httpapi.Timeouts{Read: cfg.ReadTimeout, Write: cfg.WriteTimeout, Idle: cfg.IdleTimeout}
 	aopts := httpapi.Options{Logger: log, Authenticator: auth, MCPCallTimeout: cfg.MCPTimeout, Timeouts: timeouts,
-		MaxStreamsPerCaller: cfg.MaxStreams, MaxMCPCallsPerCaller: cfg.MaxMCPCalls}
+		MaxStreamsPerCaller: cfg.MaxStreams, MaxMCPCallsPerCaller: cfg.MaxMCPCalls,
+		PublicURL: cfg.PublicURL, AuthorizationServers: cfg.AuthServers}
 	httpErr := make(chan error, 2)
 	if metricsLn == nil {
 		aopts.Metrics, aopts.GuardMetrics = tel.Metrics, cfg.MetricsAdmin
@@ -262,3 +268,23 @@ type secret string
 func (secret) String() string       { return "REDACTED" }
 func (secret) LogValue() slog.Value { return slog.StringValue("REDACTED") }
 func (s secret) GoString() string   { return s.String() }
+
+// checkResource checks the settings /mcp's protected-resource metadata
+// names: the API's public address and each authorization server's issuer.
+func (c *config) checkResource() error {
+	if c.PublicURL != "" {
+		if err := httpapi.CheckPublicURL(c.PublicURL); err != nil {
+			return fmt.Errorf("TOOLRELAY_PUBLIC_URL: %w", err)
+		}
+	}
+	for _, s := range c.AuthServers {
+		if err := httpapi.CheckPublicURL(s); err != nil {
+			return fmt.Errorf("TOOLRELAY_MCP_AUTHORIZATION_SERVERS: %w", err)
+		}
+	}
+	if len(c.AuthServers) > 0 && c.APITokens == "" {
+		return errors.New("TOOLRELAY_MCP_AUTHORIZATION_SERVERS is set without TOOLRELAY_API_TOKENS_FILE: without tokens /mcp serves " +
+			"loopback clients only and there is nothing to authorize; set both, or neither")
+	}
+	return nil
+}

@@ -128,3 +128,35 @@ func TestTakenPortsNameTheirSettings(t *testing.T) {
 		t.Errorf("NATS port taken: %v; want an error naming TOOLRELAY_NATS_LISTEN and how to join with NATS_URL", err)
 	}
 }
+
+// A public address or authorization server that is not an absolute URL, or
+// authorization servers without tokens, stop the start with an error
+// naming the setting, before anything is created.
+func TestBadMCPAuthorizationSettingsAreRefused(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "toolrelay-data")
+	t.Setenv("NATS_URL", "")
+	t.Setenv("TOOLRELAY_DATA_DIR", data)
+	t.Setenv("TOOLRELAY_HTTP_ADDR", freeAddr(t))
+	t.Setenv("TOOLRELAY_NATS_LISTEN", freeAddr(t))
+	tokens := filepath.Join(t.TempDir(), "tokens.txt")
+	if err := os.WriteFile(tokens, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ public, servers, tokens, want string }{
+		{"tools.example.com", "", "", "TOOLRELAY_PUBLIC_URL"},
+		{"https://tools.example.com/?x=1", "", "", "TOOLRELAY_PUBLIC_URL"},
+		{"", "https://login.example.com,ftp://x", tokens, "TOOLRELAY_MCP_AUTHORIZATION_SERVERS"},
+		{"", "https://login.example.com", "", "without TOOLRELAY_API_TOKENS_FILE"},
+	} {
+		t.Setenv("TOOLRELAY_PUBLIC_URL", c.public)
+		t.Setenv("TOOLRELAY_MCP_AUTHORIZATION_SERVERS", c.servers)
+		t.Setenv("TOOLRELAY_API_TOKENS_FILE", c.tokens)
+		var out, errOut bytes.Buffer
+		if err := run(t.Context(), []string{"serve"}, &out, &errOut); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v; want an error naming %s", c, err, c.want)
+		}
+	}
+	if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused start created %s (%v)", data, err)
+	}
+}

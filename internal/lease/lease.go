@@ -68,8 +68,8 @@ type Keeper struct {
 	// renewed now (Suspend).
 	decls []protocol.Declaration
 	held  map[string]bool
-	serve []byte // the encoded DeclareRequest of those renewed; nil: none
-	stop  []byte // the withdrawal of all
+	serve [][]byte // the encoded DeclareRequests of those renewed; none: none
+	stop  [][]byte // the withdrawal of all
 	// withdrawn: Withdraw was called (under sendMu); nothing is sent again.
 	withdrawn bool
 	every     time.Duration
@@ -97,19 +97,21 @@ func Declare(ctx context.Context, nc *nats.Conn, team string, decls []*protocol.
 	if log == nil {
 		log = slog.Default()
 	}
-	req := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe}
-	for _, d := range decls {
-		req.Declarations = append(req.Declarations, *d)
+	all := make([]protocol.Declaration, len(decls))
+	for i, d := range decls {
+		all[i] = *d
 	}
-	serve, err := protocol.EncodeDeclareRequest(team, &req)
+	serve, err := encodeRequests(team, protocol.DeclareServe, all)
 	if err != nil {
 		return nil, err
 	}
-	req.Op = protocol.DeclareWithdraw
-	stop, _ := json.Marshal(&req)
-	k := &Keeper{nc: nc, team: team, log: log, decls: req.Declarations, held: map[string]bool{},
+	stop, err := encodeRequests(team, protocol.DeclareWithdraw, all)
+	if err != nil {
+		return nil, err
+	}
+	k := &Keeper{nc: nc, team: team, log: log, decls: all, held: map[string]bool{},
 		serve: serve, stop: stop, every: protocol.LeaseRenewal}
-	err = k.send(ctx, k.serve)
+	err = k.sendAll(ctx, k.serve)
 	var failed *dispatcherError
 	switch {
 	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
@@ -153,6 +155,70 @@ func (k *Keeper) send(ctx context.Context, body []byte) error {
 	return nil
 }
 
+// sendAll makes one exchange per request, in order; the first error ends
+// it, except a refusal, which the others' are joined to.
+func (k *Keeper) sendAll(ctx context.Context, bodies [][]byte) error {
+	var refused *RefusedError
+	for _, b := range bodies {
+		err := k.send(ctx, b)
+		var r *RefusedError
+		if !errors.As(err, &r) {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if refused == nil {
+			refused = &RefusedError{}
+		}
+		refused.Refusals = append(refused.Refusals, r.Refusals...)
+	}
+	if refused != nil {
+		return refused
+	}
+	return nil
+}
+
+// encodeRequests encodes decls as requests of op, as few as the protocol's
+// bounds allow: at most protocol.MaxDeclarations declarations, and
+// protocol.MaxEnvelopeSize bytes, each. An executor of thousands of
+// functions, or of a few with large schemas, declares them in several.
+func encodeRequests(team string, op protocol.DeclareOp, decls []protocol.Declaration) ([][]byte, error) {
+	// What a request takes beyond its declarations, and the comma
+	// between two, generously.
+	const overhead = 256
+	var out [][]byte
+	var batch []protocol.Declaration
+	size := overhead
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		b, err := protocol.EncodeDeclareRequest(team, &protocol.DeclareRequest{Version: protocol.Version, Op: op, Declarations: batch})
+		if err != nil {
+			return err
+		}
+		out, batch, size = append(out, b), nil, overhead
+		return nil
+	}
+	for _, d := range decls {
+		b, err := json.Marshal(&d)
+		if err != nil {
+			return nil, err
+		}
+		if len(batch) == protocol.MaxDeclarations || size+len(b)+1 > protocol.MaxEnvelopeSize {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		batch, size = append(batch, d), size+len(b)+1
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // Renew sends the declarations once now.
 func (k *Keeper) Renew(ctx context.Context) error {
 	k.sendMu.Lock()
@@ -162,15 +228,15 @@ func (k *Keeper) Renew(ctx context.Context) error {
 
 func (k *Keeper) renew(ctx context.Context) error {
 	serve := k.serving()
-	if serve == nil || k.withdrawn {
+	if len(serve) == 0 || k.withdrawn {
 		return nil
 	}
-	return k.send(ctx, serve)
+	return k.sendAll(ctx, serve)
 }
 
-// serving returns the request that renews the declarations not held
-// back, or nil if all are.
-func (k *Keeper) serving() []byte {
+// serving returns the requests that renew the declarations not held
+// back, or none if all are.
+func (k *Keeper) serving() [][]byte {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.serve
@@ -220,17 +286,14 @@ func (k *Keeper) hold(function string, held bool) (withdraw []byte, err error) {
 	} else {
 		delete(k.held, function)
 	}
-	req := protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe}
+	var renewed []protocol.Declaration
 	for _, d := range k.decls {
 		if !k.held[d.Spec.Name] {
-			req.Declarations = append(req.Declarations, d)
+			renewed = append(renewed, d)
 		}
 	}
-	k.serve = nil
-	if len(req.Declarations) > 0 {
-		if k.serve, err = protocol.EncodeDeclareRequest(k.team, &req); err != nil {
-			return nil, err
-		}
+	if k.serve, err = encodeRequests(k.team, protocol.DeclareServe, renewed); err != nil {
+		return nil, err
 	}
 	if !held {
 		return nil, nil
@@ -293,7 +356,7 @@ func (k *Keeper) Withdraw(ctx context.Context) error {
 	k.sendMu.Lock()
 	defer k.sendMu.Unlock()
 	k.withdrawn = true
-	if err := k.send(ctx, k.stop); err != nil {
+	if err := k.sendAll(ctx, k.stop); err != nil {
 		return fmt.Errorf("lease: withdraw: %w", err)
 	}
 	return nil

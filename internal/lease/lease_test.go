@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -194,5 +195,72 @@ func TestSuspendAndResumeOneFunction(t *testing.T) {
 	}
 	if req := next(t, got); req.Op != protocol.DeclareServe || !slices.Equal(names(req), []string{"get_order", "get_invoice"}) {
 		t.Fatalf("after Resume: %s %v, want both declared", req.Op, names(req))
+	}
+}
+
+// An executor of more functions than one request may hold, or of schemas
+// too large for one message, declares, renews and withdraws them in as
+// many requests as the protocol's bounds need, each within them (the
+// stand-in dispatcher decodes each as a dispatcher does), and every
+// declaration in exactly one.
+func TestManyDeclarationsGoInSeveralRequests(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	got := dispatcher(t, nc, accept)
+	big := `{"type":"object","description":"` + strings.Repeat("x", 60<<10) + `"}`
+	for _, c := range []struct {
+		name   string
+		n      int
+		schema string
+		want   int // requests
+	}{
+		{"600 small", 600, `{"type":"object"}`, 3},
+		{"40 of 60 KB", 40, big, 3},
+	} {
+		decls := make([]*protocol.Declaration, c.n)
+		for i := range decls {
+			d := declaration("many")
+			d.Spec.Name = fmt.Sprintf("fn_%04d", i)
+			d.Spec.Parameters = json.RawMessage(c.schema)
+			decls[i] = d
+		}
+		k, err := Declare(t.Context(), nc, "orders", decls, testutil.Logger(t))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		count := func(op protocol.DeclareOp) {
+			t.Helper()
+			seen := map[string]int{}
+			for range c.want {
+				req := next(t, got)
+				if req.Op != op {
+					t.Fatalf("%s: a %s request among the %s ones", c.name, req.Op, op)
+				}
+				for _, d := range req.Declarations {
+					seen[d.Spec.Name]++
+				}
+			}
+			if len(seen) != c.n {
+				t.Errorf("%s, %s: %d functions in %d requests; want all %d", c.name, op, len(seen), c.want, c.n)
+			}
+			for name, n := range seen {
+				if n != 1 {
+					t.Errorf("%s, %s: %s in %d requests", c.name, op, name, n)
+				}
+			}
+		}
+		count(protocol.DeclareServe)
+		if err := k.Renew(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		count(protocol.DeclareServe)
+		if err := k.Withdraw(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		count(protocol.DeclareWithdraw)
+		select {
+		case req := <-got:
+			t.Errorf("%s: a request more than the %d needed: %s of %d", c.name, c.want, req.Op, len(req.Declarations))
+		default:
+		}
 	}
 }

@@ -131,7 +131,7 @@ func TestAPITokens(t *testing.T) {
 			{"no token, POST", http.MethodPost, "/v1/watch", "", body, `Bearer realm="toolrelay"`},
 			{"no token, GET", http.MethodGet, "/v1/watch/w_x", "", "", `Bearer realm="toolrelay"`},
 			{"no token, unknown route", http.MethodGet, "/v1/nothing", "", "", `Bearer realm="toolrelay"`},
-			{"no token, MCP", http.MethodPost, "/mcp", "", "{}", `Bearer realm="toolrelay"`},
+			{"no token, MCP", http.MethodPost, "/mcp", "", "{}", `Bearer realm="toolrelay", resource_metadata="` + hs.URL + `/.well-known/oauth-protected-resource/mcp"`},
 			{"unknown token", http.MethodPost, "/v1/watch", string(apiauth.NewToken()), body, `Bearer realm="toolrelay", error="invalid_token"`},
 			{"the hash of a token", http.MethodGet, "/v1/watch/w_x", apiauth.Hash(apiauth.Token(tokens["admin"])), "", `Bearer realm="toolrelay", error="invalid_token"`},
 		} {

@@ -48,6 +48,13 @@ func openTokens(t *testing.T, names ...string) (*apiauth.File, map[string]string
 // mcpPost sends body to an /mcp as an MCP client would, with headers.
 func mcpPost(t *testing.T, url, body string, header http.Header) (int, []byte) {
 	t.Helper()
+	resp, b := mcpExchange(t, url, body, header)
+	return resp.StatusCode, b
+}
+
+// mcpExchange is mcpPost returning the whole response (its body read).
+func mcpExchange(t *testing.T, url, body string, header http.Header) (*http.Response, []byte) {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +70,7 @@ func mcpPost(t *testing.T, url, body string, header http.Header) (int, []byte) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return resp, b
 }
 
 // A JSON-RPC batch of 3,000 tools/call in one POST is refused whole, with a

@@ -128,7 +128,7 @@ func (a *Handler) authenticate(w http.ResponseWriter, r *http.Request) (_ dispat
 	}
 	if !ok {
 		if !toLogin(w, r) {
-			unauthorized(w, "", "missing bearer token: send Authorization: Bearer <token>")
+			unauthorized(w, a.resourceChallenge(r), "missing bearer token: send Authorization: Bearer <token>")
 		}
 		return dispatch.Caller{}, false, false
 	}
@@ -136,7 +136,7 @@ func (a *Handler) authenticate(w http.ResponseWriter, r *http.Request) (_ dispat
 	if !ok {
 		a.log.WarnContext(r.Context(), "API request with an unknown bearer token refused", "remote", r.RemoteAddr, "path", r.URL.Path)
 		if !toLogin(w, r) {
-			unauthorized(w, `, error="invalid_token"`, "unknown bearer token")
+			unauthorized(w, `, error="invalid_token"`+a.resourceChallenge(r), "unknown bearer token")
 		}
 		return dispatch.Caller{}, false, false
 	}

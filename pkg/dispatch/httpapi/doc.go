@@ -18,12 +18,15 @@
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
 //	/mcp                 the MCP front door: Streamable HTTP, stateless (mcp.go)
+//	GET  /.well-known/oauth-protected-resource[/mcp]
+//	                     with tokens, the RFC 9728 metadata of /mcp (oauth.go)
 //
 // # Callers
 //
 // Everything under /v1 (and /mcp and /ui) needs a caller: with
 // [Options.Authenticator] set, a known bearer token (else 401 with
-// WWW-Authenticate: Bearer); without it, a loopback client (else 401).
+// WWW-Authenticate: Bearer, naming /mcp's protected-resource metadata on
+// /mcp, as MCP clients expect); without it, a loopback client (else 401).
 // The guard puts the [dispatch.Caller] in the request's context
 // ([CallerOf]); a caller scoped to some teams sees only their functions,
 // calls and watches, and gets 403 for what is only other teams'. Handlers
@@ -35,7 +38,9 @@
 //
 // # Limits
 //
-// /mcp takes one JSON-RPC message per POST (a batch is a JSON-RPC error).
+// /mcp takes one JSON-RPC message per POST (a batch is a JSON-RPC error);
+// a message it cannot take gets the JSON-RPC error the specification names
+// (-32601 for an unknown method), with the request's id.
 // Each caller may have [Options.MaxMCPCallsPerCaller] tools/call running
 // and [Options.MaxStreamsPerCaller] event streams open. Serve the handler
 // with [NewServer], whose [Timeouts] cut off clients that send or read too

@@ -55,6 +55,17 @@ type Options struct {
 	// unless GuardMetrics. Nil: the API does not serve /metrics (serve it
 	// on an address of its own).
 	Metrics http.Handler
+	// PublicURL is the API's address as its clients reach it
+	// (https://tools.example.com; see [CheckPublicURL]): with an
+	// Authenticator, the OAuth protected-resource metadata names /mcp under
+	// it. Empty: each request's own scheme and Host.
+	PublicURL string
+	// AuthorizationServers are the issuer URLs of the OAuth authorization
+	// servers whose tokens reach /mcp, listed in its protected-resource
+	// metadata for MCP clients to discover. The dispatcher does not check
+	// their tokens: a proxy in front must (docs/security.md). Empty: none
+	// listed, and clients need a toolrelay token given to them.
+	AuthorizationServers []string
 	// GuardMetrics puts /metrics behind the guard: admin tokens only, or
 	// loopback clients without tokens (the metrics name every team and
 	// function). Default: open.
@@ -95,6 +106,8 @@ func New(d *dispatch.Dispatcher, opts Options) *Handler {
 	mux.HandleFunc("GET /v1/watch/{id}", a.getWatch)
 	mux.HandleFunc("POST /webhooks/openai", a.postWebhook)
 	mux.Handle("/mcp", a.mcpHandler())
+	mux.HandleFunc(wellKnownResource, a.protectedResource)
+	mux.HandleFunc(wellKnownResource+"/mcp", a.protectedResource)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -117,12 +130,14 @@ const instrumentation = "github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 func (a *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.h.ServeHTTP(w, r) }
 
 // whenReady answers 503 (with Retry-After) to every request but the health
-// checks until the dispatcher is ready: before that the streams and
+// checks, /metrics and the OAuth metadata (which need no JetStream) until
+// the dispatcher is ready: before that the streams and
 // buckets the handlers use may not be provisioned yet (JetStream still
 // electing its leaders), and after it stops they are no longer served.
 func (a *Handler) whenReady(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.d.Ready() && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && r.URL.Path != "/metrics" {
+		if !a.d.Ready() && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && r.URL.Path != "/metrics" &&
+			!strings.HasPrefix(r.URL.Path, "/.well-known/") {
 			w.Header().Set("Retry-After", "1")
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]string{
 				"message": "the dispatcher is starting or stopping; try again in a moment"}})

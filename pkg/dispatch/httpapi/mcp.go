@@ -1,14 +1,16 @@
 package httpapi
 
 import (
-	"bufio"
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -82,50 +84,121 @@ func (a *Handler) mcpHandler() http.Handler {
 		DisableLocalhostProtection: a.opts.Authenticator != nil,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && !refuseBatch(w, r) {
-			return
+		var body []byte
+		if r.Method == http.MethodPost {
+			var ok bool
+			if body, ok = readMCPBody(w, r); !ok {
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
+		jw := &jsonrpcErrors{ResponseWriter: a.streaming(w), body: body}
 		// The SDK cuts a handler's context loose from its request for older
 		// protocol versions; the request's own context, kept here, is what
 		// tells a call that its client went away.
-		h.ServeHTTP(a.streaming(w), r.WithContext(context.WithValue(r.Context(), httpRequestKey{}, r.Context())))
+		h.ServeHTTP(jw, r.WithContext(context.WithValue(r.Context(), httpRequestKey{}, r.Context())))
+		jw.finish()
 	})
 }
 
-// refuseBatch answers a JSON-RPC batch (a body that is a JSON array) with
-// a JSON-RPC error, and reports whether r may go on. MCP has no batches
-// since its 2025-06-18 revision; the SDK refuses them only from clients
-// that say they speak it, and one POST of 4 MiB could hold 35,000 calls.
-// Only the body's first bytes are read here.
-func refuseBatch(w http.ResponseWriter, r *http.Request) bool {
-	body := bufio.NewReader(http.MaxBytesReader(w, r.Body, mcp.DefaultMaxRequestBodyBytes))
-	for {
-		b, err := body.ReadByte()
-		if err != nil {
-			break // the SDK answers an empty or unreadable body
-		}
-		if b == ' ' || b == '\t' || b == '\n' || b == '\r' {
-			continue // insignificant in JSON
-		}
-		if b == '[' {
-			writeJSONRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest,
-				"JSON-RPC batches are not accepted on /mcp (MCP has none since its 2025-06-18 revision): send one request per POST")
-			return false
-		}
-		_ = body.UnreadByte()
-		break
+// readMCPBody reads the body of a POST to /mcp, or answers with a JSON-RPC
+// error and returns false: a body over the SDK's own bound, or a JSON-RPC
+// batch (a JSON array). MCP has no batches since its 2025-06-18 revision;
+// the SDK refuses them only from clients that say they speak it, and one
+// POST of 4 MiB could hold 35,000 calls.
+func readMCPBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, mcp.DefaultMaxRequestBodyBytes))
+	if errors.As(err, new(*http.MaxBytesError)) {
+		writeJSONRPCError(w, http.StatusRequestEntityTooLarge, nil, jsonrpc.CodeInvalidRequest,
+			fmt.Sprintf("the request body is over %d bytes, the most /mcp reads", mcp.DefaultMaxRequestBodyBytes))
+		return nil, false
 	}
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{body, r.Body}
-	return true
+	if err != nil {
+		return nil, false // the client went away mid-body: nobody reads an answer
+	}
+	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) > 0 && trimmed[0] == '[' {
+		writeJSONRPCError(w, http.StatusBadRequest, nil, jsonrpc.CodeInvalidRequest,
+			"JSON-RPC batches are not accepted on /mcp (MCP has none since its 2025-06-18 revision): send one request per POST")
+		return nil, false
+	}
+	return body, true
 }
 
-// writeJSONRPCError answers with a JSON-RPC error not tied to a request
-// (its id is null).
-func writeJSONRPCError(w http.ResponseWriter, status int, code int64, message string) {
-	writeJSON(w, status, map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": code, "message": message}})
+// writeJSONRPCError answers with a JSON-RPC error; id is the request's, or
+// nil (JSON null) when it is not known.
+func writeJSONRPCError(w http.ResponseWriter, status int, id json.RawMessage, code int64, message string) {
+	writeJSON(w, status, map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": message}})
+}
+
+// jsonrpcErrors turns the SDK's plain-text refusals of a request it cannot
+// take (an unknown method, a request without an id or params, a body that
+// is not JSON) into the JSON-RPC errors the specification names, with the
+// request's id: -32601, -32600 and -32700. The SDK writes these as HTTP 400
+// text/plain for clients of protocol versions before 2026-07-28 (for
+// later ones it writes JSON-RPC itself). Every other answer passes through
+// untouched, streams included.
+type jsonrpcErrors struct {
+	http.ResponseWriter
+	body    []byte // the request's
+	held    bool   // a plain-text 400 is being held back
+	heldMsg bytes.Buffer
+}
+
+// The SDK's messages for what it refuses before any handler runs: the
+// texts of its internal jsonrpc2 errors and of a body it cannot parse.
+var sdkRefusals = []struct {
+	prefix string
+	code   int64
+}{
+	{"JSON RPC not handled", jsonrpc.CodeMethodNotFound},
+	{"invalid request", jsonrpc.CodeInvalidRequest},
+	{"malformed payload", jsonrpc.CodeParseError},
+}
+
+func (j *jsonrpcErrors) WriteHeader(status int) {
+	if status == http.StatusBadRequest && strings.HasPrefix(j.Header().Get("Content-Type"), "text/plain") {
+		j.held = true
+		return
+	}
+	j.ResponseWriter.WriteHeader(status)
+}
+
+func (j *jsonrpcErrors) Write(p []byte) (int, error) {
+	if j.held {
+		return j.heldMsg.Write(p)
+	}
+	return j.ResponseWriter.Write(p)
+}
+
+func (j *jsonrpcErrors) Flush() {
+	if !j.held {
+		http.NewResponseController(j.ResponseWriter).Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (j *jsonrpcErrors) Unwrap() http.ResponseWriter { return j.ResponseWriter }
+
+// finish writes a held-back refusal: as a JSON-RPC error when it is one
+// the SDK makes of a request, else as it was.
+func (j *jsonrpcErrors) finish() {
+	if !j.held {
+		return
+	}
+	msg := strings.TrimSpace(j.heldMsg.String())
+	for _, r := range sdkRefusals {
+		if strings.HasPrefix(msg, r.prefix) {
+			var req struct {
+				ID json.RawMessage `json:"id"`
+			}
+			_ = json.Unmarshal(j.body, &req) // a body that is not JSON has no id
+			j.Header().Del("X-Content-Type-Options")
+			writeJSONRPCError(j.ResponseWriter, http.StatusBadRequest, req.ID, r.code, msg)
+			return
+		}
+	}
+	j.ResponseWriter.WriteHeader(http.StatusBadRequest)
+	_, _ = j.ResponseWriter.Write(j.heldMsg.Bytes())
 }
 
 type httpRequestKey struct{}
@@ -167,7 +240,11 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
 					Message: "the dispatcher is starting or stopping; list the tools again shortly"}
 			}
-			return a.mcpListTools(ctx), nil
+			var cursor string
+			if r.Params != nil {
+				cursor = r.Params.Cursor
+			}
+			return a.mcpListTools(ctx, cursor)
 		case *mcp.CallToolRequest:
 			return a.mcpCallTool(ctx, r)
 		}
@@ -175,19 +252,38 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
-// mcpListTools lists the functions the caller's teams own that live
-// executors serve.
-func (a *Handler) mcpListTools(ctx context.Context) *mcp.ListToolsResult {
-	caller, _ := callerFrom(ctx) // none: sees no team
-	specs := a.d.ServedFunctions(caller.Sees)
-	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(specs))}
+// mcpToolsPage is the most tools one tools/list answers: a fleet of
+// thousands of functions is listed in pages, each naming the next by its
+// nextCursor.
+const mcpToolsPage = 500
+
+// mcpListTools lists, a page at a time, the functions the caller's teams
+// own that live executors serve. A cursor is the last name of the page
+// before (encoded, so clients keep it opaque): the next page starts after
+// it, and a function that came or went meanwhile moves no other.
+func (a *Handler) mcpListTools(ctx context.Context, cursor string) (*mcp.ListToolsResult, error) {
+	after := ""
+	if cursor != "" {
+		name, err := base64.RawURLEncoding.DecodeString(cursor)
+		if err != nil || protocol.ValidateFunctionName(string(name)) != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("invalid cursor %q: pass the nextCursor of a tools/list result, or none for the first page", cursor)}
+		}
+		after = string(name)
+	}
+	caller, _ := callerFrom(ctx)              // none: sees no team
+	specs := a.d.ServedFunctions(caller.Sees) // by name
+	res := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, min(len(specs), mcpToolsPage))}
 	for _, s := range specs {
-		if s.Format != nil {
+		if s.Name <= after || s.Format != nil {
 			continue // a custom tool takes text, and MCP tools take JSON arguments
+		}
+		if len(res.Tools) == mcpToolsPage {
+			res.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(res.Tools[len(res.Tools)-1].Name))
+			break
 		}
 		res.Tools = append(res.Tools, mcpTool(s))
 	}
-	return res
+	return res, nil
 }
 
 // mcpTool describes a function as an MCP tool. The registry knows whether

@@ -49,17 +49,51 @@ export class Lease {
     return [...this.declarations.keys()].filter((n) => !this.held.has(n));
   }
 
-  /** send sends one request after the one before has ended; declaring nothing is answered at once. */
+  /**
+   * batches splits names into as few requests as the protocol's bounds
+   * allow: MAX_DECLARATIONS declarations and MAX_ENVELOPE_SIZE bytes each.
+   */
+  private batches(names: string[]): string[][] {
+    const overhead = 256; // the request's own fields, generously
+    const out: string[][] = [];
+    let batch: string[] = [];
+    let size = overhead;
+    for (const n of names) {
+      const len = Buffer.byteLength(this.declarations.get(n)!) + 1;
+      if (batch.length === p.MAX_DECLARATIONS || (batch.length > 0 && size + len > p.MAX_ENVELOPE_SIZE)) {
+        out.push(batch);
+        batch = [];
+        size = overhead;
+      }
+      batch.push(n);
+      size += len;
+    }
+    if (batch.length > 0) out.push(batch);
+    return out;
+  }
+
+  /**
+   * send sends the requests of op after the exchange before has ended, one
+   * per batch, and joins their replies; declaring nothing is answered at
+   * once. The first batch no dispatcher answers ends it.
+   */
   private send(op: "declare" | "withdraw", names?: string[]): Promise<Sent> {
     const sent = this.last.then(async (): Promise<Sent> => {
       const which = names ?? (op === "declare" ? this.serving() : [...this.declarations.keys()]);
-      if (which.length === 0) return { reply: { v: p.VERSION } };
-      try {
-        const m = await this.nc.request(p.declareSubject(this.team), this.body(op, which), { timeout: REQUEST_TIMEOUT_MS });
-        return { reply: JSON.parse(m.string()) as Reply };
-      } catch (e) {
-        return { unanswered: e instanceof Error ? e.message : String(e) };
+      const joined: Reply = { v: p.VERSION };
+      for (const batch of this.batches(which)) {
+        let reply: Reply;
+        try {
+          const m = await this.nc.request(p.declareSubject(this.team), this.body(op, batch), { timeout: REQUEST_TIMEOUT_MS });
+          reply = JSON.parse(m.string()) as Reply;
+        } catch (e) {
+          return { unanswered: e instanceof Error ? e.message : String(e) };
+        }
+        if (reply.accepted?.length) joined.accepted = [...(joined.accepted ?? []), ...reply.accepted];
+        if (reply.refused?.length) joined.refused = [...(joined.refused ?? []), ...reply.refused];
+        joined.error ??= reply.error || undefined;
       }
+      return { reply: joined };
     });
     this.last = sent;
     return sent;

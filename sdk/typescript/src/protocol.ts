@@ -19,6 +19,8 @@ export const DEFAULT_API_PREFIX = "$JS.API";
 /** Where a team's account reaches the control plane's API, with an account per team. */
 export const CONTROL_API_PREFIX = "$JS.toolrelay.API";
 export const MAX_DECLARATIONS = 256;
+/** The most bytes of one envelope (a declare request too): NATS' default max_payload. */
+export const MAX_ENVELOPE_SIZE = 1 << 20;
 
 export const DEAD_LETTER_STREAM = "FNDLQ";
 export const CANCEL_STREAM = "FNCANCELS";
