@@ -553,6 +553,7 @@ func (r *registry) served(sees func(team string) bool, accepted bool) []*protoco
 			if accepted {
 				c := *spec
 				c.Description, c.Parameters = owner.Description, owner.Parameters
+				c.Title, c.Icons, c.OutputSchema = owner.Title, owner.Icons, owner.OutputSchema
 				spec = &c
 			}
 			out = append(out, spec)
