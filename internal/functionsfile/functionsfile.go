@@ -33,6 +33,11 @@ type functionConfig struct {
 	SideEffects    bool           `yaml:"side_effects"`
 	Version        string         `yaml:"version"`
 	DeferLoading   bool           `yaml:"defer_loading"`
+	// Title, Icons and OutputSchema are what MCP clients show and get
+	// beside the tool.
+	Title        string         `yaml:"title"`
+	Icons        []iconConfig   `yaml:"icons"`
+	OutputSchema map[string]any `yaml:"output_schema"`
 	// Format "text", or a Grammar, makes the function a custom tool that
 	// takes the model's raw text instead of JSON parameters.
 	Format  string         `yaml:"format"`
@@ -46,6 +51,13 @@ type retryConfig struct {
 	MaxAttempts    int    `yaml:"max_attempts"`
 	InitialBackoff string `yaml:"initial_backoff"`
 	MaxBackoff     string `yaml:"max_backoff"`
+}
+
+type iconConfig struct {
+	Src      string   `yaml:"src"`
+	MIMEType string   `yaml:"mime_type"`
+	Sizes    []string `yaml:"sizes"`
+	Theme    string   `yaml:"theme"`
 }
 
 type httpConfig struct {
@@ -117,7 +129,10 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 	fn := exec.Function{
 		Name: f.Name, Description: f.Description, Concurrency: f.Concurrency,
 		MaxConcurrency: f.MaxConcurrency, SideEffects: f.SideEffects, Version: f.Version,
-		DeferLoading: f.DeferLoading,
+		DeferLoading: f.DeferLoading, Title: f.Title,
+	}
+	for _, ic := range f.Icons {
+		fn.Icons = append(fn.Icons, protocol.Icon{Src: ic.Src, MIMEType: ic.MIMEType, Sizes: ic.Sizes, Theme: ic.Theme})
 	}
 	if f.Timeout != "" {
 		if fn.Timeout, err = time.ParseDuration(f.Timeout); err != nil || fn.Timeout <= 0 {
@@ -147,6 +162,11 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 			return exec.Function{}, fail("parameters", "cannot be expressed as JSON: %v", err)
 		}
 	}
+	if f.OutputSchema != nil {
+		if fn.OutputSchema, err = json.Marshal(f.OutputSchema); err != nil {
+			return exec.Function{}, fail("output_schema", "cannot be expressed as JSON: %v", err)
+		}
+	}
 	if fn.Format, err = f.inputFormat(); err != nil {
 		return exec.Function{}, fail("format", "%v", err)
 	}
@@ -168,16 +188,30 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 	// file never starts serving.
 	probe, _ := exec.New(nil, f.Owner, exec.Options{})
 	if err := probe.Register(fn); err != nil {
-		return exec.Function{}, fail("parameters", "%s", withoutPrefixes(err.Error(), f.Name))
+		return exec.Function{}, fail(registerField(err.Error()), "%s", withoutPrefixes(err.Error(), f.Name))
 	}
 	return fn, nil
+}
+
+// registerField is the field of the file a Register error is about: the
+// parameters, unless it names the output schema, an icon or the title.
+func registerField(msg string) string {
+	switch {
+	case strings.Contains(msg, "output schema") || strings.Contains(msg, "output_schema"):
+		return "output_schema"
+	case strings.Contains(msg, "icon"):
+		return "icons"
+	case strings.Contains(msg, ": title"):
+		return "title"
+	}
+	return "parameters"
 }
 
 // withoutPrefixes drops what Register's error repeats of where it is
 // (where already says it): "exec: schema of f: " or
 // "exec: function f: parameters: ".
 func withoutPrefixes(msg, name string) string {
-	for _, p := range []string{"exec: ", "function " + name + ": ", "parameters: ", "schema of " + name + ": "} {
+	for _, p := range []string{"exec: ", "function " + name + ": ", "parameters: ", "output schema: ", "schema of " + name + ": "} {
 		msg = strings.TrimPrefix(msg, p)
 	}
 	return msg

@@ -176,26 +176,71 @@ func (s *Schema) Check(args []byte) string {
 	if s.text {
 		return s.checkText(args)
 	}
-	inst, err := decode(args)
+	kind, detail := s.check(args)
+	switch kind {
+	case notJSON:
+		return fmt.Sprintf("The arguments for %s are not valid JSON (%s). Call it again with a JSON object that matches its parameters.", s.function, detail)
+	case longNumber:
+		return fmt.Sprintf("The arguments for %s have a number at %s. Round it and call %s again.", s.function, detail, s.function)
+	case tooManySteps:
+		return fmt.Sprintf("The arguments for %s were not checked: checking them against its parameters would take more than %d steps, the most a call may take (MaxSteps). Call it again with fewer or smaller arguments, or continue without it.",
+			s.function, MaxSteps)
+	case mismatch:
+		return truncate(fmt.Sprintf("The arguments for %s do not match its parameters: %s. Fix them and call it again.", s.function, detail), 2048)
+	}
+	return ""
+}
+
+// Violations validates a JSON document that is not a call's arguments (a
+// function's output) and returns what is wrong with it, "at /path: ..."
+// for each leaf violation, or "" when it matches.
+func (s *Schema) Violations(doc []byte) string {
+	kind, detail := s.check(doc)
+	switch kind {
+	case notJSON:
+		return "not valid JSON (" + detail + ")"
+	case longNumber:
+		return "a number at " + detail
+	case tooManySteps:
+		return fmt.Sprintf("not checked: checking it would take more than %d steps (MaxSteps)", MaxSteps)
+	case mismatch:
+		return truncate(detail, 2048)
+	}
+	return ""
+}
+
+// A document's problem, as check finds it.
+type problem int
+
+const (
+	valid problem = iota
+	notJSON
+	longNumber
+	tooManySteps
+	mismatch
+)
+
+// check validates doc and says what kind of problem it has, with its
+// detail.
+func (s *Schema) check(doc []byte) (problem, string) {
+	inst, err := decode(doc)
 	if err != nil {
 		// Described as encoding/json describes it (and taken, should it
 		// read what decode does not).
-		inst, err = jsonschema.UnmarshalJSON(bytes.NewReader(args))
+		inst, err = jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	}
 	if err != nil {
-		return fmt.Sprintf("The arguments for %s are not valid JSON (%v). Call it again with a JSON object that matches its parameters.", s.function, err)
+		return notJSON, err.Error()
 	}
 	v := newValue(inst)
 	if err := checkArgNumbers(s.function, v, ""); err != nil {
 		var le *LimitError
 		errors.As(err, &le)
-		return fmt.Sprintf("The arguments for %s have a number at %s with more digits than a call may carry (%d, over %d). Round it and call %s again.",
-			s.function, cmp.Or(le.At, "/"), le.Got, le.Max, s.function)
+		return longNumber, fmt.Sprintf("%s with more digits than a call may carry (%d, over %d)", cmp.Or(le.At, "/"), le.Got, le.Max)
 	}
 	c := counter{done: map[countKey]int64{}}
 	if n := c.steps(s.s, v); n > MaxSteps {
-		return fmt.Sprintf("The arguments for %s were not checked: checking them against its parameters would take more than %d steps, the most a call may take (MaxSteps). Call it again with fewer or smaller arguments, or continue without it.",
-			s.function, MaxSteps)
+		return tooManySteps, ""
 	}
 	if err := s.s.Validate(inst); err != nil {
 		msg := err.Error()
@@ -203,9 +248,9 @@ func (s *Schema) Check(args []byte) string {
 		if errors.As(err, &ve) {
 			msg = describe(ve)
 		}
-		return truncate(fmt.Sprintf("The arguments for %s do not match its parameters: %s. Fix them and call it again.", s.function, msg), 2048)
+		return mismatch, msg
 	}
-	return ""
+	return valid, ""
 }
 
 var printer = message.NewPrinter(language.English)

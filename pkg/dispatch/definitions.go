@@ -42,15 +42,22 @@ type definitionChange struct {
 	previous string
 }
 
-// DefinitionDigest identifies a function's definition (its description
-// and its parameters' schema: what the model reads) by content, as 16 hex
-// characters: the definition_digest of the HTTP API.
+// DefinitionDigest identifies a function's definition (what agents and
+// the people using them read: its description, its parameters' schema or
+// custom tool format, and its title, icons and output schema when it has
+// them) by content, as 16 hex characters: the definition_digest of the
+// HTTP API. A function without the optional parts keeps the digest it had
+// before they existed.
 func DefinitionDigest(s *protocol.FunctionSpec) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s\x00%s", len(s.Description), s.Description, schema.Digest(s.Parameters))
 	if s.Format != nil { // a custom tool's format is what agents read in place of a schema
 		f, _ := json.Marshal(s.Format)
 		fmt.Fprintf(h, "\x00format:%s", f)
+	}
+	if s.Title != "" || len(s.Icons) > 0 || len(s.OutputSchema) > 0 {
+		icons, _ := json.Marshal(s.Icons)
+		fmt.Fprintf(h, "\x00display:%d:%s\x00%s\x00%s", len(s.Title), s.Title, icons, schema.Digest(s.OutputSchema))
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }

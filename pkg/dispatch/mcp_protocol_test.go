@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,13 +14,25 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/toolrelay/toolrelay/internal/lease"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
+
+// newAPI starts a dispatcher and its HTTP API, without tokens.
+func newAPI(t *testing.T) (*env, *dispatch.Dispatcher, *httptest.Server) {
+	t.Helper()
+	e := newEnv(t)
+	d, _ := e.dispatcher(dispatch.Options{})
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t)}))
+	t.Cleanup(hs.Close)
+	return e, d, hs
+}
 
 // jsonrpcReply is a JSON-RPC response as a client decodes it.
 type jsonrpcReply struct {
@@ -37,10 +50,7 @@ type jsonrpcReply struct {
 // a request without its params, -32700 for a body that is not JSON.
 func TestMCPAnswersJSONRPCErrors(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	d, _ := e.dispatcher(dispatch.Options{})
-	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Logger: testutil.Logger(t)}))
-	t.Cleanup(hs.Close)
+	_, _, hs := newAPI(t)
 
 	cases := []struct {
 		name, body string
@@ -227,5 +237,67 @@ func TestMCPToolsListPages(t *testing.T) {
 	}
 	if _, err := session.ListTools(t.Context(), &mcp.ListToolsParams{Cursor: "not a cursor!"}); err == nil || !strings.Contains(err.Error(), "invalid cursor") {
 		t.Errorf("a made-up cursor: %v; want an invalid cursor error", err)
+	}
+}
+
+// A function's title, icons and output schema reach MCP clients in
+// tools/list; an output that matches the schema is the call's
+// structuredContent, and one that does not is a function error naming
+// what is wrong, not structured content the client was not promised.
+func TestMCPToolMetadataAndStructuredOutput(t *testing.T) {
+	t.Parallel()
+	e, _, hs := newAPI(t)
+	f := &mcpFleet{e: e, tp: sdktrace.NewTracerProvider()}
+	const out = `{"type":"object","properties":{"temperature":{"type":"number"}},"required":["temperature"]}`
+	icon := protocol.Icon{Src: "https://icons.example.com/weather.svg", MIMEType: "image/svg+xml", Sizes: []string{"any"}, Theme: "light"}
+	f.executor(t, "orders", exec.Function{Name: "weather", Title: "Weather now", Description: "The weather at a place.",
+		Icons: []protocol.Icon{icon}, OutputSchema: json.RawMessage(out),
+		Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) {
+			var args struct {
+				Place string `json:"place"`
+			}
+			_ = json.Unmarshal(inv.Call.Arguments, &args)
+			if args.Place == "nowhere" {
+				return []byte(`{"temperature":"warm"}`), nil // not what the schema says
+			}
+			return []byte(`{"temperature":21.5}`), nil
+		})})
+
+	// An executor of another language is checked by the dispatcher: an
+	// output schema that is not a valid JSON Schema is refused by name.
+	nc, _ := e.srv.Connect(t)
+	now := time.Now().UTC()
+	_, err := lease.Declare(t.Context(), nc, "orders", []*protocol.Declaration{{Version: protocol.Version, Instance: "other", StartedAt: now,
+		Spec: protocol.FunctionSpec{Version: protocol.Version, Name: "forecast", Team: "orders", Parameters: json.RawMessage(`{"type":"object"}`),
+			OutputSchema: json.RawMessage(`{"type":"object","properties":{"t":{"type":"nonsense"}}}`), UpdatedAt: now}}}, testutil.Logger(t))
+	var refused *lease.RefusedError
+	if !errors.As(err, &refused) || refused.Refusals[0].Function != "forecast" || !strings.Contains(refused.Refusals[0].Reason, "output schema of forecast") {
+		t.Errorf("a declaration with a broken output schema: %v; want it refused, naming the schema's mistake", err)
+	}
+
+	session := connect(t, t.Context(), &roundRobin{urls: []string{hs.URL + "/mcp"}}, nil)
+	list, err := session.ListTools(t.Context(), nil)
+	if err != nil || len(list.Tools) != 1 {
+		t.Fatalf("tools/list: %+v, %v", list, err)
+	}
+	tool := list.Tools[0]
+	schema, _ := json.Marshal(tool.OutputSchema)
+	if tool.Title != "Weather now" || len(tool.Icons) != 1 || tool.Icons[0].Source != icon.Src || tool.Icons[0].MIMEType != icon.MIMEType ||
+		string(tool.Icons[0].Theme) != "light" || !strings.Contains(string(schema), `"temperature"`) {
+		t.Errorf("tool %+v (output schema %s); want its title, icon and output schema", tool, schema)
+	}
+
+	res, err := session.CallTool(t.Context(), &mcp.CallToolParams{Name: "weather", Arguments: map[string]any{"place": "Paris"}})
+	if err != nil || res.IsError || res.StructuredContent == nil {
+		t.Fatalf("a matching output: %+v, %v; want structured content", res, err)
+	}
+	got, _ := json.Marshal(res.StructuredContent)
+	if string(got) != `{"temperature":21.5}` {
+		t.Errorf("structured content %s", got)
+	}
+	res, err = session.CallTool(t.Context(), &mcp.CallToolParams{Name: "weather", Arguments: map[string]any{"place": "nowhere"}})
+	if err != nil || !res.IsError || res.StructuredContent != nil || !strings.Contains(text(res), "does not match its declared output schema") ||
+		!strings.Contains(text(res), "/temperature") || res.Meta["io.toolrelay/error_type"] != "function_error" {
+		t.Errorf("an output breaking the schema: %+v (%q), %v; want a function error naming /temperature", res, text(res), err)
 	}
 }

@@ -248,6 +248,9 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 		return
 	}
 	s, err := r.compiled(&decl.Spec)
+	if err == nil && len(decl.Spec.OutputSchema) > 0 {
+		_, err = r.compiledOutput(&decl.Spec, true)
+	}
 	if err != nil {
 		ignore("ignoring a declaration whose schema does not compile or breaks a tool text bound", err)
 		return
@@ -285,14 +288,50 @@ func (r *registry) compiled(spec *protocol.FunctionSpec) (*schema.Schema, error)
 		s := r.schemas[spec.Name+"/"+schema.Digest(spec.Parameters)]
 		r.mu.RUnlock()
 		if s != nil {
+			if len(spec.OutputSchema) > 0 {
+				if _, err := r.compiledOutput(spec, false); err != nil {
+					return nil, err
+				}
+			}
 			return s, nil
 		}
 	}
 	s, err := schema.Compile(spec.Name, spec.Parameters) // its bounds before anything else reads it
+	if err == nil && len(spec.OutputSchema) > 0 {
+		_, err = r.compiledOutput(spec, false)
+	}
 	if err == nil {
 		err = spec.ValidateToolText()
 	}
 	return s, err
+}
+
+// compiledOutput returns spec's output schema compiled, from r.schemas
+// if it is there (keyed apart from parameters schemas), and with keep
+// leaves it there: only putDeclared keeps, for a declaration served, whose
+// schemas go with its function's last declaration, so a refused
+// declaration leaves nothing behind.
+func (r *registry) compiledOutput(spec *protocol.FunctionSpec, keep bool) (*schema.Schema, error) {
+	key := ""
+	if len(spec.OutputSchema) <= schema.MaxSize {
+		key = spec.Name + "/output/" + schema.Digest(spec.OutputSchema)
+		r.mu.RLock()
+		s := r.schemas[key]
+		r.mu.RUnlock()
+		if s != nil {
+			return s, nil
+		}
+	}
+	s, err := schema.Compile(spec.Name, spec.OutputSchema)
+	if err != nil {
+		return nil, fmt.Errorf("output %w", err) // "output schema of <name>: ..."
+	}
+	if keep && key != "" {
+		r.mu.Lock()
+		r.schemas[key] = s
+		r.mu.Unlock()
+	}
+	return s, nil
 }
 
 // checkAgreement reports a function whose live declarations disagree on
@@ -514,6 +553,7 @@ func (r *registry) served(sees func(team string) bool, accepted bool) []*protoco
 			if accepted {
 				c := *spec
 				c.Description, c.Parameters = owner.Description, owner.Parameters
+				c.Title, c.Icons, c.OutputSchema = owner.Title, owner.Icons, owner.OutputSchema
 				spec = &c
 			}
 			out = append(out, spec)

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 
@@ -53,4 +54,25 @@ func (d *Dispatcher) Function(ctx context.Context, name string) (*FunctionStatus
 	}
 	st.Schemas = len(schemas)
 	return st, nil
+}
+
+// CheckOutput checks the output of a call of the function spec describes
+// against its OutputSchema and returns what is wrong with it, or "" if
+// nothing is (or it declares none). An output with a schema must be a
+// JSON object that matches it.
+func (d *Dispatcher) CheckOutput(spec *protocol.FunctionSpec, output []byte) string {
+	if len(spec.OutputSchema) == 0 {
+		return ""
+	}
+	s, err := d.registry.compiledOutput(spec, false)
+	if err != nil {
+		return fmt.Sprintf("its declared output schema does not compile: %v", err)
+	}
+	if o := bytes.TrimSpace(output); len(o) == 0 || o[0] != '{' {
+		return "the output is not a JSON object, as its declared output schema requires"
+	}
+	if v := s.Violations(output); v != "" {
+		return "the output does not match its declared output schema: " + v
+	}
+	return ""
 }

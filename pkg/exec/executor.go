@@ -119,6 +119,9 @@ func (e *Executor) Register(fn Function) error {
 	if err := fn.validate(); err != nil {
 		return err
 	}
+	if err := fn.validateMetadata(e.team); err != nil {
+		return err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.ran {

@@ -60,6 +60,16 @@ type Function struct {
 	// sessions, Assistants) are not offered the function. Default: nil,
 	// JSON arguments.
 	Format *protocol.InputFormat
+	// Title is a short name for people, which MCP clients show instead of
+	// Name: at most protocol.MaxTitleSize bytes of tool text. Optional.
+	Title string
+	// Icons are images MCP clients may show beside the tool (https or
+	// data:image/ URLs; see protocol.Icon). Optional.
+	Icons []protocol.Icon
+	// OutputSchema, when set, is the JSON Schema of the output, a JSON
+	// object: MCP clients get it as the tool's outputSchema, and an output
+	// that does not match it reaches them as an error. Optional.
+	OutputSchema json.RawMessage
 
 	schema *schema.Schema
 }
@@ -167,8 +177,34 @@ func (f *Function) spec(team string, now time.Time) *protocol.FunctionSpec {
 		FunctionVersion: f.Version,
 		DeferLoading:    f.DeferLoading,
 		Format:          f.Format,
+		Title:           f.Title,
+		Icons:           f.Icons,
+		OutputSchema:    f.OutputSchema,
 		UpdatedAt:       now.UTC(),
 	}
+}
+
+// validateMetadata checks what team's declaration of f will say beside
+// its schema: the title, the icons and the output schema, which must
+// compile and be an object at the top, as the dispatchers require.
+func (f *Function) validateMetadata(team string) error {
+	spec := f.spec(team, time.Now())
+	if err := spec.Validate(); err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
+	if err := spec.ValidateToolText(); err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
+	if len(f.OutputSchema) == 0 {
+		return nil
+	}
+	if _, err := schema.Compile(f.Name, f.OutputSchema); err != nil {
+		return fmt.Errorf("exec: output schema: %w", err)
+	}
+	if err := objectAtTop(f.OutputSchema); err != nil {
+		return fmt.Errorf("exec: function %s: output schema: %w", f.Name, err)
+	}
+	return nil
 }
 
 // objectAtTop refuses a schema whose top level is not an object: every

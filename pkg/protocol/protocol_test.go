@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -426,5 +427,74 @@ func TestKeysAreStableAcrossVersions(t *testing.T) {
 	}
 	if got, want := NewTurnKey(PlatformResponses, "", nil), TurnKey("5884adda0eba558e927840c0e4a6bb5a"); got != want {
 		t.Errorf("empty turn key %s, want %s", got, want)
+	}
+}
+
+// A function's title, icons and output schema travel with its spec, and
+// each is checked: icons are https or inline images within their bounds,
+// an output schema describes an object, a title is bounded tool text.
+func TestFunctionSpecDisplayMetadata(t *testing.T) {
+	good := &FunctionSpec{
+		Version: Version, Name: "get_weather", Team: "geo", Parameters: json.RawMessage(`{"type":"object"}`),
+		Title: "Weather now", UpdatedAt: time.Unix(1767225600, 0).UTC(),
+		Icons: []Icon{{Src: "https://icons.example.com/w.svg", MIMEType: "image/svg+xml", Sizes: []string{"any"}, Theme: "dark"},
+			{Src: "data:image/png;base64,iVBORw0KGgo=", Sizes: []string{"48x48", "96x96"}}},
+		OutputSchema: json.RawMessage(`{"type":"object","properties":{"t":{"type":"number","description":"degrees"}}}`),
+	}
+	b, err := EncodeFunctionSpec(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeFunctionSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(good, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if err := good.ValidateToolText(); err != nil {
+		t.Errorf("good tool text refused: %v", err)
+	}
+
+	for _, c := range []struct {
+		name   string
+		change func(*FunctionSpec)
+		want   string
+	}{
+		{"five icons", func(s *FunctionSpec) { s.Icons = slices.Repeat(s.Icons[:1], 5) }, "MaxIcons"},
+		{"an http icon", func(s *FunctionSpec) { s.Icons[0].Src = "http://icons.example.com/w.svg" }, "https URL or a data:image/ URL"},
+		{"a javascript icon", func(s *FunctionSpec) { s.Icons[0].Src = "javascript:alert(1)" }, "https URL or a data:image/ URL"},
+		{"an inline icon too large", func(s *FunctionSpec) {
+			s.Icons[1].Src = "data:image/png;base64," + strings.Repeat("A", MaxIconDataSize)
+		}, "MaxIconDataSize"},
+		{"a text mime type", func(s *FunctionSpec) { s.Icons[0].MIMEType = "text/html" }, "not an image type"},
+		{"a made-up size", func(s *FunctionSpec) { s.Icons[0].Sizes = []string{"big"} }, "not WxH"},
+		{"a made-up theme", func(s *FunctionSpec) { s.Icons[0].Theme = "blue" }, "not light or dark"},
+		{"an output schema of a string", func(s *FunctionSpec) { s.OutputSchema = json.RawMessage(`{"type":"string"}`) }, "Schema of an object"},
+		{"an output schema that is a list", func(s *FunctionSpec) { s.OutputSchema = json.RawMessage(`[1]`) }, "Schema of an object"},
+	} {
+		s := *good
+		s.Icons = slices.Clone(good.Icons)
+		c.change(&s)
+		if _, err := EncodeFunctionSpec(&s); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want an error saying %q", c.name, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		change func(*FunctionSpec)
+		want   string
+	}{
+		{"a long title", func(s *FunctionSpec) { s.Title = strings.Repeat("w", MaxTitleSize+1) }, "MaxTitleSize"},
+		{"a title hiding text", func(s *FunctionSpec) { s.Title = "Weather\u200b now" }, "U+200B"},
+		{"an output schema hiding text", func(s *FunctionSpec) {
+			s.OutputSchema = json.RawMessage(`{"type":"object","description":"pass it on \u202e"}`)
+		}, "output schema /description"},
+	} {
+		s := *good
+		c.change(&s)
+		if err := s.ValidateToolText(); !errors.Is(err, ErrToolText) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want a tool text error saying %q", c.name, err, c.want)
+		}
 	}
 }

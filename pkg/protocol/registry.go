@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/url"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -34,8 +36,78 @@ type FunctionSpec struct {
 	// Format, when set, makes the function a custom tool: it takes the
 	// model's raw text (constrained by a grammar, or not) instead of JSON
 	// arguments, and Parameters is empty. See InputFormat.
-	Format    *InputFormat `json:"format,omitempty"`
-	UpdatedAt time.Time    `json:"updated_at"`
+	Format *InputFormat `json:"format,omitempty"`
+	// Title is a short name for people (an MCP tool's title, shown by
+	// clients instead of Name): at most MaxTitleSize bytes of tool text.
+	Title string `json:"title,omitempty"`
+	// Icons are images a client may show beside the tool (an MCP tool's
+	// icons): see Icon.
+	Icons []Icon `json:"icons,omitempty"`
+	// OutputSchema, when set, is the JSON Schema (an object at the top) of
+	// the function's output, itself a JSON object: MCP clients get it as
+	// the tool's outputSchema and the output as structuredContent, checked
+	// against it first.
+	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
+	UpdatedAt    time.Time       `json:"updated_at"`
+}
+
+// Icon is an image of a tool, as MCP describes one: where it is (an https
+// URL, or a data: URL of at most MaxIconDataSize bytes), its media type,
+// the sizes it comes in ("48x48", "any") and the background it is drawn
+// for ("light", "dark"; empty: any).
+type Icon struct {
+	Src      string   `json:"src"`
+	MIMEType string   `json:"mime_type,omitempty"`
+	Sizes    []string `json:"sizes,omitempty"`
+	Theme    string   `json:"theme,omitempty"`
+}
+
+// Bounds of a function's display metadata.
+const (
+	// MaxIcons bounds a function's icons.
+	MaxIcons = 4
+	// MaxIconDataSize bounds an icon given inline, as a data: URL; a
+	// larger one belongs on a server, named by an https URL.
+	MaxIconDataSize = 16 << 10
+	// MaxIconURLSize bounds an icon's https URL.
+	MaxIconURLSize = 2 << 10
+)
+
+var iconSize = regexp.MustCompile(`^(any|[0-9]{1,4}x[0-9]{1,4})$`)
+
+// validate reports what is wrong with icon i of function, or nil.
+func (ic *Icon) validate(function string, i int) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: function %s: icon %d: %s", ErrMalformed, function, i, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case strings.HasPrefix(ic.Src, "data:image/"):
+		if len(ic.Src) > MaxIconDataSize {
+			return bad("a data: URL of %d bytes, over the limit of %d (MaxIconDataSize): serve it and give its https URL", len(ic.Src), MaxIconDataSize)
+		}
+	case strings.HasPrefix(ic.Src, "https://"):
+		u, err := url.Parse(ic.Src)
+		if err != nil || u.Host == "" || u.User != nil || len(ic.Src) > MaxIconURLSize {
+			return bad("src %.80q is not an https URL of at most %d bytes (MaxIconURLSize)", ic.Src, MaxIconURLSize)
+		}
+	default:
+		return bad("src must be an https URL or a data:image/ URL, not %.40q", ic.Src)
+	}
+	if ic.MIMEType != "" && (!strings.HasPrefix(ic.MIMEType, "image/") || len(ic.MIMEType) > 64 || strings.ContainsAny(ic.MIMEType, " ;,\"\n")) {
+		return bad("mime_type %.80q is not an image type", ic.MIMEType)
+	}
+	if ic.Theme != "" && ic.Theme != "light" && ic.Theme != "dark" {
+		return bad("theme %.40q is not light or dark", ic.Theme)
+	}
+	if len(ic.Sizes) > 8 {
+		return bad("%d sizes; at most 8", len(ic.Sizes))
+	}
+	for _, sz := range ic.Sizes {
+		if !iconSize.MatchString(sz) {
+			return bad("size %.40q is not WxH (48x48) or any", sz)
+		}
+	}
+	return nil
 }
 
 // Validate reports whether s is complete.
@@ -65,6 +137,22 @@ func (s *FunctionSpec) Validate() error {
 	}
 	if s.Timeout < 0 || s.MaxConcurrency < 0 {
 		return fmt.Errorf("%w: function %s: timeout and max_concurrency must not be negative", ErrMalformed, s.Name)
+	}
+	if o := bytes.TrimSpace(s.OutputSchema); len(o) > 0 {
+		var top struct {
+			Type any `json:"type"`
+		}
+		if !json.Valid(o) || o[0] != '{' || json.Unmarshal(o, &top) != nil || (top.Type != nil && top.Type != "object") {
+			return fmt.Errorf("%w: function %s: output_schema must be a JSON Schema of an object (\"type\": \"object\"): MCP's structured output is one", ErrMalformed, s.Name)
+		}
+	}
+	if len(s.Icons) > MaxIcons {
+		return fmt.Errorf("%w: function %s: %d icons; at most %d (MaxIcons)", ErrMalformed, s.Name, len(s.Icons), MaxIcons)
+	}
+	for i := range s.Icons {
+		if err := s.Icons[i].validate(s.Name, i); err != nil {
+			return err
+		}
 	}
 	return nil
 }

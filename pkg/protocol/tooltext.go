@@ -37,8 +37,10 @@ const (
 	MaxToolTextSize = 16 << 10
 	// MaxParametersSize bounds the parameters' schema as declared, in
 	// bytes: it bounds every other string in it (enum values, defaults,
-	// examples, property names).
+	// examples, property names). The output schema has the same bound.
 	MaxParametersSize = 64 << 10
+	// MaxTitleSize bounds a function's title, in bytes.
+	MaxTitleSize = 256
 )
 
 // ErrToolText is wrapped by every error about a function's tool text: a
@@ -110,9 +112,46 @@ func ValidateToolText(function, description string, parameters []byte) error {
 	return nil
 }
 
-// ValidateToolText checks s's tool text (see the function ValidateToolText).
+// ValidateToolText checks s's tool text: its description and parameters
+// (see the function ValidateToolText), and its title and output schema,
+// under the same rules; the output schema's descriptions and titles have a
+// MaxToolTextSize of their own.
 func (s *FunctionSpec) ValidateToolText() error {
-	return ValidateToolText(s.Name, s.Description, s.Parameters)
+	if err := ValidateToolText(s.Name, s.Description, s.Parameters); err != nil {
+		return err
+	}
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("%w: function %s: %s", ErrToolText, s.Name, fmt.Sprintf(format, args...))
+	}
+	if n := len(s.Title); n > MaxTitleSize {
+		return refuse("title is %d bytes, over the limit of %d (MaxTitleSize)", n, MaxTitleSize)
+	}
+	if err := checkRunes(s.Title); err != nil {
+		return refuse("title: %v", err)
+	}
+	if len(bytes.TrimSpace(s.OutputSchema)) == 0 {
+		return nil
+	}
+	if n := len(s.OutputSchema); n > MaxParametersSize {
+		return refuse("output schema is %d bytes, over the limit of %d (MaxParametersSize)", n, MaxParametersSize)
+	}
+	if !utf8.Valid(s.OutputSchema) {
+		return refuse("output schema is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.OutputSchema))
+	dec.UseNumber()
+	var schema any
+	if err := dec.Decode(&schema); err != nil {
+		return fmt.Errorf("%w: function %s: output_schema must be a JSON Schema object: %w", ErrMalformed, s.Name, err)
+	}
+	var w textWalk
+	if err := w.walk(schema, ""); err != nil {
+		return refuse("output schema %s", err)
+	}
+	if w.total > MaxToolTextSize {
+		return refuse("output schema descriptions and titles are %d bytes together, over the limit of %d (MaxToolTextSize)", w.total, MaxToolTextSize)
+	}
+	return nil
 }
 
 // textWalk checks every string of a decoded schema, adding the sizes of

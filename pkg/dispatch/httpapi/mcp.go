@@ -297,8 +297,15 @@ func mcpTool(s *protocol.FunctionSpec) *mcp.Tool {
 		destructive := true
 		ann.DestructiveHint = &destructive
 	}
-	return &mcp.Tool{Name: s.Name, Description: s.Description, InputSchema: s.Parameters, Annotations: ann,
+	t := &mcp.Tool{Name: s.Name, Title: s.Title, Description: s.Description, InputSchema: s.Parameters, Annotations: ann,
 		Meta: mcp.Meta{metaTeam: s.Team}}
+	if len(s.OutputSchema) > 0 {
+		t.OutputSchema = s.OutputSchema
+	}
+	for _, ic := range s.Icons {
+		t.Icons = append(t.Icons, mcp.Icon{Source: ic.Src, MIMEType: ic.MIMEType, Sizes: ic.Sizes, Theme: mcp.IconTheme(ic.Theme)})
+	}
+	return t
 }
 
 // mcpCallTool runs a tools/call as a direct call. A tool the caller
@@ -361,6 +368,14 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 	if res.Error != nil {
 		span.SetAttributes(attrOutcome.String(string(res.Error.Code)))
 		return mcpError(res.Error.Code, res.Error.Message), nil
+	}
+	if problem := a.d.CheckOutput(f.Spec, []byte(res.Output)); problem != "" {
+		// The client was promised structured output of this shape; what
+		// the function returned is not it, which is the function's fault.
+		a.log.WarnContext(ctx, "an MCP call's output breaks its function's output schema", "fn", p.Name, "team", f.Spec.Team, "problem", problem)
+		span.SetAttributes(attrOutcome.String(string(protocol.CodeFunctionError)))
+		return mcpError(protocol.CodeFunctionError, fmt.Sprintf("%s ran, but %s. The dispatcher logs it for the function's owners; "+
+			"try again later or continue without it.", p.Name, problem)), nil
 	}
 	span.SetAttributes(attrOutcome.String("ok"))
 	out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Output}}}

@@ -101,6 +101,18 @@ export class Executor {
     } catch (e) {
       throw new Error(`toolrelay: function ${def.name}: parameters: ${String(e)}`);
     }
+    if (def.outputSchema !== undefined) {
+      const o = def.outputSchema as { type?: unknown };
+      if (typeof o !== "object" || o === null || Array.isArray(o) || (o.type !== undefined && o.type !== "object")) {
+        throw new Error(`toolrelay: function ${def.name}: outputSchema must be a JSON Schema of an object ("type": "object")`);
+      }
+    }
+    if ((def.icons?.length ?? 0) > 4) throw new Error(`toolrelay: function ${def.name}: ${def.icons!.length} icons; at most 4`);
+    for (const ic of def.icons ?? []) {
+      if (!ic.src.startsWith("https://") && !ic.src.startsWith("data:image/")) {
+        throw new Error(`toolrelay: function ${def.name}: icon src must be an https: or data:image/ URL, not ${JSON.stringify(ic.src.slice(0, 40))}`);
+      }
+    }
     const retry = { ...this.opts.retry, ...def.retry };
     this.funcs.set(def.name, {
       def: def as FunctionDef, parametersText: text, digest: schemaDigest(text), validate,
@@ -211,6 +223,14 @@ export class Executor {
       ...(d.sideEffects ? { side_effects: true } : {}),
       ...(d.version ? { function_version: d.version } : {}),
       ...(d.deferLoading ? { defer_loading: true } : {}),
+      ...(d.title ? { title: d.title } : {}),
+      ...(d.icons?.length ? {
+        icons: d.icons.map((ic) => ({
+          src: ic.src, ...(ic.mimeType ? { mime_type: ic.mimeType } : {}),
+          ...(ic.sizes?.length ? { sizes: ic.sizes } : {}), ...(ic.theme ? { theme: ic.theme } : {}),
+        })),
+      } : {}),
+      ...(d.outputSchema ? { output_schema: d.outputSchema } : {}),
       updated_at: started,
     };
     const text = JSON.stringify({ v: p.VERSION, spec, instance: this.instance, executor: this.name, started_at: started });

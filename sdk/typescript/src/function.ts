@@ -84,4 +84,23 @@ export interface FunctionDef<A = any, R = unknown> {
   version?: string;
   /** Agents load the definition on demand (tool_search). Default: false. */
   deferLoading?: boolean;
+  /** A short name MCP clients show instead of name (at most 256 bytes). */
+  title?: string;
+  /** Images MCP clients may show beside the tool (at most 4; see docs/protocol.md). */
+  icons?: Icon[];
+  /**
+   * The JSON Schema of the output, an object: MCP clients get it as the
+   * tool's outputSchema, and an output that does not match it reaches them
+   * as an error.
+   */
+  outputSchema?: object;
+}
+
+/** An image of a tool: an https: URL, or a data:image/ URL of at most 16 KiB. */
+export interface Icon {
+  src: string;
+  mimeType?: string;
+  /** "48x48", "any". */
+  sizes?: string[];
+  theme?: "light" | "dark";
 }

@@ -35,6 +35,11 @@ before(async () => {
       return { ok: true, attempt: inv.attempt };
     },
   });
+  ex.register({
+    name: "ts_meta", title: "Weather now", icons: [{ src: "https://icons.example.com/w.svg", mimeType: "image/svg+xml", sizes: ["any"], theme: "dark" }],
+    outputSchema: { type: "object", properties: { temperature: { type: "number" } }, required: ["temperature"] },
+    handler: () => ({ temperature: 21.5 }),
+  });
   ex.register({ name: "ts_refuse", handler: () => { throw new RefusalError("The order has shipped; it cannot be changed."); } });
   ex.register({ name: "ts_broken", handler: () => { throw new Error("the ledger is corrupt"); } });
   ex.register({
@@ -98,4 +103,24 @@ test("the deadline is an AbortSignal: the function's timeout aborts it and the c
   const r = await dispatcherCall(env.dispatcherAddr!, "ts_slow", {});
   assert.equal(r.error?.type, "timeout", JSON.stringify(r));
   assert.ok(seen.get("ts_slow")?.reason instanceof DeadlineError);
+});
+
+test("title, icons and output schema reach MCP clients; a matching output is structured content", async () => {
+  const mcp = async (body: object) => {
+    const r = await fetch(`http://${env.dispatcherAddr}/mcp`, {
+      method: "POST", headers: { "Content-Type": "application/json", Accept: "application/json, text/event-stream" }, body: JSON.stringify(body),
+    });
+    const text = await r.text();
+    // An answer as an event stream carries the JSON-RPC message in its data line.
+    const data = text.startsWith("{") ? text : text.split("\n").find((l) => l.startsWith("data: "))!.slice(6);
+    return JSON.parse(data);
+  };
+  const list = await mcp({ jsonrpc: "2.0", id: 1, method: "tools/list" });
+  const tool = list.result.tools.find((t: any) => t.name === "ts_meta");
+  assert.ok(tool, JSON.stringify(list).slice(0, 300));
+  assert.equal(tool.title, "Weather now");
+  assert.deepEqual(tool.icons, [{ src: "https://icons.example.com/w.svg", mimeType: "image/svg+xml", sizes: ["any"], theme: "dark" }]);
+  assert.equal(tool.outputSchema.properties.temperature.type, "number");
+  const call = await mcp({ jsonrpc: "2.0", id: 2, method: "tools/call", params: { name: "ts_meta", arguments: {} } });
+  assert.deepEqual(call.result.structuredContent, { temperature: 21.5 }, JSON.stringify(call));
 });
