@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/toolrelay/toolrelay/internal/suggest"
 )
 
 // Decode reads the YAML (or JSON) file at path into v, refusing keys v
@@ -88,7 +90,7 @@ func explain(msgs []string, keys map[string][]string) []string {
 			continue
 		}
 		out[i] = fmt.Sprintf("line %s: unknown key %q", sub[1], sub[2])
-		if near := closest(sub[2], keys[sub[3]]); near != "" {
+		if near := suggest.Closest(sub[2], keys[sub[3]]); near != "" {
 			out[i] += fmt.Sprintf(" (did you mean %q?)", near)
 		} else if known := keys[sub[3]]; len(known) > 0 {
 			out[i] += " (known keys here: " + strings.Join(known, ", ") + ")"
@@ -127,43 +129,4 @@ func keysOf(t reflect.Type) map[string][]string {
 	}
 	walk(t)
 	return keys
-}
-
-// closest returns the key nearest to typo, if it is near enough to be what
-// was meant: at most a third of its letters different.
-func closest(typo string, keys []string) string {
-	best, bestDist := "", len(typo)/3+1
-	for _, k := range keys {
-		if d := distance(typo, k); d < bestDist {
-			best, bestDist = k, d
-		}
-	}
-	return best
-}
-
-// distance is the edit distance between a and b: insertions, deletions,
-// substitutions and swaps of neighbours, each counting one.
-func distance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	d := make([][]int, len(ra)+1)
-	for i := range d {
-		d[i] = make([]int, len(rb)+1)
-		d[i][0] = i
-	}
-	for j := range rb {
-		d[0][j+1] = j + 1
-	}
-	for i := 1; i <= len(ra); i++ {
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(ra)][len(rb)]
 }
