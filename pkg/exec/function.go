@@ -2,7 +2,9 @@ package exec
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/schema"
@@ -129,6 +131,9 @@ func (f *Function) validateParameters() error {
 	if err := objectAtTop(f.Parameters); err != nil {
 		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
 	}
+	if err := noMisspellings(f.Parameters); err != nil {
+		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
+	}
 	f.schema = s
 	return nil
 }
@@ -175,6 +180,24 @@ func (f *Function) spec(team string, now time.Time) *protocol.FunctionSpec {
 // platform passes a function's arguments as one JSON object, so a schema
 // of another type would refuse every call (and platforms refuse it as a
 // tool definition).
+// noMisspellings refuses a schema with a key that is a keyword misspelt
+// ("requird"): JSON Schema ignores unknown keys, so the schema would
+// check less than its author meant. Keys far from any keyword pass.
+func noMisspellings(raw json.RawMessage) error {
+	var doc any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	var msgs []string
+	for _, m := range schema.Misspellings(doc) {
+		msgs = append(msgs, m.String())
+	}
+	if len(msgs) > 0 {
+		return errors.New(strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
 func objectAtTop(raw json.RawMessage) error {
 	var top struct {
 		Type any `json:"type"`
