@@ -21,8 +21,8 @@ import (
 
 // Decode reads the YAML (or JSON) file at path into v, refusing keys v
 // has no field for. An empty file is an error saying it needs the
-// top-level list named list. Errors start with the path; YAML's own name
-// the line and the key.
+// top-level list named list. Errors start with the path and name the line
+// and the key; each mistake is on a line of its own.
 func Decode(path string, v any, list string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -36,7 +36,11 @@ func Decode(path string, v any, list string) error {
 		}
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
-			return fmt.Errorf("%s: %s", path, strings.Join(explain(te.Errors, keysOf(reflect.TypeOf(v))), "; "))
+			keys := keysOf(reflect.TypeOf(v))
+			var root yaml.Node
+			_ = yaml.Unmarshal(data, &root) // it parsed once already
+			msgs := explain(te.Errors, keys, newShapes(&root, keys))
+			return errors.New(path + ": " + strings.Join(msgs, "\n"+path+": "))
 		}
 		return fmt.Errorf("%s: %w", path, located(err, data))
 	}
@@ -79,14 +83,14 @@ var unknownField = regexp.MustCompile(`^line (\d+): field (.+) not found in type
 // explain rewrites yaml's "field paramters not found in type
 // functionsfile.functionConfig", which names a Go type the writer of the
 // file never saw, as `line 3: unknown key "paramters" (did you mean
-// "parameters"?)`, suggesting the known key closest to the typo; other
-// messages pass as they are.
-func explain(msgs []string, keys map[string][]string) []string {
+// "parameters"?)`, suggesting the known key closest to the typo; and a
+// value of the wrong shape as shapes does. Other messages pass as they are.
+func explain(msgs []string, keys map[string][]string, shapes *shapes) []string {
 	out := make([]string, len(msgs))
 	for i, m := range msgs {
 		sub := unknownField.FindStringSubmatch(m)
 		if sub == nil {
-			out[i] = m
+			out[i] = shapes.explain(m)
 			continue
 		}
 		out[i] = fmt.Sprintf("line %s: unknown key %q", sub[1], sub[2])
