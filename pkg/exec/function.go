@@ -22,7 +22,8 @@ type Function struct {
 	Description string
 	// Parameters is the JSON Schema of the arguments. Default: derived
 	// from the arguments type of a [TypedHandler] (see [SchemaFor]), else
-	// an object with no declared properties.
+	// an object with no declared properties. Register refuses a key that
+	// misspells a keyword ("requird"), which JSON Schema would ignore.
 	Parameters json.RawMessage
 	// Handler runs the function. Required.
 	Handler Handler
