@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,9 @@ func callCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := flagAfter(fs, args, "the function name"); err != nil {
 		return err
 	}
 	if fs.NArg() < 1 || fs.NArg() > 2 {
@@ -141,4 +145,49 @@ func (w withHeader) RoundTrip(r *http.Request) (*http.Response, error) {
 		r.Header[k] = v
 	}
 	return w.next.RoundTrip(r)
+}
+
+// flagAfter reports a flag of fs given after the first of its arguments
+// (what), where the flag package stops reading flags and would take it
+// for an argument: it names the flag and shows the command line (all, as
+// parsed by fs) with the flags first.
+func flagAfter(fs *flag.FlagSet, all []string, what string) error {
+	args := fs.Args()
+	before := all[:len(all)-len(args)]
+	for i := 1; i < len(args); i++ {
+		name, _, _ := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if !strings.HasPrefix(args[i], "-") || fs.Lookup(name) == nil {
+			continue
+		}
+		var flags, rest []string
+		for j := 1; j < len(args); j++ {
+			n, _, hasValue := strings.Cut(strings.TrimLeft(args[j], "-"), "=")
+			f := fs.Lookup(n)
+			if !strings.HasPrefix(args[j], "-") || f == nil {
+				rest = append(rest, args[j])
+				continue
+			}
+			flags = append(flags, args[j])
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) && j+1 < len(args) {
+				j++
+				flags = append(flags, args[j])
+			}
+		}
+		line := append(append(append(slices.Clone(before), flags...), args[0]), rest...)
+		return fmt.Errorf("flags go before %s: %s came after %q; write: %s %s", what, args[i], args[0], fs.Name(), shellLine(line))
+	}
+	return nil
+}
+
+// shellLine joins args as a shell would read them back, quoting those
+// that need it.
+func shellLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if a == "" || strings.ContainsAny(a, " \t\"'{}[]$*?;&|<>()`\\!#") {
+			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(out, " ")
 }

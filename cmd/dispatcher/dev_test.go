@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/tooldef"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // runBin runs a built binary to completion and returns its stdout, stderr
@@ -72,6 +74,13 @@ func TestBuiltDevLoop(t *testing.T) {
 	testutil.WaitForWhat(t, 10*time.Second, "the dev loop to print the MCP call's answer", func() bool { return strings.Contains(log(), "[mcp] get_order_status answered") })
 	if !strings.Contains(log(), "trace "+m[1]) {
 		t.Errorf("the dev loop's turn of the call is not in trace %s:\n%s", m[1], tail(log(), 1000))
+	}
+
+	// The call is a turn of platform mcp, which turns -platform mcp lists.
+	out, errOut, code = runBin(t, bins["dispatcher"], env, "turns", "-addr", "http://"+addr, "-platform", "mcp", "-json")
+	var mcpTurns dispatch.TurnList
+	if code != 0 || json.Unmarshal([]byte(out), &mcpTurns) != nil || len(mcpTurns.Recent) == 0 || mcpTurns.Recent[0].Platform != protocol.PlatformMCP {
+		t.Errorf("turns -platform mcp: exit %d, stdout %q, stderr %q; want the call's turn", code, out, errOut)
 	}
 
 	out, errOut, code = runBin(t, bins["dispatcher"], env, "call", "-addr", "http://"+addr, "-json", "get_order_status", `{"order_id":"B-7"}`)

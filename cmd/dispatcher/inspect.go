@@ -131,7 +131,7 @@ func turnsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	open := fs.Bool("open", false, "only open turns (leave out the recently closed)")
 	team := fs.String("team", "", "only turns calling this team's functions")
 	function := fs.String("function", "", "only turns calling this function")
-	platform := fs.String("platform", "", "only turns of this platform: agents, assistants or responses")
+	platform := fs.String("platform", "", "only turns of this platform: agents, assistants, responses or mcp (calls through /mcp and dispatcher call)")
 	outcome := fs.String("outcome", "", "only turns with this outcome: open, submitted, cut_off or failed")
 	limit := fs.Int("limit", 0, "at most this many turns per list (default: the API's, 500)")
 	if err := fs.Parse(args); err != nil {

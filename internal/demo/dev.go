@@ -24,6 +24,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/console"
 	"github.com/toolrelay/toolrelay/internal/natsembed"
 	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/telemetry"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
@@ -101,8 +102,19 @@ func RunDev(ctx context.Context, opts DevOptions) (err error) {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The recorder feeds the printed traces, which only hold this
+	// process's spans; with OTEL_EXPORTER_OTLP_ENDPOINT set, the spans go
+	// there too, where executors in other processes send theirs.
 	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	topts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(rec)}
+	exp, err := telemetry.TraceExporter(ctx)
+	if err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	if exp != nil {
+		topts = append(topts, sdktrace.WithBatcher(exp))
+	}
+	tp := sdktrace.NewTracerProvider(topts...)
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 
 	dir, err := os.MkdirTemp("", "toolrelay-dev-")

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -268,4 +270,24 @@ func TestDefaultScenariosCallACustomToolAsOne(t *testing.T) {
 	if call := got[0].Steps[0][0]; call.Kind != platformsim.KindCustom || call.Arguments != "example" || got[0].Platform != "" {
 		t.Errorf("the custom tool is played as %+v on %q; want a custom call with text, on the Responses API", call, got[0].Platform)
 	}
+}
+
+// dev prints the spans of its own process; with OTEL_EXPORTER_OTLP_ENDPOINT
+// set it also exports them, so they meet there the spans of executors in
+// other processes.
+func TestDevExportsItsSpansOverOTLP(t *testing.T) {
+	var posts atomic.Int64
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/traces" {
+			posts.Add(1)
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	t.Cleanup(collector.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50") // milliseconds
+	paths := copyTestdata(t, "dev-functions.yaml", "scenarios.yaml")
+	devLoop(t, DevOptions{FunctionsFile: paths[0], ScenariosFile: paths[1]})
+	testutil.WaitForWhat(t, 10*time.Second, "dev to export spans to OTEL_EXPORTER_OTLP_ENDPOINT", func() bool { return posts.Load() > 0 })
 }

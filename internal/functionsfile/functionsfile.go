@@ -23,16 +23,16 @@ type fileConfig struct {
 }
 
 type functionConfig struct {
-	Name           string         `yaml:"name"`
-	Description    string         `yaml:"description"`
-	Parameters     map[string]any `yaml:"parameters"`
-	Owner          string         `yaml:"owner"`
-	Timeout        string         `yaml:"timeout"`
-	Concurrency    int            `yaml:"concurrency"`
-	MaxConcurrency int            `yaml:"max_concurrency"`
-	SideEffects    bool           `yaml:"side_effects"`
-	Version        string         `yaml:"version"`
-	DeferLoading   bool           `yaml:"defer_loading"`
+	Name           string      `yaml:"name"`
+	Description    string      `yaml:"description"`
+	Parameters     *parameters `yaml:"parameters"`
+	Owner          string      `yaml:"owner"`
+	Timeout        string      `yaml:"timeout"`
+	Concurrency    int         `yaml:"concurrency"`
+	MaxConcurrency int         `yaml:"max_concurrency"`
+	SideEffects    bool        `yaml:"side_effects"`
+	Version        string      `yaml:"version"`
+	DeferLoading   bool        `yaml:"defer_loading"`
 	// Title, Icons and OutputSchema are what MCP clients show and get
 	// beside the tool.
 	Title        string         `yaml:"title"`
@@ -158,7 +158,7 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 		return exec.Function{}, fail("max_concurrency", "must not be negative")
 	}
 	if f.Parameters != nil {
-		if fn.Parameters, err = json.Marshal(f.Parameters); err != nil {
+		if fn.Parameters, err = json.Marshal(f.Parameters.schema); err != nil {
 			return exec.Function{}, fail("parameters", "cannot be expressed as JSON: %v", err)
 		}
 	}

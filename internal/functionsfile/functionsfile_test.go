@@ -144,3 +144,65 @@ func TestEveryFunctionsMistakeIsReportedAtOnce(t *testing.T) {
 		t.Errorf("error %q: want one mistake per line", msg)
 	}
 }
+
+// From a new user's first hour: "requird: [invoice_id]" loaded, and calls
+// ran with their arguments unchecked. A key that misspells a JSON Schema
+// keyword is refused at its line; property names, and keys far from any
+// keyword, are not.
+func TestAMisspeltSchemaKeywordIsRefusedAtItsLine(t *testing.T) {
+	const head = "functions:\n  - name: get_invoice\n    owner: billing\n    command: [\"cat\"]\n    parameters:\n      type: object\n"
+	for name, tc := range map[string]struct{ body, want string }{
+		"required": {head + "      properties: {invoice_id: {type: string}}\n      requird: [invoice_id]\n",
+			`line 8: parameters: unknown keyword "requird" at /requird (did you mean "required"?)`},
+		"properties": {head + "      propertes:\n        invoice_id: {type: string}\n",
+			`line 7: parameters: unknown keyword "propertes" at /propertes (did you mean "properties"?)`},
+		"in a property": {head + "      properties:\n        invoice_id:\n          tpye: string\n",
+			`line 9: parameters: unknown keyword "tpye" at /properties/invoice_id/tpye (did you mean "type"?)`},
+		"in anyOf": {head + "      anyOf:\n        - {required: [a]}\n        - {requierd: [b]}\n",
+			`line 9: parameters: unknown keyword "requierd" at /anyOf/1/requierd (did you mean "required"?)`},
+		"in JSON": {"{\"functions\": [{\"name\": \"f\", \"owner\": \"t\", \"command\": [\"cat\"],\n  \"parameters\": {\"type\": \"object\",\n    \"requird\": []}}]}\n",
+			`line 3: parameters: unknown keyword "requird" at /requird (did you mean "required"?)`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := testutil.WriteFile(t, "functions.yaml", tc.body)
+			_, err := Load(path)
+			if err == nil || err.Error() != path+": "+tc.want {
+				t.Errorf("error = %v\nwant %s: %s", err, path, tc.want)
+			}
+		})
+	}
+	ok := "functions:\n  - name: f\n    owner: t\n    command: [\"cat\"]\n    parameters:\n      type: object\n" +
+		"      properties: {requird: {type: string}, tpye: {type: string}}\n      x-colour: blue\n      example: {requird: x}\n"
+	if _, err := Load(testutil.WriteFile(t, "functions.yaml", ok)); err != nil {
+		t.Errorf("a schema with property names near keywords: %v", err)
+	}
+}
+
+// From a new user's first hour: shape mistakes gave the decoder's
+// "cannot unmarshal !!seq into map[string]interface {}". The error names
+// the key, what was given and what is wanted, with an example.
+func TestAValueOfTheWrongShapeIsExplained(t *testing.T) {
+	const head = "functions:\n  - name: get_invoice\n    owner: billing\n"
+	for name, tc := range map[string]struct{ body, want string }{
+		"parameters as a list": {head + "    command: [\"cat\"]\n    parameters: [order_id]\n",
+			`line 5: parameters: a list was given; parameters is a JSON Schema, a mapping, e.g. parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id]}`},
+		"parameters as a string": {head + "    command: [\"cat\"]\n    parameters: \"order_id\"\n",
+			`line 5: parameters: a string ("order_id") was given; parameters is a JSON Schema, a mapping, e.g. parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id]}`},
+		"command as a string": {head + "    command: \"./scripts/invoice.sh\"\n",
+			`line 4: command: a string ("./scripts/invoice.sh") was given; command is a list, e.g. command: [./scripts/invoice.sh]`},
+		"command with arguments": {head + "    command: python3 scripts/invoice.py\n",
+			`line 4: command: a string ("python3 scripts/invoice.py") was given; command is a list, e.g. command: [python3, scripts/invoice.py]`},
+		"http as a string": {head + "    http: \"http://localhost:9000/invoice\"\n",
+			`line 4: http: a string ("http://localhost:9000/invoice") was given; http is a mapping with the keys url, e.g. http: {url: ...}`},
+		"concurrency as a word": {head + "    command: [\"cat\"]\n    concurrency: four\n",
+			`line 5: concurrency: a string ("four") was given; concurrency is a whole number`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := testutil.WriteFile(t, "functions.yaml", tc.body)
+			_, err := Load(path)
+			if err == nil || err.Error() != path+": "+tc.want {
+				t.Errorf("error = %v\nwant %s: %s", err, path, tc.want)
+			}
+		})
+	}
+}

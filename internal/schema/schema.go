@@ -2,7 +2,8 @@
 // against them, with messages written for the model. It wraps
 // santhosh-tekuri/jsonschema, a maintained validator of drafts 4 to 2020-12.
 //
-// It may import only that validator; pkg/dispatch and pkg/exec use it.
+// It may import only that validator (and internal/suggest, for "did you
+// mean"); pkg/dispatch and pkg/exec use it.
 package schema
 
 import (

@@ -79,7 +79,7 @@ func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 	for _, p := range opts.SpanProcessors {
 		topts = append(topts, sdktrace.WithSpanProcessor(p))
 	}
-	exp, err := traceExporter(ctx)
+	exp, err := TraceExporter(ctx)
 	if err != nil {
 		return nil, err
 	} else if exp != nil {
@@ -124,7 +124,9 @@ func Propagator() propagation.TextMapPropagator {
 	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 }
 
-func traceExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
+// TraceExporter returns the OTLP exporter the OTEL_EXPORTER_OTLP_*
+// variables ask for, as Setup describes, or nil when they ask for none.
+func TraceExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
 	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
 		return nil, nil
 	}

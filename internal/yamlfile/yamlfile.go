@@ -15,12 +15,14 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/toolrelay/toolrelay/internal/suggest"
 )
 
 // Decode reads the YAML (or JSON) file at path into v, refusing keys v
 // has no field for. An empty file is an error saying it needs the
-// top-level list named list. Errors start with the path; YAML's own name
-// the line and the key.
+// top-level list named list. Errors start with the path and name the line
+// and the key; each mistake is on a line of its own.
 func Decode(path string, v any, list string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -34,7 +36,11 @@ func Decode(path string, v any, list string) error {
 		}
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
-			return fmt.Errorf("%s: %s", path, strings.Join(explain(te.Errors, keysOf(reflect.TypeOf(v))), "; "))
+			keys := keysOf(reflect.TypeOf(v))
+			var root yaml.Node
+			_ = yaml.Unmarshal(data, &root) // it parsed once already
+			msgs := explain(te.Errors, keys, newShapes(&root, keys))
+			return errors.New(path + ": " + strings.Join(msgs, "\n"+path+": "))
 		}
 		return fmt.Errorf("%s: %w", path, located(err, data))
 	}
@@ -77,18 +83,18 @@ var unknownField = regexp.MustCompile(`^line (\d+): field (.+) not found in type
 // explain rewrites yaml's "field paramters not found in type
 // functionsfile.functionConfig", which names a Go type the writer of the
 // file never saw, as `line 3: unknown key "paramters" (did you mean
-// "parameters"?)`, suggesting the known key closest to the typo; other
-// messages pass as they are.
-func explain(msgs []string, keys map[string][]string) []string {
+// "parameters"?)`, suggesting the known key closest to the typo; and a
+// value of the wrong shape as shapes does. Other messages pass as they are.
+func explain(msgs []string, keys map[string][]string, shapes *shapes) []string {
 	out := make([]string, len(msgs))
 	for i, m := range msgs {
 		sub := unknownField.FindStringSubmatch(m)
 		if sub == nil {
-			out[i] = m
+			out[i] = shapes.explain(m)
 			continue
 		}
 		out[i] = fmt.Sprintf("line %s: unknown key %q", sub[1], sub[2])
-		if near := closest(sub[2], keys[sub[3]]); near != "" {
+		if near := suggest.Closest(sub[2], keys[sub[3]]); near != "" {
 			out[i] += fmt.Sprintf(" (did you mean %q?)", near)
 		} else if known := keys[sub[3]]; len(known) > 0 {
 			out[i] += " (known keys here: " + strings.Join(known, ", ") + ")"
@@ -127,43 +133,4 @@ func keysOf(t reflect.Type) map[string][]string {
 	}
 	walk(t)
 	return keys
-}
-
-// closest returns the key nearest to typo, if it is near enough to be what
-// was meant: at most a third of its letters different.
-func closest(typo string, keys []string) string {
-	best, bestDist := "", len(typo)/3+1
-	for _, k := range keys {
-		if d := distance(typo, k); d < bestDist {
-			best, bestDist = k, d
-		}
-	}
-	return best
-}
-
-// distance is the edit distance between a and b: insertions, deletions,
-// substitutions and swaps of neighbours, each counting one.
-func distance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	d := make([][]int, len(ra)+1)
-	for i := range d {
-		d[i] = make([]int, len(rb)+1)
-		d[i][0] = i
-	}
-	for j := range rb {
-		d[0][j+1] = j + 1
-	}
-	for i := 1; i <= len(ra); i++ {
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(ra)][len(rb)]
 }

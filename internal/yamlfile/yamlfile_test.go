@@ -55,3 +55,21 @@ func TestGoodFilesDecode(t *testing.T) {
 		t.Errorf("error = %v", err)
 	}
 }
+
+// A value of the wrong shape names its key, what was given and what is
+// wanted, with an example made of what was given.
+func TestAValueOfTheWrongShapeNamesItsKey(t *testing.T) {
+	err := decode(t, "functions:\n  - name: a\n    command: ./bin/a --fast\n")
+	if want := `line 3: command: a string ("./bin/a --fast") was given; command is a list, e.g. command: [./bin/a, --fast]`; err == nil || !strings.HasSuffix(err.Error(), want) {
+		t.Errorf("error = %v; want it to end %s", err, want)
+	}
+	err = decode(t, "functions:\n  - {name: a, command: x}\n  - {name: [b], command: y}\n")
+	for _, want := range []string{`line 2: command: a string ("x") was given`, `line 3: name: a list was given; name is a string`, `line 3: command: a string ("y")`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error = %v; want it to contain %s", err, want)
+		}
+	}
+	if n := strings.Count(err.Error(), "\n"); n != 2 {
+		t.Errorf("error = %v; want each of its 3 mistakes on a line of its own", err)
+	}
+}

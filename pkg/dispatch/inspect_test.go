@@ -113,6 +113,8 @@ func TestInspectionAPI(t *testing.T) {
 			{"by another function", "function=get_weather", "admin", 200, 0},
 			{"by platform", "platform=agents", "admin", 200, 1},
 			{"by another platform", "platform=responses", "admin", 200, 0},
+			{"by the MCP front door", "platform=mcp", "admin", 200, 0},
+			{"by an unknown platform", "platform=gemini", "admin", 400, 0},
 			{"by outcome", "outcome=open", "admin", 200, 1},
 			{"team token", "", "billing", 200, 1},
 			{"other team's token", "", "shipping", 200, 0},

@@ -315,6 +315,12 @@ func TestRegisterRejectsBadFunctions(t *testing.T) {
 	if msg := err.Error(); !strings.HasPrefix(msg, "exec: schema of roll_dice: not a valid JSON Schema:") || strings.Count(msg, "roll_dice") != 1 {
 		t.Errorf("Register of an invalid schema: %q, want it to name the function once", msg)
 	}
+	// A misspelt keyword would leave the arguments unchecked (JSON Schema
+	// ignores unknown keys): it is refused, with the keyword meant.
+	err = e.Register(exec.Function{Name: "get_invoice", Handler: h, Parameters: json.RawMessage(`{"type":"object","properties":{"invoice_id":{"type":"string"}},"requird":["invoice_id"]}`)})
+	if want := `exec: function get_invoice: parameters: unknown keyword "requird" at /requird (did you mean "required"?)`; err == nil || err.Error() != want {
+		t.Errorf("Register of a misspelt keyword: %v, want %s", err, want)
+	}
 	// Tool text over its bounds or with hidden characters is refused at
 	// Register, naming the bound or the character.
 	for name, tc := range map[string]struct {

@@ -2,7 +2,9 @@ package exec
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/schema"
@@ -20,7 +22,8 @@ type Function struct {
 	Description string
 	// Parameters is the JSON Schema of the arguments. Default: derived
 	// from the arguments type of a [TypedHandler] (see [SchemaFor]), else
-	// an object with no declared properties.
+	// an object with no declared properties. Register refuses a key that
+	// misspells a keyword ("requird"), which JSON Schema would ignore.
 	Parameters json.RawMessage
 	// Handler runs the function. Required.
 	Handler Handler
@@ -139,6 +142,9 @@ func (f *Function) validateParameters() error {
 	if err := objectAtTop(f.Parameters); err != nil {
 		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
 	}
+	if err := noMisspellings(f.Parameters); err != nil {
+		return fmt.Errorf("exec: function %s: parameters: %w", f.Name, err)
+	}
 	f.schema = s
 	return nil
 }
@@ -203,6 +209,27 @@ func (f *Function) validateMetadata(team string) error {
 	}
 	if err := objectAtTop(f.OutputSchema); err != nil {
 		return fmt.Errorf("exec: function %s: output schema: %w", f.Name, err)
+	}
+	if err := noMisspellings(f.OutputSchema); err != nil {
+		return fmt.Errorf("exec: function %s: output schema: %w", f.Name, err)
+	}
+	return nil
+}
+
+// noMisspellings refuses a schema with a key that is a keyword misspelt
+// ("requird"): JSON Schema ignores unknown keys, so the schema would
+// check less than its author meant. Keys far from any keyword pass.
+func noMisspellings(raw json.RawMessage) error {
+	var doc any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	var msgs []string
+	for _, m := range schema.Misspellings(doc) {
+		msgs = append(msgs, m.String())
+	}
+	if len(msgs) > 0 {
+		return errors.New(strings.Join(msgs, "; "))
 	}
 	return nil
 }

@@ -59,10 +59,8 @@ func ParseTurnQuery(caller dispatch.Caller, r *http.Request) (dispatch.TurnQuery
 	default:
 		return q, &dispatch.FieldError{Field: "open", Message: "open must be 1 or 0"}
 	}
-	switch q.Platform {
-	case "", protocol.PlatformAgents, protocol.PlatformAssistants, protocol.PlatformResponses:
-	default:
-		return q, &dispatch.FieldError{Field: "platform", Message: "platform must be agents, assistants or responses"}
+	if q.Platform != "" && q.Platform.Validate() != nil {
+		return q, &dispatch.FieldError{Field: "platform", Message: "platform must be agents, assistants, responses or mcp"}
 	}
 	switch q.Outcome {
 	case "", "open", "submitted", "cut_off", "failed":
