@@ -207,7 +207,9 @@ func TestMCPToolsListPages(t *testing.T) {
 	done := make(chan struct{})
 	go func() { keeper.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitForWhat(t, 30*time.Second, "both replicas to serve all 2,000 tools", func() bool {
+	// Each new name is a claim written to JetStream: 2,000 take a few
+	// seconds alone, and over 30 s under -race beside CI's other packages.
+	testutil.WaitForWhat(t, 2*time.Minute, "both replicas to serve all 2,000 tools", func() bool {
 		for _, d := range ds {
 			if len(d.ServedFunctions(func(string) bool { return true })) != n {
 				return false
