@@ -6,8 +6,6 @@ import (
 	"net/http/httptest"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 )
 
 // measureMCP: a no-op tools/call through the dispatcher's /mcp, closed
@@ -25,7 +23,7 @@ func measureMCP(ctx context.Context, cfg config, r *report) error {
 		return err
 	}
 	defer s.stop()
-	hs := httptest.NewServer(httpapi.New(s.d, httpapi.Options{}))
+	hs := httptest.NewServer(frontDoor(s.d))
 	defer hs.Close()
 	session, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil).
 		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: hs.URL + "/mcp"}, nil)
