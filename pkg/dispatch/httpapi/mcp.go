@@ -96,7 +96,9 @@ func (a *Handler) mcpHandler() http.Handler {
 		// The SDK cuts a handler's context loose from its request for older
 		// protocol versions; the request's own context, kept here, is what
 		// tells a call that its client went away.
-		h.ServeHTTP(jw, r.WithContext(context.WithValue(r.Context(), httpRequestKey{}, r.Context())))
+		ctx := withRPCID(context.WithValue(r.Context(), httpRequestKey{}, r.Context()), body)
+		a.mcpCancelled(ctx, body)
+		h.ServeHTTP(jw, r.WithContext(ctx))
 		jw.finish()
 	})
 }
@@ -339,7 +341,7 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
-	c := dispatch.DirectCall{Function: p.Name, Arguments: args, Timeout: a.mcpTimeout(f)}
+	c := dispatch.DirectCall{Function: p.Name, Arguments: args, Timeout: a.mcpTimeout(f), Handle: requestHandle(ctx, caller.Name)}
 	if token := p.GetProgressToken(); token != nil {
 		c.ProgressEvery = mcpProgressEvery
 		c.Progress = func(elapsed time.Duration) {
@@ -353,6 +355,11 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 		span.SetStatus(codes.Error, "call not completed")
 		if ctx.Err() != nil {
 			return nil, err // nobody is left to read an answer
+		}
+		if errors.Is(err, dispatch.ErrCancelled) {
+			// The client said it no longer reads an answer; one that still
+			// does reads why.
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("%s was cancelled by its client", p.Name)}
 		}
 		a.log.ErrorContext(ctx, "MCP call could not be taken in", "fn", p.Name, "err", err)
 		return mcpError(protocol.CodeUnavailable,
