@@ -115,7 +115,7 @@ func (d *Dispatcher) Call(ctx context.Context, c DirectCall) (*protocol.Result, 
 	case err != nil && ctx.Err() != nil:
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelTimeout)
 		defer ccancel()
-		if d.cancelTurn(cctx, t.Key, "not answered: the MCP client cancelled the call", "the MCP client cancelled the call") {
+		if d.cancelTurn(cctx, t.Key, cancelledByClient, "the MCP client cancelled the call") {
 			d.log.InfoContext(ctx, "MCP call cancelled by its client", "turn", t.Key, "fn", c.Function)
 		}
 		return nil, fmt.Errorf("dispatch: call %s: %w", c.Function, context.Cause(ctx))

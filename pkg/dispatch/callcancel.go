@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // A client may cancel a direct call on another request than the one that
@@ -29,10 +31,13 @@ const maxCancelReason = 200
 // call cancelled through [Dispatcher.CancelCall].
 var ErrCancelled = errors.New("dispatch: the call was cancelled by its client")
 
-// callCancel is a cancellation as told on callCancelSubject.
+// callCancel is a cancellation as told on callCancelSubject: of the
+// direct calls of a handle, or of a started call's turn (which the
+// replica owning it cancels).
 type callCancel struct {
-	Handle string `json:"handle"`
-	Reason string `json:"reason,omitempty"`
+	Handle string           `json:"handle,omitempty"`
+	Reason string           `json:"reason,omitempty"`
+	Turn   protocol.TurnKey `json:"turn,omitempty"`
 }
 
 // runningCalls are the direct calls with a handle running in this process.
@@ -104,7 +109,14 @@ func (d *Dispatcher) CancelCall(ctx context.Context, handle, reason string) erro
 func (d *Dispatcher) serveCallCancels() (stop func(), err error) {
 	return d.hear(callCancelSubject, "", func(m *nats.Msg) {
 		var c callCancel
-		if json.Unmarshal(m.Data, &c) != nil || c.Handle == "" {
+		if json.Unmarshal(m.Data, &c) != nil {
+			return
+		}
+		if c.Turn != "" && c.Turn.Validate() == nil {
+			d.background(func(ctx context.Context) { d.cancelOwnTurn(ctx, c.Turn) })
+			return
+		}
+		if c.Handle == "" {
 			return
 		}
 		cause := ErrCancelled

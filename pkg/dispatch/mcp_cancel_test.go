@@ -175,6 +175,30 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("orders' tools/call request is still open")
 	}
+
+	// A task is its caller's too: another caller can neither read nor
+	// cancel it.
+	created := mcpRPCWith(t, urls[0], header("admin"), `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"task"},"task":{}}}`)
+	id, _ := field(created.Result, "task", "taskId").(string)
+	if id == "" {
+		t.Fatalf("task-augmented tools/call: %v %v", created.Result, created.Error)
+	}
+	for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/result"} {
+		if r := mcpRPCWith(t, urls[1], header("orders"), `{"jsonrpc":"2.0","id":9,"method":"`+method+`","params":{"taskId":"`+id+`"}}`); r.Error == nil || r.Error.Code != -32602 {
+			t.Errorf("%s of another caller's task: %v %v; want -32602, as for no task", method, r.Result, r.Error)
+		}
+	}
+	if r := mcpRPCWith(t, urls[1], header("admin"), `{"jsonrpc":"2.0","id":10,"method":"tasks/cancel","params":{"taskId":"`+id+`"}}`); r.Error != nil || r.Result["status"] != "cancelled" {
+		t.Errorf("tasks/cancel by its caller: %v %v", r.Result, r.Error)
+	}
+	select {
+	case tag := <-cancelled:
+		if tag != "task" {
+			t.Errorf("cancelled %s; want the task's call", tag)
+		}
+	case <-time.After(15 * time.Second):
+		t.Error("the cancelled task's handler was not cancelled")
+	}
 }
 
 // mcpOpenPost posts body to url and returns at once; the channel gets the
