@@ -104,14 +104,22 @@ func (d *Dispatcher) StartedCall(ctx context.Context, owner string, key protocol
 
 // CancelStartedCall cancels the call owner started as key, as
 // [Dispatcher.CancelCall] does a direct call: its turn fails, its
-// executors are told. The replica owning the turn cancels it at once;
-// with none running (it stopped or died), this one does once the turn's
-// lease lapses (within 17 s), if ctx lasts. It returns how the call
+// executors are told. The replica owning the turn (holding its lease)
+// cancels it at once; with no lease held, this one does; with the owner
+// not answering (it died), this one does once the lease lapses (within
+// 17 s of the last write), if ctx lasts. It returns how the call
 // stands then: cancelled, or done if it was done before.
 func (d *Dispatcher) CancelStartedCall(ctx context.Context, owner string, key protocol.TurnKey) (*StartedCall, error) {
 	t, updated, err := d.startedTurn(ctx, owner, key)
 	if err != nil {
 		return nil, err
+	}
+	if !closedTurn(t) && (t.lease.Owner == d.engine.Self() || t.lease.Free(time.Now())) {
+		// This replica may write the turn now.
+		d.cancelTurn(ctx, key, cancelledByClient, "the MCP client cancelled the call")
+		if t, updated, err = d.startedTurn(ctx, owner, key); err != nil {
+			return nil, err
+		}
 	}
 	if !closedTurn(t) {
 		b, _ := json.Marshal(callCancel{Turn: key})
