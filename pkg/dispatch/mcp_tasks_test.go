@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,8 +15,10 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
@@ -184,5 +187,76 @@ func TestMCPTasksAcrossReplicas(t *testing.T) {
 	}
 	if r := mcpRPC(t, b, v, `{"jsonrpc":"2.0","id":11,"method":"tasks/get","params":{"taskId":"0123456789abcdef0123456789abcdef"}}`); r.Error == nil || r.Error.Code != -32602 {
 		t.Errorf("tasks/get of no task: %v %v; want -32602", r.Result, r.Error)
+	}
+}
+
+// A task outlives the replica that created it being killed (its NATS
+// connection cut, its leases not released): the other replica gathers
+// the result once the lease lapses and answers tasks/result, and cancels
+// another task on its executor.
+func TestMCPTaskOutlivesAKilledReplica(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	nc, js := e.srv.Connect(t)
+	dA, err := dispatch.New(js, openaiplatform.New(e.client), dispatch.Options{Name: "replica-a", Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- dA.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	testutil.WaitForWhat(t, 10*time.Second, "replica a to be ready", dA.Ready)
+	srvA := httptest.NewServer(httpapi.New(dA, httpapi.Options{}))
+	t.Cleanup(srvA.Close)
+	dB, _ := e.dispatcher(dispatch.Options{Name: "replica-b"})
+	srvB := httptest.NewServer(httpapi.New(dB, httpapi.Options{}))
+	t.Cleanup(srvB.Close)
+	a, b := srvA.URL+"/mcp", srvB.URL+"/mcp"
+
+	release := make(chan struct{})
+	cancelled := make(chan struct{}, 1)
+	f := &mcpFleet{e: e, tp: sdktrace.NewTracerProvider()}
+	f.executor(t, "orders",
+		exec.Function{Name: "gate", Timeout: time.Minute, Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
+			select {
+			case <-release:
+				return []byte(`"opened"`), nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		})},
+		exec.Function{Name: "wait", Timeout: time.Minute, Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
+			<-ctx.Done()
+			cancelled <- struct{}{}
+			return nil, ctx.Err()
+		})})
+
+	const v = "2025-11-25"
+	ids := map[string]string{}
+	for i, fn := range []string{"gate", "wait"} {
+		created := mcpRPC(t, a, v, `{"jsonrpc":"2.0","id":`+strconv.Itoa(i)+`,"method":"tools/call","params":{"name":"`+fn+`","arguments":{},"task":{}}}`)
+		if ids[fn], _ = field(created.Result, "task", "taskId").(string); ids[fn] == "" {
+			t.Fatalf("task-augmented tools/call of %s: %v %v", fn, created.Result, created.Error)
+		}
+	}
+	nc.Close() // replica a is gone: no release of its leases, no answers
+	close(release)
+
+	start := time.Now()
+	res := mcpRPC(t, b, v, `{"jsonrpc":"2.0","id":3,"method":"tasks/result","params":{"taskId":"`+ids["gate"]+`"}}`)
+	content, _ := res.Result["content"].([]any)
+	if res.Error != nil || len(content) != 1 || field(content[0].(map[string]any), "text") != `"opened"` {
+		t.Errorf("tasks/result on the surviving replica: %v %v; want the output", res.Result, res.Error)
+	}
+	t.Logf("tasks/result answered after %s", time.Since(start))
+	c := mcpRPC(t, b, v, `{"jsonrpc":"2.0","id":4,"method":"tasks/cancel","params":{"taskId":"`+ids["wait"]+`"}}`)
+	if c.Error != nil || c.Result["status"] != "cancelled" {
+		t.Fatalf("tasks/cancel on the surviving replica: %v %v", c.Result, c.Error)
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(15 * time.Second):
+		t.Error("the cancelled task's handler was not cancelled")
 	}
 }
