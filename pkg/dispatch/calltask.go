@@ -198,3 +198,24 @@ func (d *Dispatcher) startedCall(ctx context.Context, t *Turn, updated time.Time
 	}
 	return s, nil
 }
+
+// RunningStartedCalls counts owner's started calls that have not ended,
+// fleet-wide, as this replica's inspection index knows them (it follows
+// the turn bucket, so a call started a moment ago elsewhere may be
+// missing). The index is built on first use; an error says it could not
+// be.
+func (d *Dispatcher) RunningStartedCalls(ctx context.Context, owner string) (int, error) {
+	if err := d.inspect.ensure(ctx); err != nil {
+		return 0, err
+	}
+	prefix := "mcp/" + ownerTag(owner) + "/"
+	d.inspect.mu.RLock()
+	defer d.inspect.mu.RUnlock()
+	n := 0
+	for _, o := range d.inspect.open {
+		if o.turn.Ref.Platform == protocol.PlatformMCP && strings.HasPrefix(o.turn.Scope, prefix) {
+			n++
+		}
+	}
+	return n, nil
+}

@@ -260,3 +260,36 @@ func TestMCPTaskOutlivesAKilledReplica(t *testing.T) {
 		t.Error("the cancelled task's handler was not cancelled")
 	}
 }
+
+// A caller may have TOOLRELAY_MAX_MCP_CALLS_PER_CALLER tasks running,
+// fleet-wide; one more is refused until one ends.
+func TestMCPTasksPerCallerBound(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d, _ := e.dispatcher(dispatch.Options{})
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{MaxMCPCallsPerCaller: 1}))
+	t.Cleanup(hs.Close)
+	f := &mcpFleet{e: e, tp: sdktrace.NewTracerProvider()}
+	f.executor(t, "orders", exec.Function{Name: "wait", Timeout: time.Minute,
+		Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) { <-ctx.Done(); return nil, ctx.Err() })})
+	const v, call = "2025-11-25", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"wait","arguments":{},"task":{}}}`
+	first := mcpRPC(t, hs.URL+"/mcp", v, call)
+	id, _ := field(first.Result, "task", "taskId").(string)
+	if id == "" {
+		t.Fatalf("first task: %v %v", first.Result, first.Error)
+	}
+	running := func(want int) func() bool {
+		return func() bool { n, err := d.RunningStartedCalls(t.Context(), "loopback"); return err == nil && n == want }
+	}
+	testutil.WaitForWhat(t, 10*time.Second, "the task to be counted", running(1))
+	if second := mcpRPC(t, hs.URL+"/mcp", v, call); second.Error == nil || !strings.Contains(second.Error.Message, "TOOLRELAY_MAX_MCP_CALLS_PER_CALLER") {
+		t.Errorf("a task past the bound: %v %v; want an error naming the setting", second.Result, second.Error)
+	}
+	if c := mcpRPC(t, hs.URL+"/mcp", v, `{"jsonrpc":"2.0","id":2,"method":"tasks/cancel","params":{"taskId":"`+id+`"}}`); c.Result["status"] != "cancelled" {
+		t.Fatalf("tasks/cancel: %v %v", c.Result, c.Error)
+	}
+	testutil.WaitForWhat(t, 10*time.Second, "the cancelled task to leave the count", running(0))
+	if third := mcpRPC(t, hs.URL+"/mcp", v, call); field(third.Result, "task", "taskId") == nil {
+		t.Errorf("a task once the first ended: %v %v", third.Result, third.Error)
+	}
+}

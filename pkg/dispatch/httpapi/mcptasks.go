@@ -169,6 +169,10 @@ func taskResult(s *dispatch.StartedCall) (mcp.Result, error) {
 // mcpStartTask takes a tools/call in as a task and answers with it.
 func (a *Handler) mcpStartTask(ctx context.Context, caller dispatch.Caller, f *dispatch.FunctionStatus, c dispatch.DirectCall) (mcp.Result, error) {
 	c.Timeout = min(cmp.Or(max(time.Duration(f.Spec.Timeout), 0), a.opts.MCPCallTimeout), MCPTaskMaxRun)
+	if n, err := a.d.RunningStartedCalls(ctx, caller.Name); err == nil && n >= a.opts.MaxMCPCallsPerCaller {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("the task of %s was not created: %s has %d tasks running "+
+			"already, the most one caller may (TOOLRELAY_MAX_MCP_CALLS_PER_CALLER). Wait for one to end, then try again.", c.Function, caller.Name, n)}
+	}
 	key, err := a.d.StartCall(ctx, caller.Name, c)
 	if err != nil {
 		a.log.ErrorContext(ctx, "MCP task could not be created", "fn", c.Function, "err", err)
