@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -228,4 +230,65 @@ func mcpOpenPost(t *testing.T, url, body string, header http.Header) <-chan stri
 		end <- string(b)
 	})
 	return end
+}
+
+// The official TypeScript SDK's client (TOOLRELAY_MCP_TS_SDK: a directory
+// where `npm install @modelcontextprotocol/sdk` ran) against two replicas,
+// its requests sent to each in turn: it runs a call as a task, and
+// cancels a running call with an AbortSignal, which kills the command.
+func TestMCPTypeScriptSDK(t *testing.T) {
+	sdk := os.Getenv("TOOLRELAY_MCP_TS_SDK")
+	node, err := osexec.LookPath("node")
+	if sdk == "" || err != nil {
+		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm install @modelcontextprotocol/sdk` ran, with node on PATH")
+	}
+	t.Parallel()
+	f := newMCPFleet(t, 2, dispatch.Options{})
+	cmd := osexec.CommandContext(t.Context(), node, "testdata/mcp-ts-client.mjs", sdk, f.urls[0], f.urls[1])
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	steps := map[string][]map[string]any{}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var step map[string]any
+		if json.Unmarshal(sc.Bytes(), &step) != nil {
+			continue
+		}
+		t.Logf("%s", sc.Bytes())
+		name, _ := step["step"].(string)
+		steps[name] = append(steps[name], step)
+		if name == "cancel" {
+			// Before the client closes, and with it the call's request.
+			b, err := os.ReadFile(filepath.Join(f.marks, "sleepy.pid"))
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil || pid <= 0 {
+				t.Fatalf("the sleepy command left no pid (%v): it never ran", err)
+			}
+			testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+			_, _ = in.Write([]byte("close\n"))
+			_ = in.Close()
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the TypeScript client: %v", err)
+	}
+	if c := steps["connected"]; len(c) != 1 || c[0]["tasks"] == nil {
+		t.Errorf("connected: %v; want the server's tasks capability", c)
+	}
+	if r := steps["result"]; len(steps["taskCreated"]) != 1 || len(r) != 1 || r[0]["text"] != `{"echo":{"n":41},"executor":"orders"}` {
+		t.Errorf("task: created %v, result %v; want one task and its output", steps["taskCreated"], r)
+	}
+	if c := steps["cancel"]; len(c) != 1 || c[0]["aborted"] != true {
+		t.Errorf("cancel: %v; want the call aborted", c)
+	}
 }
