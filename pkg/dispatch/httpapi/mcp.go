@@ -99,8 +99,8 @@ func (a *Handler) mcpHandler() http.Handler {
 		// The SDK cuts a handler's context loose from its request for older
 		// protocol versions; the request's own context, kept here, is what
 		// tells a call that its client went away.
-		ctx := withTaskRequested(withRPCID(context.WithValue(r.Context(), httpRequestKey{}, r.Context()), body), body)
-		a.mcpCancelled(ctx, body)
+		ctx, msg := withMessage(context.WithValue(r.Context(), httpRequestKey{}, r.Context()), body)
+		a.mcpCancelled(ctx, msg)
 		h.ServeHTTP(jw, r.WithContext(ctx))
 		jw.finish()
 	})

@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // A client cancels a tools/call with notifications/cancelled naming the
@@ -25,15 +23,35 @@ const methodCancelled = "notifications/cancelled"
 // its POST carries (one per POST: batches are refused).
 type rpcIDKey struct{}
 
-// withRPCID notes in ctx the id of the JSON-RPC message body, if it has one.
-func withRPCID(ctx context.Context, body []byte) context.Context {
-	var msg struct {
-		ID json.RawMessage `json:"id"`
+// mcpMessage is what /mcp reads of a POST's JSON-RPC message before the
+// SDK does, in one pass: its id, its method, and the params of a
+// notifications/cancelled (requestId, reason) or of a tools/call asking
+// for a task (task).
+type mcpMessage struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params struct {
+		RequestID any             `json:"requestId"`
+		Reason    string          `json:"reason"`
+		Task      json.RawMessage `json:"task"`
+	} `json:"params"`
+}
+
+// withMessage reads the JSON-RPC message of body, and notes in ctx its id
+// and whether it is a tools/call asking for a task. A body it cannot read
+// gives an empty message (the SDK answers it).
+func withMessage(ctx context.Context, body []byte) (context.Context, *mcpMessage) {
+	var msg mcpMessage
+	if json.Unmarshal(body, &msg) != nil {
+		return ctx, &mcpMessage{}
 	}
-	if json.Unmarshal(body, &msg) != nil || len(msg.ID) == 0 || string(msg.ID) == "null" {
-		return ctx
+	if len(msg.ID) > 0 && string(msg.ID) != "null" {
+		ctx = context.WithValue(ctx, rpcIDKey{}, msg.ID)
 	}
-	return context.WithValue(ctx, rpcIDKey{}, msg.ID)
+	if msg.Method == "tools/call" && len(msg.Params.Task) > 0 && string(msg.Params.Task) != "null" {
+		ctx = context.WithValue(ctx, taskRequestedKey{}, true)
+	}
+	return ctx, &msg
 }
 
 // callHandle names the call of caller with JSON-RPC request id (as
@@ -65,17 +83,13 @@ func requestHandle(ctx context.Context, caller string) string {
 	return callHandle(caller, id)
 }
 
-// mcpCancelled cancels the caller's tools/call named by body, if it is a
+// mcpCancelled cancels the caller's tools/call named by msg, if it is a
 // notifications/cancelled, wherever the call runs. It is done here, before
 // the SDK: a stateless session takes a notification in after answering it,
 // and may be closed before it is handled. A notification is not answered,
 // so a failure is only logged.
-func (a *Handler) mcpCancelled(ctx context.Context, body []byte) {
-	var msg struct {
-		Method string               `json:"method"`
-		Params *mcp.CancelledParams `json:"params"`
-	}
-	if json.Unmarshal(body, &msg) != nil || msg.Method != methodCancelled || msg.Params == nil {
+func (a *Handler) mcpCancelled(ctx context.Context, msg *mcpMessage) {
+	if msg.Method != methodCancelled {
 		return
 	}
 	caller, _ := callerFrom(ctx)

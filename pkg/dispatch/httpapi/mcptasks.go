@@ -46,23 +46,9 @@ const (
 )
 
 // taskRequestedKey holds, in a request's context, whether its tools/call
-// asked for a task (params.task), which the SDK's parameters drop.
+// asked for a task (params.task), which the SDK's parameters drop
+// ([withMessage] notes it).
 type taskRequestedKey struct{}
-
-// withTaskRequested notes in ctx whether body is a tools/call asking for a
-// task.
-func withTaskRequested(ctx context.Context, body []byte) context.Context {
-	var msg struct {
-		Method string `json:"method"`
-		Params struct {
-			Task json.RawMessage `json:"task"`
-		} `json:"params"`
-	}
-	if json.Unmarshal(body, &msg) != nil || msg.Method != "tools/call" || len(msg.Params.Task) == 0 || string(msg.Params.Task) == "null" {
-		return ctx
-	}
-	return context.WithValue(ctx, taskRequestedKey{}, true)
-}
 
 // speaksTasks reports whether a request comes from a client of the
 // protocol revision offered tasks.
