@@ -61,11 +61,12 @@ type StartedCall struct {
 }
 
 // StartCall takes c in for owner (the client that may read and cancel it)
-// and returns once its turn is durably recorded, with its key. c's
-// Progress and Handle are not used. Errors are those of intake.
-func (d *Dispatcher) StartCall(ctx context.Context, owner string, c DirectCall) (protocol.TurnKey, error) {
+// and returns once its turn is durably recorded: the call, running, its
+// key naming it. c's Progress and Handle are not used. Errors are those of
+// intake.
+func (d *Dispatcher) StartCall(ctx context.Context, owner string, c DirectCall) (*StartedCall, error) {
 	if !d.Ready() {
-		return "", fmt.Errorf("%w: the dispatcher is starting or stopping", ErrNotRunning)
+		return nil, fmt.Errorf("%w: the dispatcher is starting or stopping", ErrNotRunning)
 	}
 	id := uuid.NewString()
 	deadline := time.Now().Add(c.Timeout)
@@ -75,9 +76,9 @@ func (d *Dispatcher) StartCall(ctx context.Context, owner string, c DirectCall) 
 		ExpiresAt: deadline.Add(directAnswerSlack), Deadline: deadline,
 	})
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	return t.Key, nil
+	return &StartedCall{Key: t.Key, Function: c.Function, State: CallRunning, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt}, nil
 }
 
 // StartedCall returns how the call owner started as key stands; with

@@ -159,16 +159,14 @@ func (a *Handler) mcpStartTask(ctx context.Context, caller dispatch.Caller, f *d
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("the task of %s was not created: %s has %d tasks running "+
 			"already, the most one caller may (TOOLRELAY_MAX_MCP_CALLS_PER_CALLER). Wait for one to end, then try again.", c.Function, caller.Name, n)}
 	}
-	key, err := a.d.StartCall(ctx, caller.Name, c)
+	s, err := a.d.StartCall(ctx, caller.Name, c)
 	if err != nil {
 		a.log.ErrorContext(ctx, "MCP task could not be created", "fn", c.Function, "err", err)
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
 			Message: fmt.Sprintf("the task of %s could not be created (%v); try again later", c.Function, err)}
 	}
-	now := time.Now().UTC()
-	task := taskOf(&dispatch.StartedCall{Key: key, Function: c.Function, State: dispatch.CallRunning, CreatedAt: now, UpdatedAt: now})
-	b, err := json.Marshal(map[string]any{"task": task, "_meta": map[string]any{
-		"io.modelcontextprotocol/model-immediate-response": fmt.Sprintf("%s is running as task %s; its result comes when it ends.", c.Function, key)}})
+	b, err := json.Marshal(map[string]any{"task": taskOf(s), "_meta": map[string]any{
+		"io.modelcontextprotocol/model-immediate-response": fmt.Sprintf("%s is running as task %s; its result comes when it ends.", c.Function, s.Key)}})
 	return &rawResult{raw: b}, err
 }
 
