@@ -58,6 +58,12 @@ type DirectCall struct {
 	// Timeout bounds the call: its turn's deadline is this long after
 	// intake. Required.
 	Timeout time.Duration
+	// Handle, if set, names the call for its client, so that a
+	// cancellation naming it ([Dispatcher.CancelCall]) reaches it on
+	// whichever replica runs it. For an MCP call: its caller and JSON-RPC
+	// request id. Calls running at once with one handle are cancelled
+	// together.
+	Handle string
 	// Progress, if set, is called every ProgressEvery while the call runs,
 	// with how long it has run. It must not block for long.
 	Progress      func(elapsed time.Duration)
@@ -70,12 +76,19 @@ type DirectCall struct {
 // timeout, unavailable), exactly as a platform would get it. Any replica
 // may gather the turn; this one learns the outcome from its record. It
 // returns an error only if the call could not be taken in, or, wrapping
-// ctx's cause, if ctx ended first: then the turn is cancelled and its
-// executors are told, so a running handler is cancelled too.
+// ctx's cause, if ctx ended first or the call was cancelled
+// ([ErrCancelled]): then the turn is cancelled and its executors are
+// told, so a running handler is cancelled too.
 func (d *Dispatcher) Call(ctx context.Context, c DirectCall) (*protocol.Result, error) {
 	if !d.Ready() {
 		return d.directFailure(c.Function, "", protocol.CodeUnavailable,
 			fmt.Sprintf("%s is unavailable: the dispatcher is starting or stopping. Try again shortly.", c.Function)), nil
+	}
+	if c.Handle != "" {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		defer d.calls.add(c.Handle, cancel)()
 	}
 	id := uuid.NewString()
 	callID := "call_" + id
@@ -86,6 +99,9 @@ func (d *Dispatcher) Call(ctx context.Context, c DirectCall) (*protocol.Result, 
 		ExpiresAt: deadline.Add(directAnswerSlack), Deadline: deadline,
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("dispatch: call %s: %w", c.Function, context.Cause(ctx))
+		}
 		return nil, err
 	}
 	if c.Progress != nil && c.ProgressEvery > 0 {
@@ -99,7 +115,7 @@ func (d *Dispatcher) Call(ctx context.Context, c DirectCall) (*protocol.Result, 
 	case err != nil && ctx.Err() != nil:
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelTimeout)
 		defer ccancel()
-		if d.cancelTurn(cctx, t.Key, "not answered: the MCP client cancelled the call", "the MCP client cancelled the call") {
+		if d.cancelTurn(cctx, t.Key, cancelledByClient, "the MCP client cancelled the call") {
 			d.log.InfoContext(ctx, "MCP call cancelled by its client", "turn", t.Key, "fn", c.Function)
 		}
 		return nil, fmt.Errorf("dispatch: call %s: %w", c.Function, context.Cause(ctx))

@@ -219,6 +219,9 @@ type Dispatcher struct {
 	recent *recentlyClosed
 	// closing tells the waits in this process of the turns it closes.
 	closing closeNotices
+	// calls are the direct calls with a handle running here, which a
+	// cancellation told to every replica ends.
+	calls runningCalls
 
 	// unavailableFor is how long requests wait for JetStream to come back
 	// before answering that it is unavailable.
@@ -412,6 +415,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: answer on the presence subject: %w", err)
 	}
 	defer stopPresence()
+	stopCallCancels, err := d.serveCallCancels()
+	if err != nil {
+		return fmt.Errorf("dispatch: hear of cancelled direct calls: %w", err)
+	}
+	defer stopCallCancels()
 	stopHandovers, stopTells, err := d.serveTells()
 	if err != nil {
 		return fmt.Errorf("dispatch: hear of the turns this replica owns: %w", err)

@@ -71,7 +71,13 @@
 // pseudo-platform "mcp" ([protocol.PlatformMCP]), taken in, validated,
 // fanned out, timed and gathered like any other, whose submission is the
 // answer to the waiting request. Any replica may gather it; the one
-// holding the request learns the outcome from the turn record.
+// holding the request learns the outcome from the turn record. A client
+// may cancel it from any replica ([Dispatcher.CancelCall]: every replica
+// is told on NATS, the one running the call ends it). A started call (an
+// MCP task) is a direct call nobody waits for: [Dispatcher.StartCall]
+// returns once its turn is recorded, and any replica reads it
+// ([Dispatcher.StartedCall]) or cancels it ([Dispatcher.CancelStartedCall])
+// by its turn key; the turn record is all there is of it.
 //
 // The watch API is also served on NATS (protocol.WatchSubject and
 // protocol.WatchStatusSubject) by [Dispatcher.Run], with the same answers.
@@ -148,7 +154,10 @@
 //     how intake heard of it ([TurnRequest] Channel: a webhook, a
 //     watch's poll or event stream, an MCP call).
 //   - direct call: a call a client waits for on an open request (an MCP
-//     tools/call), run as a turn of one call ([Dispatcher.Call]).
+//     tools/call), run as a turn of one call ([Dispatcher.Call]); started
+//     call: one its client reads later (an MCP task,
+//     [Dispatcher.StartCall]); handle: what names a direct call for its
+//     client's cancellation (its caller and request id).
 //   - declaration: an executor process's announcement of a function it
 //     serves, an entry of the declaration bucket that lapses unless the
 //     process renews it (live: not lapsed); definition: a

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -199,6 +200,13 @@ type roundRobin struct {
 	sessions   atomic.Int64
 	header     http.Header // set on every request
 	host       string      // when set, the Host of every request
+	// keepOpen keeps a request open when the client gives up on it, as the
+	// Python SDK does: the server hears of a cancelled call only from a
+	// notifications/cancelled.
+	keepOpen bool
+
+	mu     sync.Mutex
+	method map[string]int // the replica the last request of each method reached
 }
 
 func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -207,7 +215,22 @@ func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Header.Get("Mcp-Session-Id") != "" {
 		rr.sessions.Add(1)
 	}
+	if req.Body != nil && req.GetBody != nil {
+		if body, err := req.GetBody(); err == nil {
+			var msg struct{ Method string }
+			_ = json.NewDecoder(body).Decode(&msg)
+			rr.mu.Lock()
+			if rr.method == nil {
+				rr.method = map[string]int{}
+			}
+			rr.method[msg.Method] = i
+			rr.mu.Unlock()
+		}
+	}
 	r := req.Clone(req.Context())
+	if rr.keepOpen {
+		r = req.Clone(context.WithoutCancel(req.Context()))
+	}
 	target, err := http.NewRequest(req.Method, rr.urls[i], nil)
 	if err != nil {
 		return nil, err
@@ -219,7 +242,61 @@ func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 	for k, v := range rr.header {
 		r.Header[k] = v
 	}
+	if rr.keepOpen {
+		return keepOpen(req.Context(), r)
+	}
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// keepOpen sends r, whose context does not end, and returns its response
+// or ctx's error, whichever comes first. The request stays open after ctx
+// ends, and after its response's body is closed, until the server ends it.
+func keepOpen(ctx context.Context, r *http.Request) (*http.Response, error) {
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := http.DefaultTransport.RoundTrip(r)
+		if resp != nil {
+			resp.Body = drainOnClose{resp.Body}
+		}
+		answered <- answer{resp, err}
+	}()
+	select {
+	case a := <-answered:
+		return a.resp, a.err
+	case <-ctx.Done():
+		go func() {
+			if a := <-answered; a.resp != nil {
+				_ = a.resp.Body.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// drainOnClose reads the rest of a body when it is closed, in the
+// background: the request stays open until the server ends it.
+type drainOnClose struct{ io.ReadCloser }
+
+func (b drainOnClose) Close() error {
+	go func() {
+		_, _ = io.Copy(io.Discard, b.ReadCloser)
+		_ = b.ReadCloser.Close()
+	}()
+	return nil
+}
+
+// replicaOf is the replica the last request of method reached, or -1.
+func (rr *roundRobin) replicaOf(method string) int {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	if i, ok := rr.method[method]; ok {
+		return i
+	}
+	return -1
 }
 
 // connect opens an MCP client session through rr.

@@ -17,7 +17,9 @@
 //	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
-//	/mcp                 the MCP front door: Streamable HTTP, stateless (mcp.go)
+//	/mcp                 the MCP front door: Streamable HTTP, stateless (mcp.go);
+//	                     notifications/cancelled from any replica (mcpcancel.go);
+//	                     tasks of protocol 2025-11-25 (mcptasks.go)
 //	GET  /.well-known/oauth-protected-resource[/mcp]
 //	                     with tokens, the RFC 9728 metadata of /mcp (oauth.go)
 //

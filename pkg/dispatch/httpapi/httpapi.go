@@ -45,7 +45,9 @@ type Options struct {
 	MaxStreamsPerCaller int
 	// MaxMCPCallsPerCaller bounds the tools/call one caller has running at
 	// once on /mcp; one more fails at once as unavailable (isError, saying
-	// why). Default: DefaultMaxMCPCallsPerCaller (64).
+	// why). It bounds, apart, the MCP tasks one caller has running across
+	// the fleet; one more is a JSON-RPC error. Default:
+	// DefaultMaxMCPCallsPerCaller (64).
 	MaxMCPCallsPerCaller int
 	// Timeouts are the listener's (give the same to [NewServer]): the API
 	// bounds each write of an event stream by Timeouts.Write. Zero fields:

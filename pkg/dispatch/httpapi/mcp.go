@@ -71,6 +71,9 @@ func (a *Handler) mcpHandler() http.Handler {
 			Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 		})
 	srv.AddReceivingMiddleware(a.mcpTools)
+	if err := a.addTaskMethods(srv); err != nil {
+		a.log.Error("MCP tasks are not served", "err", err)
+	}
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless:                    true,
 		Logger:                       sdkLog,
@@ -96,7 +99,9 @@ func (a *Handler) mcpHandler() http.Handler {
 		// The SDK cuts a handler's context loose from its request for older
 		// protocol versions; the request's own context, kept here, is what
 		// tells a call that its client went away.
-		h.ServeHTTP(jw, r.WithContext(context.WithValue(r.Context(), httpRequestKey{}, r.Context())))
+		ctx, msg := withMessage(context.WithValue(r.Context(), httpRequestKey{}, r.Context()), body)
+		a.mcpCancelled(ctx, msg)
+		h.ServeHTTP(jw, r.WithContext(ctx))
 		jw.finish()
 	})
 }
@@ -232,6 +237,13 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 			defer a.streams.release(caller.Name)
 			return next(ctx, method, req)
 		}
+		if method == "initialize" {
+			res, err := next(ctx, method, req)
+			if err != nil {
+				return nil, err
+			}
+			return mcpInitialized(res), nil
+		}
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
 			if !a.d.Ready() {
@@ -244,7 +256,11 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 			if r.Params != nil {
 				cursor = r.Params.Cursor
 			}
-			return a.mcpListTools(ctx, cursor)
+			res, err := a.mcpListTools(ctx, cursor)
+			if err != nil || !speaksTasks(r.Extra) {
+				return res, err
+			}
+			return mcpToolsWithTasks(res)
 		case *mcp.CallToolRequest:
 			return a.mcpCallTool(ctx, r)
 		}
@@ -312,7 +328,7 @@ func mcpTool(s *protocol.FunctionSpec) *mcp.Tool {
 // cannot see is unknown to it: a JSON-RPC error, as for a name nobody
 // owns. Every failure of a known tool is a result with isError, its text
 // the message the platforms get.
-func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (mcp.Result, error) {
 	p := req.Params
 	caller, _ := callerFrom(ctx)
 	if !a.mcpCalls.acquire(caller.Name) {
@@ -328,6 +344,13 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 	if f == nil || !caller.Sees(f.Spec.Team) {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", p.Name)}
 	}
+	args := p.Arguments
+	if len(args) == 0 || string(args) == "null" {
+		args = json.RawMessage("{}")
+	}
+	if asTask, _ := ctx.Value(taskRequestedKey{}).(bool); asTask && speaksTasks(req.Extra) {
+		return a.mcpStartTask(mcpTraceContext(ctx, req), caller, f, dispatch.DirectCall{Function: p.Name, Arguments: args})
+	}
 
 	ctx = mcpTraceContext(ctx, req)
 	ctx, span := a.tracer.Start(ctx, "tools/call "+p.Name, trace.WithSpanKind(trace.SpanKindServer),
@@ -342,11 +365,7 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 		defer cancel(nil)
 	}
 
-	args := p.Arguments
-	if len(args) == 0 || string(args) == "null" {
-		args = json.RawMessage("{}")
-	}
-	c := dispatch.DirectCall{Function: p.Name, Arguments: args, Timeout: a.mcpTimeout(f)}
+	c := dispatch.DirectCall{Function: p.Name, Arguments: args, Timeout: a.mcpTimeout(f), Handle: requestHandle(ctx, caller.Name)}
 	if token := p.GetProgressToken(); token != nil {
 		c.ProgressEvery = mcpProgressEvery
 		c.Progress = func(elapsed time.Duration) {
@@ -360,6 +379,11 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 		span.SetStatus(codes.Error, "call not completed")
 		if ctx.Err() != nil {
 			return nil, err // nobody is left to read an answer
+		}
+		if errors.Is(err, dispatch.ErrCancelled) {
+			// The client said it no longer reads an answer; one that still
+			// does reads why.
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("%s was cancelled by its client", p.Name)}
 		}
 		a.log.ErrorContext(ctx, "MCP call could not be taken in", "fn", p.Name, "err", err)
 		return mcpError(protocol.CodeUnavailable,
@@ -378,12 +402,21 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 			"try again later or continue without it.", p.Name, problem)), nil
 	}
 	span.SetAttributes(attrOutcome.String("ok"))
+	return mcpResult(res), nil
+}
+
+// mcpResult is a call's result as an MCP tool result: its output as text
+// (and as structuredContent when it is a JSON object), or its failure.
+func mcpResult(res *protocol.Result) *mcp.CallToolResult {
+	if res.Error != nil {
+		return mcpError(res.Error.Code, res.Error.Message)
+	}
 	out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Output}}}
 	var obj map[string]any
 	if json.Unmarshal([]byte(res.Output), &obj) == nil && obj != nil {
 		out.StructuredContent = json.RawMessage(res.Output)
 	}
-	return out, nil
+	return out
 }
 
 // errClientGone is the cause of a call's context cancelled because its

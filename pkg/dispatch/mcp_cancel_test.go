@@ -1,0 +1,294 @@
+package dispatch_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/toolrelay/toolrelay/internal/apiauth"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/exec"
+)
+
+// A client that gives up on a call and says so with notifications/cancelled
+// on a request of its own, which reaches the other replica, while the
+// call's own request stays open (as the Python SDK leaves it), cancels the
+// call on its executor: the command's process is killed.
+func TestMCPCancelFromAnotherReplica(t *testing.T) {
+	t.Parallel()
+	f := newMCPFleet(t, 2, dispatch.Options{})
+	for _, version := range protocolVersions {
+		t.Run(version.String(), func(t *testing.T) { f.cancelFromAnotherReplica(t, version) })
+	}
+}
+
+func (f *mcpFleet) cancelFromAnotherReplica(t *testing.T, version protocolVersion) {
+	rr := &roundRobin{urls: f.urls, version: version, keepOpen: true}
+	s := connect(t, t.Context(), rr, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "sleepy", Arguments: map[string]any{}})
+		done <- err
+	}()
+	pid := f.sleepyPID(t)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled call: %v", err)
+	}
+	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	call, cancelled := rr.replicaOf("tools/call"), rr.replicaOf("notifications/cancelled")
+	if call < 0 || cancelled < 0 || call == cancelled {
+		t.Errorf("tools/call reached replica %d and notifications/cancelled replica %d; want two different ones", call, cancelled)
+	}
+}
+
+// sleepyPID waits for the sleepy command to start and returns its pid.
+func (f *mcpFleet) sleepyPID(t *testing.T) int {
+	t.Helper()
+	pidFile := filepath.Join(f.marks, "sleepy.pid")
+	t.Cleanup(func() { _ = os.Remove(pidFile) })
+	var pid int
+	testutil.WaitForWhat(t, 15*time.Second, "the sleepy command to write its pid", func() bool {
+		b, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0
+	})
+	if syscall.Kill(pid, 0) != nil {
+		t.Fatalf("the command (pid %d) is not running", pid)
+	}
+	return pid
+}
+
+// What the TypeScript SDK sends when an AbortSignal ends a call: the
+// tools/call's POST stays open on one replica, and notifications/cancelled
+// naming its request id comes on a POST of its own to another. It cancels
+// the call of its own caller only: another caller's call with the same
+// request id runs on, until its own caller cancels it.
+func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	path := filepath.Join(t.TempDir(), "tokens.txt")
+	tokens := tokensFile(t, path, "orders", "admin")
+	file, err := apiauth.Open(path, apiauth.Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	for i := range 2 {
+		d, _ := e.dispatcher(dispatch.Options{Name: "replica-" + strconv.Itoa(i)})
+		hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file, Logger: testutil.Logger(t)}))
+		t.Cleanup(hs.Close)
+		urls = append(urls, hs.URL+"/mcp")
+	}
+	started, cancelled := make(chan string, 4), make(chan string, 4)
+	f := &mcpFleet{e: e, tp: sdktrace.NewTracerProvider()}
+	f.executor(t, "orders", exec.Function{Name: "wait", Description: "Waits to be cancelled.", Timeout: time.Minute,
+		Parameters: json.RawMessage(`{"type":"object","properties":{"tag":{"type":"string"}},"required":["tag"]}`),
+		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+			var args struct{ Tag string }
+			_ = json.Unmarshal(inv.Call.Arguments, &args)
+			started <- args.Tag
+			<-ctx.Done()
+			cancelled <- args.Tag
+			return nil, ctx.Err()
+		})})
+
+	header := func(caller string) http.Header {
+		return http.Header{"Authorization": {"Bearer " + tokens[caller]}, "Mcp-Protocol-Version": {"2025-11-25"}}
+	}
+	// Both callers run a call with request id 7 on replica 0.
+	ends := map[string]<-chan string{}
+	for _, caller := range []string{"orders", "admin"} {
+		ends[caller] = mcpOpenPost(t, urls[0], `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"`+caller+`"}}}`, header(caller))
+	}
+	running := map[string]bool{}
+	for range 2 {
+		select {
+		case tag := <-started:
+			running[tag] = true
+		case <-time.After(15 * time.Second):
+			t.Fatalf("the calls did not start: %v running", running)
+		}
+	}
+
+	notify := func(caller string) {
+		t.Helper()
+		status, body := mcpPost(t, urls[1], `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"AbortError: This operation was aborted"}}`, header(caller))
+		if status != http.StatusAccepted {
+			t.Fatalf("notifications/cancelled from %s: %d %s; want 202", caller, status, body)
+		}
+	}
+	notify("admin")
+	select {
+	case tag := <-cancelled:
+		if tag != "admin" {
+			t.Fatalf("admin's cancellation cancelled %s's call", tag)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("admin's call was not cancelled on its executor")
+	}
+	select {
+	case body := <-ends["admin"]:
+		if !strings.Contains(body, `"id":7`) || !strings.Contains(body, "cancelled") {
+			t.Errorf("admin's tools/call ended with %q; want an error saying it was cancelled", body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("admin's tools/call request is still open")
+	}
+	select {
+	case tag := <-cancelled:
+		t.Fatalf("%s's call was cancelled by another caller's notification", tag)
+	case body := <-ends["orders"]:
+		t.Fatalf("orders' call ended on another caller's notification: %q", body)
+	default:
+	}
+
+	notify("orders")
+	select {
+	case tag := <-cancelled:
+		if tag != "orders" {
+			t.Fatalf("cancelled %s; want orders", tag)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("orders' call was not cancelled by its own caller's notification")
+	}
+	select {
+	case <-ends["orders"]:
+	case <-time.After(10 * time.Second):
+		t.Error("orders' tools/call request is still open")
+	}
+
+	// A task is its caller's too: another caller can neither read nor
+	// cancel it.
+	created := mcpRPCWith(t, urls[0], header("admin"), `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"task"},"task":{}}}`)
+	id, _ := field(created.Result, "task", "taskId").(string)
+	if id == "" {
+		t.Fatalf("task-augmented tools/call: %v %v", created.Result, created.Error)
+	}
+	for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/result"} {
+		if r := mcpRPCWith(t, urls[1], header("orders"), `{"jsonrpc":"2.0","id":9,"method":"`+method+`","params":{"taskId":"`+id+`"}}`); r.Error == nil || r.Error.Code != -32602 {
+			t.Errorf("%s of another caller's task: %v %v; want -32602, as for no task", method, r.Result, r.Error)
+		}
+	}
+	if r := mcpRPCWith(t, urls[1], header("admin"), `{"jsonrpc":"2.0","id":10,"method":"tasks/cancel","params":{"taskId":"`+id+`"}}`); r.Error != nil || r.Result["status"] != "cancelled" {
+		t.Errorf("tasks/cancel by its caller: %v %v", r.Result, r.Error)
+	}
+	select {
+	case tag := <-cancelled:
+		if tag != "task" {
+			t.Errorf("cancelled %s; want the task's call", tag)
+		}
+	case <-time.After(15 * time.Second):
+		t.Error("the cancelled task's handler was not cancelled")
+	}
+}
+
+// mcpOpenPost posts body to url and returns at once; the channel gets the
+// response's body once it ends.
+func mcpOpenPost(t *testing.T, url, body string, header http.Header) <-chan string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	end := make(chan string, 1)
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	wg.Go(func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			end <- "error: " + err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		end <- string(b)
+	})
+	return end
+}
+
+// The official TypeScript SDK's client (TOOLRELAY_MCP_TS_SDK: a directory
+// where `npm install @modelcontextprotocol/sdk` ran) against two replicas,
+// its requests sent to each in turn: it runs a call as a task, and
+// cancels a running call with an AbortSignal, which kills the command.
+func TestMCPTypeScriptSDK(t *testing.T) {
+	sdk := os.Getenv("TOOLRELAY_MCP_TS_SDK")
+	node, err := osexec.LookPath("node")
+	if sdk == "" || err != nil {
+		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm install @modelcontextprotocol/sdk` ran, with node on PATH")
+	}
+	t.Parallel()
+	f := newMCPFleet(t, 2, dispatch.Options{})
+	cmd := osexec.CommandContext(t.Context(), node, "testdata/mcp-ts-client.mjs", sdk, f.urls[0], f.urls[1])
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	steps := map[string][]map[string]any{}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var step map[string]any
+		if json.Unmarshal(sc.Bytes(), &step) != nil {
+			continue
+		}
+		t.Logf("%s", sc.Bytes())
+		name, _ := step["step"].(string)
+		steps[name] = append(steps[name], step)
+		if name == "cancel" {
+			// Before the client closes, and with it the call's request.
+			b, err := os.ReadFile(filepath.Join(f.marks, "sleepy.pid"))
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil || pid <= 0 {
+				t.Fatalf("the sleepy command left no pid (%v): it never ran", err)
+			}
+			testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+			_, _ = in.Write([]byte("close\n"))
+			_ = in.Close()
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the TypeScript client: %v", err)
+	}
+	if c := steps["connected"]; len(c) != 1 || c[0]["tasks"] == nil {
+		t.Errorf("connected: %v; want the server's tasks capability", c)
+	}
+	if r := steps["result"]; len(steps["taskCreated"]) != 1 || len(r) != 1 || r[0]["text"] != `{"echo":{"n":41},"executor":"orders"}` {
+		t.Errorf("task: created %v, result %v; want one task and its output", steps["taskCreated"], r)
+	}
+	if c := steps["cancel"]; len(c) != 1 || c[0]["aborted"] != true {
+		t.Errorf("cancel: %v; want the call aborted", c)
+	}
+}
