@@ -32,6 +32,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -132,6 +133,7 @@ func deploy(t *testing.T, tune ...func(*tenancy.Options)) *deployment {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(x.d, x.djs)
 	wg.Go(func() { _ = x.d.Run(ctx) })
 	testutil.WaitForWhat(t, 20*time.Second, "the dispatcher to be ready", x.d.Ready)
 

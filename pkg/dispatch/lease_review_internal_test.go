@@ -224,7 +224,7 @@ func TestLeaseDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
 	t.Logf("after the owner stopped: record %s, lease %s (free: %v)", r.State, r.lease, r.lease.Free(time.Now()))
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	final, _, ended, err := other.awaitClosed(ctx, key, p, turn.Ref, nil)
+	final, _, ended, err := other.awaitClosed(ctx, key, p, turn.Ref)
 	if ended != nil {
 		t.Errorf("the platform took the turn's outputs, yet the watch driver concludes %q (and cancels the turn); accepted submissions: %d",
 			ended.Reason, p.count())

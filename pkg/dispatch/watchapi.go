@@ -18,7 +18,7 @@ import (
 
 // The watch API, served on two transports: POST /v1/watch and GET
 // /v1/watch/{id} (package httpapi), and protocol.WatchSubject and
-// protocol.WatchStatusSubject on NATS (nats.go). Its answers are the
+// protocol.WatchStatusSubject on NATS (package watch). Its answers are the
 // same on both: an HTTP status and a JSON body.
 
 // watchRequest is the body of POST /v1/watch. "agent" is a Foundry agent
@@ -59,8 +59,9 @@ func (req *watchRequest) ref() (Ref, error) {
 // answer's HTTP status and its body, a value encoding/json encodes: 202
 // with {"id","status_url"}; 400 naming the field of a bad request; 404
 // naming it when the platform has no such object; 503 while the
-// dispatcher is starting or stopping or JetStream is unavailable; 500
-// otherwise. A traceparent in ctx makes the watch's turns its children.
+// dispatcher is starting or stopping or JetStream is unavailable; 501
+// when no [WatchDriver] is attached; 500 otherwise. A traceparent in ctx
+// makes the watch's turns its children.
 func (d *Dispatcher) AnswerWatchRequest(ctx context.Context, body []byte) (status int, reply any) {
 	req, fe := decodeWatchRequest(body)
 	if fe != nil {
@@ -82,6 +83,8 @@ func (d *Dispatcher) AnswerWatchRequest(ctx context.Context, body []byte) (statu
 			return http.StatusNotFound, fieldErrorBody(fe)
 		case errors.As(err, &fe):
 			return http.StatusBadRequest, fieldErrorBody(fe)
+		case errors.Is(err, ErrNoWatchDriver):
+			return http.StatusNotImplemented, errorBody("this dispatcher drives no watches")
 		case errors.Is(err, ErrNotRunning):
 			return http.StatusServiceUnavailable, errorBody("the dispatcher is starting or stopping; retry shortly")
 		case errors.Is(err, ErrUnavailable):
