@@ -186,7 +186,7 @@ func startReplica(t *testing.T, d *Dispatcher) (stop func()) {
 // and the owner has not recorded the answer, the record says collecting.
 // Stop the owner then (a routine SIGTERM whose ShutdownTimeout cuts the
 // unanswered attempt off; a kill -9 leaves the same record with its lease
-// lapsing): the record is collecting with a free lease. driver.go's
+// lapsing): the record is collecting with a free lease. await.go's
 // awaitClosed reads exactly that as "a turn nobody began to submit", and
 // on a finished run reports the platform finished it "without the calls'
 // results": the watch driver then cancels the turn (failed, "not

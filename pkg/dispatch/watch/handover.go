@@ -81,9 +81,11 @@ func (s *Service) driverGone(ctx context.Context, driver string) bool {
 }
 
 // Sweep drives the active watches whose driver stopped with its
-// dispatcher (released), went silent for staleAfter, or is not running
-// (killed: nothing answers on its presence subject). At startup it also
-// takes the watches this replica's name drove before it restarted.
+// dispatcher (released), went silent for a minute, or is not running
+// (killed: nothing answers on its presence subject), claiming each by
+// compare-and-set so that one replica drives it. At startup it also takes
+// the watches this replica's name drove before it restarted. Run calls it
+// after each sweep of the turns.
 func (s *Service) Sweep(ctx context.Context, startup bool) {
 	b := s.buckets.Load()
 	if b == nil {
