@@ -223,8 +223,10 @@ func (s *Service) awaitClosed(ctx context.Context, key protocol.TurnKey, w *disp
 				return
 			case <-tick.C:
 			}
+			// Saved under ctx, not wctx: a save under way when the turn
+			// closes finishes rather than failing half-way.
 			if time.Since(*lastSave) > s.saveEvery {
-				if !s.keepWatch(wctx, w) {
+				if !s.keepWatch(ctx, w) {
 					cancel(errHandedOver)
 					return
 				}

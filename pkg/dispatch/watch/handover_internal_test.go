@@ -226,3 +226,41 @@ func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
 		t.Errorf("body %s does not say JetStream is unavailable", body)
 	}
 }
+
+// A driver waiting for its turn to close keeps saving its watch, and stops
+// waiting once another replica took the watch.
+func TestAWaitingDriverStepsAsideWhenItsWatchIsTaken(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.Start(t).Connect(t)
+	s := replicaOn(t, js, "one", idlePlatform{}, func(s *Service) { s.saveEvery = 20 * time.Millisecond })
+	ref := dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_waiting"}
+	created := time.Now().UTC()
+	w := &dispatch.Watch{ID: watchID(ref), Ref: ref, Current: ref, State: dispatch.WatchActive, CreatedAt: created, UpdatedAt: created, Driver: "one"}
+	b, _ := json.Marshal(w)
+	if _, err := s.buckets.Load().watches.Create(t.Context(), w.ID, b); err != nil {
+		t.Fatal(err)
+	}
+	lastSave := created
+	got := make(chan error, 1)
+	go func() {
+		// A turn never recorded: it never closes.
+		_, _, err := s.awaitClosed(t.Context(), "0123456789abcdef0123456789abcdef", w, &lastSave)
+		got <- err
+	}()
+	testutil.WaitForWhat(t, 10*time.Second, "the waiting driver to save its watch", func() bool {
+		have, _ := storedWatch(t, s, w.ID)
+		return have.UpdatedAt.After(created)
+	})
+	rewriteWatch(t, s, w.ID, func(have *dispatch.Watch) { have.Driver, have.UpdatedAt = "two", time.Now().UTC() })
+	select {
+	case err := <-got:
+		if !errors.Is(err, errHandedOver) {
+			t.Fatalf("the wait ended with %v; want errHandedOver", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the driver went on waiting for a watch another replica took")
+	}
+	if after, _ := storedWatch(t, s, w.ID); after.Driver != "two" {
+		t.Fatalf("the record names driver %q; want two's claim to stand", after.Driver)
+	}
+}
