@@ -144,7 +144,7 @@ type watchReport struct {
 type turnReport struct {
 	Key         protocol.TurnKey `json:"key"`
 	State       TurnState        `json:"state"`
-	Calls       []callReport     `json:"calls"`
+	Calls       []CallReport     `json:"calls"`
 	Deadline    string           `json:"deadline"`
 	ExpiresAt   string           `json:"expires_at"`
 	SubmittedAt string           `json:"submitted_at,omitempty"`
@@ -154,18 +154,19 @@ type turnReport struct {
 	Error    string `json:"error,omitempty"`
 }
 
-// callReport is one call of a turn and, once recorded, its result: what it
-// returned (or its error), which executor produced it, on which attempt and
-// how long that attempt ran.
-type callReport struct {
+// CallReport is one call of a turn as the API shows it (GET
+// /v1/watch/{id}, GET /v1/turns/{key}) and, once recorded, its result:
+// what it returned (or its error), which executor produced it, on which
+// attempt and how long that attempt ran.
+type CallReport struct {
 	ID       string              `json:"id"`
 	Function string              `json:"function"`
 	Team     string              `json:"team"`
 	Result   string              `json:"result"` // ok | error | pending | timed_out
 	Error    *protocol.CallError `json:"error,omitempty"`
 	// Output is the output of a successful call, whole, when it is at most
-	// outputPreviewSize bytes; a larger one is shown by OutputPreview, its
-	// first bytes. OutputBytes is the output's size either way.
+	// 1 KiB; a larger one is shown by OutputPreview, its first bytes.
+	// OutputBytes is the output's size either way.
 	Output        *string `json:"output,omitempty"`
 	OutputPreview string  `json:"output_preview,omitempty"`
 	OutputBytes   *int    `json:"output_bytes,omitempty"`
@@ -191,7 +192,7 @@ type callReport struct {
 const outputPreviewSize = 1 << 10
 
 // describe fills in what res says about the call.
-func (cr *callReport) describe(res *protocol.Result) {
+func (cr *CallReport) describe(res *protocol.Result) {
 	cr.Result, cr.Error = "ok", res.Error
 	if res.Error != nil {
 		cr.Result = "error"
@@ -254,7 +255,7 @@ func (rep watchReport) seenBy(caller Caller) (int, any) {
 	var mine, others int
 	turns := make([]turnReport, len(rep.TurnDetails))
 	for i, tr := range rep.TurnDetails {
-		calls := make([]callReport, len(tr.Calls))
+		calls := make([]CallReport, len(tr.Calls))
 		for j, c := range tr.Calls {
 			if caller.Sees(c.Team) {
 				mine++
@@ -262,7 +263,7 @@ func (rep watchReport) seenBy(caller Caller) (int, any) {
 				continue
 			}
 			others++
-			calls[j] = callReport{ID: c.ID, Function: c.Function, Team: c.Team, Result: c.Result, Redacted: true}
+			calls[j] = CallReport{ID: c.ID, Function: c.Function, Team: c.Team, Result: c.Result, Redacted: true}
 		}
 		tr.Calls = calls
 		turns[i] = tr
