@@ -67,11 +67,12 @@ type Options struct {
 	// sessions, Responses), counted from when the dispatcher first sees the
 	// required action. Default: 10m.
 	RunTTL time.Duration
-	// MaxSteps bounds how many turns one watch drives (Responses chains).
-	// Default: 16.
+	// MaxSteps bounds how many turns one watch drives (Responses chains);
+	// the attached WatchDriver reads it. Default: 16.
 	MaxSteps int
 	// PollInterval is the first delay between polls of a watched object; it
-	// grows to 5s while the object is unchanged. Default: 200ms.
+	// grows to 5s while the object is unchanged (the attached WatchDriver
+	// reads it). Default: 200ms.
 	PollInterval time.Duration
 	// Replicas of the streams and buckets the dispatcher creates. Default: 1.
 	Replicas int
@@ -288,8 +289,8 @@ func (d *Dispatcher) Ready() bool { return d.ready.Load() }
 // Connected reports whether the dispatcher's NATS connection is up now.
 func (d *Dispatcher) Connected() bool { return d.js.Conn().Status() == nats.CONNECTED }
 
-// Run provisions streams and buckets, resumes open turns and watches, and
-// serves until ctx ends; then it stops consuming and waits for submissions
+// Run provisions streams and buckets, resumes open turns (and, through
+// the attached WatchDriver, watches), and serves until ctx ends; then it stops consuming and waits for submissions
 // in progress. It returns an error only if it cannot start.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
