@@ -204,7 +204,7 @@ func TestBuiltBinariesOnAClusterSurviveAServerKill(t *testing.T) {
 	ids := make([]string, runs)
 	for i := range runs {
 		thread, run := w.assistantsRun("my favorite city", nil)
-		ids[i] = watch(t, ds[i%2], fmt.Sprintf(`{"platform":"assistants","thread_id":%q,"run_id":%q}`, thread, run))
+		ids[i] = postWatch(t, ds[i%2], fmt.Sprintf(`{"platform":"assistants","thread_id":%q,"run_id":%q}`, thread, run))
 		if i == runs/2 {
 			if err := leader.proc.cmd.Process.Kill(); err != nil {
 				t.Fatal(err)

@@ -224,8 +224,8 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// watch asks a dispatcher over HTTP to drive a platform object.
-func watch(t *testing.T, p *proc, body string) string {
+// postWatch asks a dispatcher over HTTP to drive a platform object.
+func postWatch(t *testing.T, p *proc, body string) string {
 	t.Helper()
 	resp, err := http.Post("http://"+p.addr+"/v1/watch", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -300,7 +300,7 @@ func TestDispatcherKilledAtEachStageSubmitsOnce(t *testing.T) {
 			w.executor("exec-1", "-demo")
 			a := w.dispatcher("dispatcher-a", "TOOLRELAY_TEST_CRASH_AT="+stage)
 			thread, run := w.assistantsRun("my favorite city", nil)
-			id := watch(t, a, fmt.Sprintf(`{"platform":"assistants","thread_id":%q,"run_id":%q}`, thread, run))
+			id := postWatch(t, a, fmt.Sprintf(`{"platform":"assistants","thread_id":%q,"run_id":%q}`, thread, run))
 			select {
 			case <-a.done:
 			case <-time.After(30 * time.Second):
@@ -366,7 +366,7 @@ func TestThreeReplicasFiveHundredTurns(t *testing.T) {
 			}
 			// Every replica is asked; the watch is one, and so is the turn.
 			for _, d := range ds {
-				ids[i] = watch(t, d, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
+				ids[i] = postWatch(t, d, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
 			}
 		})
 	}
@@ -396,7 +396,7 @@ func TestShortRunWithSlowFunctionIsSubmittedBeforeExpiry(t *testing.T) {
 	w.executor("exec-1", "-config", cfg)
 	d := w.dispatcher("dispatcher") // default margin 30s: a 20s run gets a quarter of it
 	thread, run := w.assistantsRun("the slow report", map[string]string{platformsim.SimTTLMetadataKey: "20s"})
-	id := watch(t, d, fmt.Sprintf(`{"platform":"assistants","thread_id":%q,"run_id":%q}`, thread, run))
+	id := postWatch(t, d, fmt.Sprintf(`{"platform":"assistants","thread_id":%q,"run_id":%q}`, thread, run))
 	st := awaitWatch(t, d, id, 60*time.Second)
 	if st.State != "completed" || !strings.Contains(st.Answer, `"type":"timeout"`) || !strings.Contains(st.Answer, "slow_report timed out") {
 		t.Fatalf("watch %s %q %s; want an answer built on a timeout result", st.State, st.Answer, st.Error)
@@ -428,7 +428,7 @@ func TestSchemaViolationNeverRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := watch(t, d, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
+	id := postWatch(t, d, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
 	st := awaitWatch(t, d, id, 30*time.Second)
 	if !strings.Contains(st.Answer, `"type":"invalid_arguments"`) {
 		t.Fatalf("answer %q, want invalid_arguments", st.Answer)

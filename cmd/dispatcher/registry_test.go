@@ -77,7 +77,7 @@ func TestShortLivedExecutorsSchemaDiesWithIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := awaitWatch(t, d, watch(t, d, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID)), 30*time.Second)
+	st := awaitWatch(t, d, postWatch(t, d, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID)), 30*time.Second)
 	if a := st.Answer; strings.TrimSpace(a) != "found" {
 		t.Fatalf("after the other executors stopped: answer %q, want the function's output", a)
 	}

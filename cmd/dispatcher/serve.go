@@ -28,6 +28,7 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 )
 
 // config is the dispatcher service's settings, read from the environment.
@@ -190,6 +191,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	watch.New(d, js)
 
 	timeouts := httpapi.Timeouts{Read: cfg.ReadTimeout, Write: cfg.WriteTimeout, Idle: cfg.IdleTimeout}
 	aopts := httpapi.Options{Logger: log, Authenticator: auth, MCPCallTimeout: cfg.MCPTimeout, Timeouts: timeouts,

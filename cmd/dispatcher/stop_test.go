@@ -48,7 +48,7 @@ func TestBuiltDispatcherStopsOnSIGTERMAndRestartsOnItsData(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids[i] = watch(t, a, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
+		ids[i] = postWatch(t, a, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
 	}
 	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -74,7 +74,7 @@ func TestRollingUpgradeFromTheVersionBeforeTheLease(t *testing.T) {
 			}
 			// Half are driven by each version; a result may reach either.
 			by := []*proc{old, cur}[i%2]
-			ids[i] = watch(t, by, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
+			ids[i] = postWatch(t, by, fmt.Sprintf(`{"platform":"responses","response_id":%q}`, r.ID))
 		})
 		if i == turns/2 {
 			wg.Wait() // the first half under way side by side

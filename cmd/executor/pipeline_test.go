@@ -26,6 +26,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -80,6 +81,7 @@ func newPipeline(t *testing.T, config string, scenarios ...platformsim.Scenario)
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, js)
 	dctx, dcancel := context.WithCancel(context.Background())
 	ddone := make(chan error, 1)
 	go func() { ddone <- d.Run(dctx) }()

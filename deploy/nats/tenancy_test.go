@@ -32,6 +32,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -132,6 +133,7 @@ func deploy(t *testing.T, tune ...func(*tenancy.Options)) *deployment {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(x.d, x.djs)
 	wg.Go(func() { _ = x.d.Run(ctx) })
 	testutil.WaitForWhat(t, 20*time.Second, "the dispatcher to be ready", x.d.Ready)
 
@@ -265,13 +267,16 @@ func (x *deployment) play() (*dispatch.Watch, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A status read may fail under load (a JetStream request timing out);
+	// the next one reads the same watch, by its id.
+	id := w.ID
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-		if w, err = x.d.WatchStatus(context.Background(), w.ID); err == nil && w.State != dispatch.WatchActive {
+		if w, err = x.d.WatchStatus(context.Background(), id); err == nil && w.State != dispatch.WatchActive {
 			return w, nil
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an outcome
 	}
-	return nil, fmt.Errorf("watch %s still active after 30s", w.ID)
+	return nil, fmt.Errorf("watch %s still active after 30s (last read: %v)", id, err)
 }
 
 func (x *deployment) victimCompletes() {

@@ -22,6 +22,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -61,6 +62,7 @@ func TestExecutorOnTheContractAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, djs)
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(ctx) }()

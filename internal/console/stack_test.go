@@ -29,6 +29,7 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -141,6 +142,7 @@ func newStack(t *testing.T) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, js)
 	s.d = d
 	api := httpapi.New(d, httpapi.Options{Logger: log, Authenticator: tokens})
 	ui, err := console.New(d, api, console.Options{Logger: log, TraceURL: "https://traces.example/trace/{trace_id}"})

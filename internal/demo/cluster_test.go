@@ -16,6 +16,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -53,6 +54,7 @@ func TestClusterSurvivesANodeLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, js)
 	wg.Go(func() { _ = d.Run(ctx) })
 	testutil.WaitForWhat(t, 60*time.Second, "the dispatcher to be ready and the demo functions registered", func() bool { return d.Ready() && registered(context.Background(), js) })
 

@@ -25,6 +25,7 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -156,6 +157,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
+	watch.New(d, js)
 	derr := make(chan error, 1)
 	wg.Go(func() { derr <- d.Run(ctx) })
 	if err := waitReady(ctx, d, js, derr, executors); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/exec"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -80,6 +81,7 @@ func newStack(t *testing.T) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, js)
 	go func() { _ = d.Run(ctx); done <- struct{}{} }()
 	deadline := time.Now().Add(20 * time.Second)
 	for !(d.Ready() && registered(context.Background(), js)) {

@@ -7,6 +7,7 @@ package jsretry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -61,5 +62,36 @@ func UntilReady(ctx context.Context, log *slog.Logger, what string, op func(cont
 		if !backoff.Sleep(ctx, wait) {
 			return nil
 		}
+	}
+}
+
+// UnavailableFor is how long [While] is usually given: long enough for a
+// stream to elect a new leader.
+const UnavailableFor = 10 * time.Second
+
+// attemptTimeout bounds each attempt of While: a request to a server that
+// went away fails after it, and is tried again.
+const attemptTimeout = 3 * time.Second
+
+// While runs op, each attempt bounded by a few seconds, until it succeeds,
+// fails for a reason that will not pass, or within has gone by; a failure
+// that may still pass is then wrapped in unavailable (the caller's
+// sentinel, such as dispatch.ErrUnavailable). op must be safe to repeat: an
+// attempt that timed out may have taken effect.
+func While[T any](ctx context.Context, within time.Duration, unavailable error, op func(context.Context) (T, error)) (T, error) {
+	giveUp := time.Now().Add(within)
+	retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		v, err := op(actx)
+		cancel()
+		if err == nil || !MayPass(err) || errors.Is(ctx.Err(), context.Canceled) {
+			return v, err
+		}
+		wait := retry.Next()
+		if ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
+			return v, fmt.Errorf("%w: %w", unavailable, err)
+		}
+		backoff.Sleep(ctx, wait)
 	}
 }

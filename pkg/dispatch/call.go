@@ -110,7 +110,7 @@ func (d *Dispatcher) Call(ctx context.Context, c DirectCall) (*protocol.Result, 
 	}
 	wctx, cancel := context.WithDeadline(ctx, t.ExpiresAt)
 	defer cancel()
-	final, outputs, _, err := d.awaitClosed(wctx, t.Key, nil, Ref{}, nil)
+	final, outputs, _, err := d.awaitClosed(wctx, t.Key, nil, Ref{})
 	switch {
 	case err != nil && ctx.Err() != nil:
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelTimeout)

@@ -93,7 +93,7 @@ func (d *Dispatcher) StartedCall(ctx context.Context, owner string, key protocol
 	if wait && !closedTurn(t) {
 		wctx, cancel := context.WithDeadline(ctx, t.ExpiresAt.Add(directAnswerSlack))
 		defer cancel()
-		if _, _, _, err := d.awaitClosed(wctx, key, nil, Ref{}, nil); err != nil && ctx.Err() != nil {
+		if _, _, _, err := d.awaitClosed(wctx, key, nil, Ref{}); err != nil && ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		if t, updated, err = d.startedTurn(ctx, owner, key); err != nil {
@@ -128,7 +128,7 @@ func (d *Dispatcher) CancelStartedCall(ctx context.Context, owner string, key pr
 			return nil, fmt.Errorf("dispatch: cancel call %s: %w", key, err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, ownerCancelWait)
-		_, _, _, err := d.awaitClosed(wctx, key, nil, Ref{}, nil)
+		_, _, _, err := d.awaitClosed(wctx, key, nil, Ref{})
 		cancel()
 		if err != nil {
 			// No owner cancelled it: this replica does, once it may.

@@ -51,7 +51,7 @@ func TestAwaitClosedTakesOnlyAStoredClose(t *testing.T) {
 	}
 	got := make(chan outcome, 1)
 	go func() {
-		t, _, _, err := d.awaitClosed(t.Context(), key, nil, Ref{}, nil)
+		t, _, _, err := d.awaitClosed(t.Context(), key, nil, Ref{})
 		got <- outcome{t, err}
 	}()
 	testutil.WaitForWhat(t, 10*time.Second, "the wait's subscription to the record", func() bool { return recordSubs() > subs })

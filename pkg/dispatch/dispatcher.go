@@ -67,11 +67,12 @@ type Options struct {
 	// sessions, Responses), counted from when the dispatcher first sees the
 	// required action. Default: 10m.
 	RunTTL time.Duration
-	// MaxSteps bounds how many turns one watch drives (Responses chains).
-	// Default: 16.
+	// MaxSteps bounds how many turns one watch drives (Responses chains);
+	// the attached WatchDriver reads it. Default: 16.
 	MaxSteps int
 	// PollInterval is the first delay between polls of a watched object; it
-	// grows to 5s while the object is unchanged. Default: 200ms.
+	// grows to 5s while the object is unchanged (the attached WatchDriver
+	// reads it). Default: 200ms.
 	PollInterval time.Duration
 	// Replicas of the streams and buckets the dispatcher creates. Default: 1.
 	Replicas int
@@ -180,9 +181,8 @@ type Dispatcher struct {
 	turns   turnStore
 	open    jetstream.KeyValue
 	watches jetstream.KeyValue
-	// webhooksSeen and responses back the webhook intake.
+	// webhooksSeen backs the webhook intake.
 	webhooksSeen jetstream.KeyValue
-	responses    jetstream.KeyValue
 	// steps backs stepOf (Agents sessions).
 	steps    jetstream.KeyValue
 	timers   jetstream.Stream
@@ -200,11 +200,8 @@ type Dispatcher struct {
 	spawn   func(func(context.Context))
 	runCtx  context.Context
 
-	driversMu sync.Mutex
-	drivers   map[string]bool // watches this replica drives
-	// watchSaveEvery is how often a driver saves its watch (tests shorten
-	// it).
-	watchSaveEvery time.Duration
+	// watchDriver drives this replica's watches (AttachWatchDriver).
+	watchDriver atomic.Pointer[attached]
 	// instance is this process in the turns' leases: its name and an ID
 	// of its own, since two processes may share a name.
 	instance string
@@ -239,46 +236,22 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	if o := js.Options(); o.Domain != "" || (o.APIPrefix != "" && o.APIPrefix != jetstream.DefaultAPIPrefix) {
 		return nil, fmt.Errorf("dispatch: the JetStream context must be the account's own (domain %q, API prefix %q given)", o.Domain, o.APIPrefix)
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
+	opts.Logger = cmp.Or(opts.Logger, slog.Default())
 	if opts.Name == "" {
 		host, _ := os.Hostname()
 		opts.Name = host + "-" + uuid.NewString()[:8]
 	}
-	if opts.SubmitMargin <= 0 {
-		opts.SubmitMargin = DefaultSubmitMargin
-	}
-	if opts.RunTTL <= 0 {
-		opts.RunTTL = DefaultRunTTL
-	}
-	if opts.MaxSteps <= 0 {
-		opts.MaxSteps = DefaultMaxSteps
-	}
-	if opts.PollInterval <= 0 {
-		opts.PollInterval = DefaultPollInterval
-	}
-	if opts.ShutdownTimeout <= 0 {
-		opts.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if opts.ServeGrace <= 0 {
-		opts.ServeGrace = DefaultServeGrace
-	}
-	if opts.MaxInFlightPublishes <= 0 {
-		opts.MaxInFlightPublishes = DefaultMaxInFlightPublishes
-	}
-	if opts.MaxInFlightPerTeam <= 0 {
-		opts.MaxInFlightPerTeam = DefaultMaxInFlightPerTeam
-	}
-	if opts.SweepInterval <= 0 {
-		opts.SweepInterval = DefaultSweepInterval
-	}
-	if opts.ResultStreamBytes <= 0 {
-		opts.ResultStreamBytes = protocol.DefaultResultStreamBytes
-	}
-	if opts.MaxDeclarationsPerTeam <= 0 {
-		opts.MaxDeclarationsPerTeam = DefaultMaxDeclarationsPerTeam
-	}
+	opts.SubmitMargin = cmp.Or(max(opts.SubmitMargin, 0), DefaultSubmitMargin)
+	opts.RunTTL = cmp.Or(max(opts.RunTTL, 0), DefaultRunTTL)
+	opts.MaxSteps = cmp.Or(max(opts.MaxSteps, 0), DefaultMaxSteps)
+	opts.PollInterval = cmp.Or(max(opts.PollInterval, 0), DefaultPollInterval)
+	opts.ShutdownTimeout = cmp.Or(max(opts.ShutdownTimeout, 0), DefaultShutdownTimeout)
+	opts.ServeGrace = cmp.Or(max(opts.ServeGrace, 0), DefaultServeGrace)
+	opts.MaxInFlightPublishes = cmp.Or(max(opts.MaxInFlightPublishes, 0), DefaultMaxInFlightPublishes)
+	opts.MaxInFlightPerTeam = cmp.Or(max(opts.MaxInFlightPerTeam, 0), DefaultMaxInFlightPerTeam)
+	opts.SweepInterval = cmp.Or(max(opts.SweepInterval, 0), DefaultSweepInterval)
+	opts.ResultStreamBytes = cmp.Or(max(opts.ResultStreamBytes, 0), protocol.DefaultResultStreamBytes)
+	opts.MaxDeclarationsPerTeam = cmp.Or(max(opts.MaxDeclarationsPerTeam, 0), DefaultMaxDeclarationsPerTeam)
 	opts.MaxRegistryBytesPerTeam = cmp.Or(max(opts.MaxRegistryBytesPerTeam, 0), DefaultMaxRegistryBytesPerTeam)
 	opts.ClaimGrace = cmp.Or(max(opts.ClaimGrace, 0), DefaultClaimGrace)
 	opts.DeclareQueuePerTeam = cmp.Or(max(opts.DeclareQueuePerTeam, 0), DefaultDeclareQueuePerTeam)
@@ -306,8 +279,6 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	d.tel = tel
 	d.gather = newGatherer(d)
 	d.limiter = newLimiter(opts.MaxInFlightPublishes, opts.MaxInFlightPerTeam)
-	d.drivers = map[string]bool{}
-	d.watchSaveEvery = watchSaveEvery
 	d.instance = opts.Name + "/" + uuid.NewString()[:12]
 	d.registry.by = d.instance
 	d.engine = lifecycle.New(d.instance, turnEnv{d}, d.log)
@@ -321,8 +292,8 @@ func (d *Dispatcher) Ready() bool { return d.ready.Load() }
 // Connected reports whether the dispatcher's NATS connection is up now.
 func (d *Dispatcher) Connected() bool { return d.js.Conn().Status() == nats.CONNECTED }
 
-// Run provisions streams and buckets, resumes open turns and watches, and
-// serves until ctx ends; then it stops consuming and waits for submissions
+// Run provisions streams and buckets, resumes open turns (and, through
+// the attached WatchDriver, watches), and serves until ctx ends; then it stops consuming and waits for submissions
 // in progress. It returns an error only if it cannot start.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
@@ -405,16 +376,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	defer stopTimers()
 
-	stopNATS, err := d.serveNATS(rctx)
-	if err != nil {
-		return fmt.Errorf("dispatch: serve the watch API on NATS: %w", err)
+	if w := d.driver(); w != nil {
+		stopWatches, err := w.Serve(rctx)
+		if err != nil {
+			return fmt.Errorf("dispatch: serve the watch driver: %w", err)
+		}
+		defer stopWatches()
 	}
-	defer stopNATS()
-	stopPresence, err := d.servePresence()
-	if err != nil {
-		return fmt.Errorf("dispatch: answer on the presence subject: %w", err)
-	}
-	defer stopPresence()
 	stopCallCancels, err := d.serveCallCancels()
 	if err != nil {
 		return fmt.Errorf("dispatch: hear of cancelled direct calls: %w", err)
@@ -470,7 +438,8 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 	if d.webhooksSeen, err = provision.KeyValue(ctx, d.js, provision.WebhookBucketConfig(popts)); err != nil {
 		return err
 	}
-	if d.responses, err = provision.KeyValue(ctx, d.js, provision.ResponseBucketConfig(popts)); err != nil {
+	// The watch driver's index of the responses it drives.
+	if _, err = provision.KeyValue(ctx, d.js, provision.ResponseBucketConfig(popts)); err != nil {
 		return err
 	}
 	if d.steps, err = provision.KeyValue(ctx, d.js, provision.StepBucketConfig(popts)); err != nil {

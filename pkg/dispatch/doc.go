@@ -45,7 +45,13 @@
 // openai-go client. A [Watch] drives a platform object the
 // dispatcher cannot learn of by webhook: it polls it (and follows its event
 // stream where there is one), takes in each required action and, for
-// Responses, follows each continuation.
+// Responses, follows each continuation. The engine keeps watches' records
+// ([Dispatcher.WatchStatus]) and answers the watch API; the driving is
+// package watch's, which the engine reaches through [WatchDriver]:
+//
+//	d, err := dispatch.New(js, platforms, opts)
+//	...
+//	watch.New(d, js) // without it, d drives no watches (ErrNoWatchDriver)
 //
 // # Front doors
 //
@@ -62,6 +68,13 @@
 //     that authenticates each [Caller];
 //   - package tooldef renders served functions as a platform's tool
 //     definitions (GET /v1/tools, the dispatcher command's tools command);
+//   - package watch drives watches: it starts each ([Dispatcher.Watch]
+//     through [WatchDriver]), polls its object, takes in its turns,
+//     waits for them to close ([Dispatcher.AwaitClosed]), cancels them
+//     when the platform ends the run ([Dispatcher.CancelTurn]), takes up a
+//     turn a stopped driver listed ([Dispatcher.Resume]), hands its
+//     watches over when the dispatcher stops and takes over those of
+//     replicas that stopped, and serves the watch API on NATS;
 //   - package internal/console, the operator console, reads the Inspect
 //     methods beside it.
 //
@@ -80,7 +93,8 @@
 // by its turn key; the turn record is all there is of it.
 //
 // The watch API is also served on NATS (protocol.WatchSubject and
-// protocol.WatchStatusSubject) by [Dispatcher.Run], with the same answers.
+// protocol.WatchStatusSubject) by package watch while [Dispatcher.Run]
+// serves, with the same answers.
 //
 // # Replicas and crashes
 //
@@ -89,17 +103,19 @@
 // consumer (a replica with news of a turn another owns tells the owner),
 // and a sweep on every replica repairs what a dead one left (turns past
 // their deadline, complete but not closed, or whose owner's lease lapsed;
-// watches whose driver went silent). A replica that stops cleanly releases
-// its leases and the watches it drove, so the others take them at once.
+// through the [WatchDriver], watches whose driver went silent). A replica
+// that stops cleanly releases its leases and the watches it drove, so the
+// others take them at once.
 //
 // # Errors
 //
 // Intake and Watch return errors for bad input ([FieldError] names the
 // field) and for JetStream failures; Watch also refuses an object the
 // platform says does not exist ([ErrObjectNotFound], in a [FieldError]
-// naming the field). Platform errors are classified as
-// [PlatformError] and retried (408, 409, 429, 5xx, transport) with backoff that
-// honours Retry-After until the run expires. A call's failure reaches the
+// naming the field), and returns [ErrNoWatchDriver] when no [WatchDriver]
+// is attached. Platform errors are classified as [PlatformError] and
+// retried (408, 409, 429, 5xx, transport) with backoff that honours
+// Retry-After until the run expires. A call's failure reaches the
 // model as a result, never as an error here.
 //
 // # Observability
@@ -149,7 +165,9 @@
 //   - watch: the dispatcher driving a platform object it cannot learn of
 //     by webhook ([Watch]); never a KV watcher, which this documentation
 //     calls following or mirroring a bucket.
-//   - driver: the goroutine of the replica that drives a watch.
+//   - driver: the goroutine of the replica that drives a watch; watch
+//     driver ([WatchDriver]): what runs the drivers of a replica
+//     (package watch), attached to its Dispatcher.
 //   - intake: taking a turn in (its record, timer and calls); channel:
 //     how intake heard of it ([TurnRequest] Channel: a webhook, a
 //     watch's poll or event stream, an MCP call).
@@ -166,5 +184,5 @@
 //   - caller: who asks the dispatcher for something, and which teams it
 //     sees ([Caller]); scope: those teams.
 //   - front door: a package that serves the engine to the outside
-//     through its exported API only (httpapi, tooldef).
+//     through its exported API only (httpapi, tooldef, watch).
 package dispatch

@@ -15,6 +15,9 @@ var (
 	ErrNotFound = errors.New("dispatch: not found")
 	// ErrNotRunning is returned by Watch when the dispatcher is not running.
 	ErrNotRunning = errors.New("dispatch: dispatcher is not running")
+	// ErrNoWatchDriver is returned by Watch when no [WatchDriver] is
+	// attached: the dispatcher drives no watches.
+	ErrNoWatchDriver = errors.New("dispatch: no watch driver is attached (see package watch)")
 	// ErrObjectNotFound is wrapped by the error Watch returns when the
 	// platform answers that the object to watch does not exist (HTTP 404).
 	// That error is a *FieldError naming the field of the request that

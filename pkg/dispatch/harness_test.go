@@ -30,6 +30,7 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -116,6 +117,7 @@ func (e *env) dispatcherOn(client openai.Client, opts dispatch.Options) (d *disp
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	watch.New(d, js)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()

@@ -86,7 +86,7 @@ type openTurn struct {
 type recentTurn struct {
 	turn  *Turn
 	rev   uint64
-	calls []callReport
+	calls []CallReport
 }
 
 // subscriber receives every change of a turn record seen after it

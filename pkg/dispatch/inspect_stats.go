@@ -61,7 +61,7 @@ func (s *fnStats) record(t *Turn, res *protocol.Result) {
 }
 
 // FunctionStats are the figures of one function's latest results on this
-// replica (at most statsSamples of them, within statsWindow).
+// replica (at most 1024 of them, within the last 5 minutes).
 type FunctionStats struct {
 	// Window is the span the figures cover, and Results how many results
 	// it holds.

@@ -12,10 +12,6 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
-// CallReport is one call of a turn as the API shows it (see GET
-// /v1/watch/{id} and GET /v1/turns/{key}).
-type CallReport = callReport
-
 // TurnView is a turn as GET /v1/turns and the console show it.
 type TurnView struct {
 	Key      protocol.TurnKey  `json:"key"`
@@ -58,7 +54,7 @@ type TurnView struct {
 	Calls []CallReport `json:"calls,omitempty"`
 	// Waiting names the calls of an open turn still without a result, as
 	// function/call id (another team's as function only): the stragglers.
-	// Listed for the stragglerTurns open turns nearest their deadline.
+	// Listed for the 20 open turns nearest their deadline.
 	Waiting []string `json:"waiting,omitempty"`
 }
 
@@ -177,11 +173,11 @@ func objectID(r Ref, scope string) string {
 
 // traceID is the trace of a W3C traceparent ("00-<trace>-<span>-<flags>").
 // callReports reports each call of t and its result, as far as recorded.
-func (d *Dispatcher) callReports(ctx context.Context, t *Turn) []callReport {
-	out := make([]callReport, 0, len(t.Calls))
+func (d *Dispatcher) callReports(ctx context.Context, t *Turn) []CallReport {
+	out := make([]CallReport, 0, len(t.Calls))
 	for i := range t.Calls {
 		c := &t.Calls[i]
-		cr := callReport{ID: c.ID, Function: c.Name, Team: c.Team, Result: "pending"}
+		cr := CallReport{ID: c.ID, Function: c.Name, Team: c.Team, Result: "pending"}
 		if timedOut(t, c.Key) {
 			cr.Result = "timed_out"
 		} else if res, err := d.gather.result(ctx, t, c); err == nil {
@@ -193,13 +189,13 @@ func (d *Dispatcher) callReports(ctx context.Context, t *Turn) []callReport {
 }
 
 // seenCalls is calls as caller may see them (as AnswerWatchStatus shows them).
-func seenCalls(caller Caller, calls []callReport) []callReport {
-	out := make([]callReport, len(calls))
+func seenCalls(caller Caller, calls []CallReport) []CallReport {
+	out := make([]CallReport, len(calls))
 	for i, c := range calls {
 		if caller.Sees(c.Team) {
 			out[i] = c
 		} else {
-			out[i] = callReport{ID: c.ID, Function: c.Function, Team: c.Team, Result: c.Result, Redacted: true}
+			out[i] = CallReport{ID: c.ID, Function: c.Function, Team: c.Team, Result: c.Result, Redacted: true}
 		}
 	}
 	return out
@@ -285,7 +281,7 @@ func (d *Dispatcher) InspectTurns(ctx context.Context, caller Caller, q TurnQuer
 
 // closedCalls returns the call reports of a closed turn, reading its
 // results the first time they are asked for.
-func (in *inspector) closedCalls(ctx context.Context, rt *recentTurn) []callReport {
+func (in *inspector) closedCalls(ctx context.Context, rt *recentTurn) []CallReport {
 	in.mu.RLock()
 	calls, t := rt.calls, rt.turn
 	in.mu.RUnlock()

@@ -32,8 +32,8 @@ type WatchView struct {
 	StatusURL   string            `json:"status_url"`
 }
 
-// InspectWatches lists the active watches and the latest ended ones
-// (recentWatches) caller may see, the latest change first. A caller scoped
+// InspectWatches lists the active watches and the latest 200 ended ones
+// caller may see, the latest change first. A caller scoped
 // to teams sees a watch once one of its turns calls a function of theirs,
 // and its answer only when every call is theirs.
 func (d *Dispatcher) InspectWatches(ctx context.Context, caller Caller) ([]WatchView, error) {

@@ -186,7 +186,7 @@ func startReplica(t *testing.T, d *Dispatcher) (stop func()) {
 // and the owner has not recorded the answer, the record says collecting.
 // Stop the owner then (a routine SIGTERM whose ShutdownTimeout cuts the
 // unanswered attempt off; a kill -9 leaves the same record with its lease
-// lapsing): the record is collecting with a free lease. driver.go's
+// lapsing): the record is collecting with a free lease. await.go's
 // awaitClosed reads exactly that as "a turn nobody began to submit", and
 // on a finished run reports the platform finished it "without the calls'
 // results": the watch driver then cancels the turn (failed, "not
@@ -224,7 +224,7 @@ func TestLeaseDirectSubmissionReadsAsNeverSubmitted(t *testing.T) {
 	t.Logf("after the owner stopped: record %s, lease %s (free: %v)", r.State, r.lease, r.lease.Free(time.Now()))
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	final, _, ended, err := other.awaitClosed(ctx, key, p, turn.Ref, nil)
+	final, _, ended, err := other.awaitClosed(ctx, key, p, turn.Ref)
 	if ended != nil {
 		t.Errorf("the platform took the turn's outputs, yet the watch driver concludes %q (and cancels the turn); accepted submissions: %d",
 			ended.Reason, p.count())

@@ -15,6 +15,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -37,6 +38,7 @@ func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, js)
 	done := make(chan error, 1)
 	go func() { done <- d.Run(context.Background()) }() // never cancelled
 	select {

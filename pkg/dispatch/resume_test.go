@@ -19,6 +19,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -37,6 +38,7 @@ func TestRejectedCallsFailAfterIntakeWasCutShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d1, js)
 	// The first replica loses NATS the moment the turn is recorded.
 	recorded := make(chan struct{})
 	var once sync.Once
@@ -319,6 +321,7 @@ func runWith(t *testing.T, e *env, wrap func(dispatch.Platform) dispatch.Platfor
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, js)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	done := make(chan error, 1)

@@ -28,9 +28,8 @@ import (
 //   - a turn collecting for a while is re-armed: its timer and its calls
 //     re-published (deduplicated), in case intake died half-way;
 //   - a turn stuck in submitting is taken over and submitted again;
-//   - a watch whose driver stopped reporting, stopped with its
-//     dispatcher and released it, or is not running (its presence
-//     subject has no responder: killed), is driven again;
+//   - the attached WatchDriver drives again the watches whose driver
+//     stopped (WatchDriver.Sweep);
 //   - timers of closed turns are purged.
 //
 // Open turns are found through their timers: a turn's timer subjects
@@ -41,21 +40,10 @@ const (
 	// it: a healthy turn is closed by its owner long before. It is the
 	// lease taken at intake, after which another replica may take it.
 	sweepAfter = lifecycle.LeaseFor
-	// watchStaleAfter is how long a driver may stay silent (drivers save
-	// every watchSaveEvery) before another replica drives its watch.
-	watchStaleAfter = time.Minute
-	// watchSaveEvery is how often a driver saves its watch to show it is
-	// alive.
-	watchSaveEvery = 20 * time.Second
 	// timerGrace is how long past its deadline a collecting turn may stay
 	// before the sweep cuts it off itself: its timer fires on the whole
 	// second before the deadline and closes it at once.
 	timerGrace = 2 * time.Second
-	// presenceGrace is how long past its save period a watch's driver
-	// must have been silent before a missing presence answer counts: a
-	// healthy driver saves at the first poll after the period, which may
-	// wait maxPollInterval and take a while itself.
-	presenceGrace = maxPollInterval + 10*time.Second
 	// markersLast is how long after a turn's close the sweep may still
 	// see the markers that removed its timer (they expire after a second).
 	markersLast = 30 * time.Second
@@ -99,7 +87,9 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	if err == nil {
 		d.sweepUnlisted(ctx, listed, now)
 	}
-	d.sweepWatches(ctx, startup)
+	if w := d.driver(); w != nil {
+		w.Sweep(ctx, startup)
+	}
 }
 
 // sweepYoung sweeps a turn this replica gathers for and took in less than
@@ -434,64 +424,5 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 			d.gather.track(t, rev)
 			d.engine.Close(string(key))
 		}
-	}
-}
-
-// sweepWatches drives watches whose driver went silent.
-func (d *Dispatcher) sweepWatches(ctx context.Context, startup bool) {
-	keys, err := d.watches.ListKeys(ctx)
-	if err != nil {
-		return
-	}
-	gone := map[string]bool{} // per driver, asked once a sweep
-	driverGone := func(name string) bool {
-		g, ok := gone[name]
-		if !ok {
-			g = d.driverGone(ctx, name)
-			gone[name] = g
-		}
-		return g
-	}
-	for k := range keys.Keys() {
-		e, err := d.watches.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		var w Watch
-		if json.Unmarshal(e.Value(), &w) != nil || w.State != WatchActive {
-			continue
-		}
-		switch {
-		case d.driving(w.ID):
-			continue
-		case w.Released || time.Since(w.UpdatedAt) >= watchStaleAfter:
-			// left by its driver, or its driver went silent
-		case w.Driver == "":
-			if !startup {
-				continue
-			}
-			// Written by a version that does not name its driver: a
-			// restart takes it, as that version did.
-		case w.Driver == d.opts.Name:
-			if !startup {
-				continue // another process of the same name drives it
-			}
-			// This replica's before it restarted under the same name.
-		case !startup && time.Since(w.UpdatedAt) < d.watchSaveEvery+presenceGrace, !driverGone(w.Driver):
-			// Its driver is running, or saved it lately: a running replica
-			// whose connection is being re-established has no responder
-			// for a moment, so later sweeps take only a driver that also
-			// missed a save for gone. A replica that starts takes the
-			// watches of its killed predecessor at once.
-			continue
-		}
-		// Claim it by compare-and-set so one replica revives it.
-		w.UpdatedAt, w.Released, w.Driver = time.Now().UTC(), false, d.opts.Name
-		b, _ := json.Marshal(&w)
-		if _, err := d.watches.Update(ctx, k, b, e.Revision()); err != nil {
-			continue
-		}
-		d.log.Info("sweep: driving a watch whose driver stopped", "watch", w.ID)
-		d.startDriver(&w)
 	}
 }

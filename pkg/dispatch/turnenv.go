@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -333,4 +335,32 @@ func (e turnEnv) Closed(r *lifecycle.Rec, here bool) {
 			"latency_ms", ev.Latency.Milliseconds(), "time_left_s", int64(ev.TimeLeft.Seconds()), "cut_off", cutOff)
 	}
 	d.emit(ev)
+}
+
+// queueGroup is the queue group the replicas share where one of them
+// answers.
+const queueGroup = "toolrelay-dispatchers"
+
+// replicaSubject is the subject of one replica's (or process's) id and
+// what it hears there; the id is free text (a host name has dots), so the
+// subject carries a digest of it.
+func replicaSubject(id, what string) string {
+	sum := sha256.Sum256([]byte(id))
+	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + "." + what
+}
+
+// hear subscribes handle to subject on the dispatcher's connection, in
+// the queue group queue if not empty, and returns once the server has the
+// subscription.
+func (d *Dispatcher) hear(subject, queue string, handle nats.MsgHandler) (stop func(), err error) {
+	nc := d.js.Conn()
+	sub, err := nc.QueueSubscribe(subject, queue, handle)
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.FlushTimeout(declareTimeout); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
 }

@@ -2,17 +2,14 @@ package dispatch
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
-	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/jsretry"
 )
 
 // unavailableRetryFor bounds how long an operation is retried while
-// JetStream is unavailable: long enough for a stream to elect a new leader.
-const unavailableRetryFor = 10 * time.Second
+// JetStream is unavailable.
+const unavailableRetryFor = jsretry.UnavailableFor
 
 // ackTimeout bounds the wait for a publication's acknowledgement.
 const ackTimeout = 5 * time.Second
@@ -59,29 +56,7 @@ func answered(f ackFuture) bool {
 	}
 }
 
-// unavailableAttemptTimeout bounds each attempt of whileUnavailable: a
-// request to a server that went away fails after it, and is tried again.
-const unavailableAttemptTimeout = 3 * time.Second
-
-// whileUnavailable runs op, each attempt bounded by a few seconds, until it
-// succeeds, fails for a reason that will not pass, or the time given has
-// gone by; a failure that may still pass is then wrapped in ErrUnavailable.
-// op must be safe to repeat: an attempt that timed out may have taken
-// effect.
+// whileUnavailable is [jsretry.While] wrapping ErrUnavailable.
 func whileUnavailable[T any](ctx context.Context, within time.Duration, op func(context.Context) (T, error)) (T, error) {
-	giveUp := time.Now().Add(within)
-	retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
-	for {
-		actx, cancel := context.WithTimeout(ctx, unavailableAttemptTimeout)
-		v, err := op(actx)
-		cancel()
-		if err == nil || !jsretry.MayPass(err) || errors.Is(ctx.Err(), context.Canceled) {
-			return v, err
-		}
-		wait := retry.Next()
-		if ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
-			return v, fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		backoff.Sleep(ctx, wait)
-	}
+	return jsretry.While(ctx, within, ErrUnavailable, op)
 }

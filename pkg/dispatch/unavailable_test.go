@@ -2,10 +2,7 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"net/http"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -13,8 +10,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolrelay/toolrelay/internal/natstest"
-	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -60,36 +55,6 @@ func (idlePlatform) Poll(context.Context, Ref) (*Observation, error) {
 }
 func (idlePlatform) Submit(context.Context, *Turn, []Output) (*Submission, error) {
 	return &Submission{}, nil
-}
-
-// With JetStream gone, a watch request (POST /v1/watch) is answered 503
-// once the wait for a failover is over, not 500: the caller's retry will
-// succeed.
-func TestWatchAnswers503WhileJetStreamIsAway(t *testing.T) {
-	t.Parallel()
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.unavailableFor = 500 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	testutil.WaitForWhat(t, 30*time.Second, "the dispatcher to be ready", d.Ready)
-
-	srv.Shutdown()
-	srv.WaitForShutdown()
-	status, reply := d.AnswerWatchRequest(t.Context(), []byte(`{"platform":"responses","response_id":"resp_away"}`))
-	body, _ := json.Marshal(reply)
-	if status != http.StatusServiceUnavailable {
-		t.Fatalf("watch request with JetStream away: %d %s; want 503", status, body)
-	}
-	if !strings.Contains(string(body), "unavailable") {
-		t.Errorf("body %s does not say JetStream is unavailable", body)
-	}
 }
 
 // A caller's deadline ends the wait, and the answer is still "unavailable"

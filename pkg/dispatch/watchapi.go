@@ -18,7 +18,7 @@ import (
 
 // The watch API, served on two transports: POST /v1/watch and GET
 // /v1/watch/{id} (package httpapi), and protocol.WatchSubject and
-// protocol.WatchStatusSubject on NATS (nats.go). Its answers are the
+// protocol.WatchStatusSubject on NATS (package watch). Its answers are the
 // same on both: an HTTP status and a JSON body.
 
 // watchRequest is the body of POST /v1/watch. "agent" is a Foundry agent
@@ -59,8 +59,9 @@ func (req *watchRequest) ref() (Ref, error) {
 // answer's HTTP status and its body, a value encoding/json encodes: 202
 // with {"id","status_url"}; 400 naming the field of a bad request; 404
 // naming it when the platform has no such object; 503 while the
-// dispatcher is starting or stopping or JetStream is unavailable; 500
-// otherwise. A traceparent in ctx makes the watch's turns its children.
+// dispatcher is starting or stopping or JetStream is unavailable; 501
+// when no [WatchDriver] is attached; 500 otherwise. A traceparent in ctx
+// makes the watch's turns its children.
 func (d *Dispatcher) AnswerWatchRequest(ctx context.Context, body []byte) (status int, reply any) {
 	req, fe := decodeWatchRequest(body)
 	if fe != nil {
@@ -82,6 +83,8 @@ func (d *Dispatcher) AnswerWatchRequest(ctx context.Context, body []byte) (statu
 			return http.StatusNotFound, fieldErrorBody(fe)
 		case errors.As(err, &fe):
 			return http.StatusBadRequest, fieldErrorBody(fe)
+		case errors.Is(err, ErrNoWatchDriver):
+			return http.StatusNotImplemented, errorBody("this dispatcher drives no watches")
 		case errors.Is(err, ErrNotRunning):
 			return http.StatusServiceUnavailable, errorBody("the dispatcher is starting or stopping; retry shortly")
 		case errors.Is(err, ErrUnavailable):
@@ -141,7 +144,7 @@ type watchReport struct {
 type turnReport struct {
 	Key         protocol.TurnKey `json:"key"`
 	State       TurnState        `json:"state"`
-	Calls       []callReport     `json:"calls"`
+	Calls       []CallReport     `json:"calls"`
 	Deadline    string           `json:"deadline"`
 	ExpiresAt   string           `json:"expires_at"`
 	SubmittedAt string           `json:"submitted_at,omitempty"`
@@ -151,18 +154,19 @@ type turnReport struct {
 	Error    string `json:"error,omitempty"`
 }
 
-// callReport is one call of a turn and, once recorded, its result: what it
-// returned (or its error), which executor produced it, on which attempt and
-// how long that attempt ran.
-type callReport struct {
+// CallReport is one call of a turn as the API shows it (GET
+// /v1/watch/{id}, GET /v1/turns/{key}) and, once recorded, its result:
+// what it returned (or its error), which executor produced it, on which
+// attempt and how long that attempt ran.
+type CallReport struct {
 	ID       string              `json:"id"`
 	Function string              `json:"function"`
 	Team     string              `json:"team"`
 	Result   string              `json:"result"` // ok | error | pending | timed_out
 	Error    *protocol.CallError `json:"error,omitempty"`
 	// Output is the output of a successful call, whole, when it is at most
-	// outputPreviewSize bytes; a larger one is shown by OutputPreview, its
-	// first bytes. OutputBytes is the output's size either way.
+	// 1 KiB; a larger one is shown by OutputPreview, its first bytes.
+	// OutputBytes is the output's size either way.
 	Output        *string `json:"output,omitempty"`
 	OutputPreview string  `json:"output_preview,omitempty"`
 	OutputBytes   *int    `json:"output_bytes,omitempty"`
@@ -188,7 +192,7 @@ type callReport struct {
 const outputPreviewSize = 1 << 10
 
 // describe fills in what res says about the call.
-func (cr *callReport) describe(res *protocol.Result) {
+func (cr *CallReport) describe(res *protocol.Result) {
 	cr.Result, cr.Error = "ok", res.Error
 	if res.Error != nil {
 		cr.Result = "error"
@@ -251,7 +255,7 @@ func (rep watchReport) seenBy(caller Caller) (int, any) {
 	var mine, others int
 	turns := make([]turnReport, len(rep.TurnDetails))
 	for i, tr := range rep.TurnDetails {
-		calls := make([]callReport, len(tr.Calls))
+		calls := make([]CallReport, len(tr.Calls))
 		for j, c := range tr.Calls {
 			if caller.Sees(c.Team) {
 				mine++
@@ -259,7 +263,7 @@ func (rep watchReport) seenBy(caller Caller) (int, any) {
 				continue
 			}
 			others++
-			calls[j] = callReport{ID: c.ID, Function: c.Function, Team: c.Team, Result: c.Result, Redacted: true}
+			calls[j] = CallReport{ID: c.ID, Function: c.Function, Team: c.Team, Result: c.Result, Redacted: true}
 		}
 		tr.Calls = calls
 		turns[i] = tr

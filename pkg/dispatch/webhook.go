@@ -24,7 +24,7 @@ import (
 //   - agent.session.action_required: the session is read and its required
 //     action taken in as a turn;
 //   - response.completed: the function calls of a response a watch drives
-//     are taken in as a turn;
+//     (WatchDriver.Response) are taken in as a turn;
 //   - accepted only once the intake is durable; an error (503: the
 //     platform retries) if it cannot be.
 
@@ -114,18 +114,18 @@ func (d *Dispatcher) takeInEvent(ctx context.Context, typ, id string) (string, e
 	case "agent.session.action_required":
 		ref = Ref{Platform: protocol.PlatformAgents, SessionID: id}
 	case "response.completed":
-		e, err := d.responses.Get(ctx, webhookSafe(id))
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
+		w := d.driver()
+		if w == nil {
+			return "ignored", nil // no watch drives a response here
+		}
+		r, ok, err := w.Response(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
 			return "ignored", nil // not a response the dispatcher drives
 		}
-		if err != nil {
-			return "", err
-		}
-		w, err := d.WatchStatus(ctx, string(e.Value()))
-		if err != nil {
-			return "", err
-		}
-		ref = w.Current
+		ref = r
 		ref.ResponseID = id
 	default:
 		return "ignored", nil
@@ -138,13 +138,9 @@ func (d *Dispatcher) takeInEvent(ctx context.Context, typ, id string) (string, e
 	if err != nil {
 		return "", err
 	}
-	for _, it := range obs.Unsupported {
-		// A webhook has no watch to show it on: the log and the counter
-		// say it (the webhooks counter reads "unsupported").
-		d.tel.unsupported.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(ref.Platform)), attrItemType.String(it.Type))...)
-		d.log.WarnContext(ctx, "the platform waits on something toolrelay does not serve; answer it there, or the object will not move on",
-			"object", ref.String(), "item_type", it.Type, "item_id", it.ID, "webhook", typ)
-	}
+	// A webhook has no watch to show it on: the log and the counter say it
+	// (the webhooks counter reads "unsupported").
+	d.ReportUnsupported(ctx, ref, obs.Unsupported...)
 	if obs.State == ObjectUnsupported {
 		return "unsupported", nil
 	}
@@ -156,25 +152,4 @@ func (d *Dispatcher) takeInEvent(ctx context.Context, typ, id string) (string, e
 		return "", err
 	}
 	return "accepted", nil
-}
-
-// indexResponse records that a watch drives a response.
-func (d *Dispatcher) indexResponse(ctx context.Context, responseID, watchID string) {
-	if responseID == "" {
-		return
-	}
-	if _, err := d.responses.Put(ctx, webhookSafe(responseID), []byte(watchID)); err != nil {
-		d.log.WarnContext(ctx, "indexing a driven response failed", "response", responseID, "err", err)
-	}
-}
-
-// webhookSafe keeps IDs usable as KV keys: platform IDs are alphanumeric
-// with _ and -, which KV accepts; anything else is hashed.
-func webhookSafe(id string) string {
-	for _, r := range id {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-			return webhookKey(id)
-		}
-	}
-	return id
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/openaiplatform"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/watch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -178,6 +179,7 @@ func TestFoundryProjectEndpointWithBearerToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watch.New(d, js)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()

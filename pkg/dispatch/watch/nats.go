@@ -1,4 +1,4 @@
-package dispatch
+package watch
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolrelay/toolrelay/internal/otelconv"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -17,14 +19,15 @@ import (
 // protocol.WatchStatusSubject takes {"id":"..."} and answers like
 // GET /v1/watch/{id}. Replicas share a queue group, so one answers.
 
+// queueGroup is the queue group of the dispatcher replicas.
 const queueGroup = "toolrelay-dispatchers"
 
 // natsRequestTimeout bounds the work of one watch request (or status
 // request) made over NATS; the requester's own timeout is usually shorter.
 const natsRequestTimeout = 10 * time.Second
 
-func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
-	nc := d.js.Conn()
+func (s *Service) serveNATS(ctx context.Context) (stop func(), err error) {
+	nc := s.js.Conn()
 	reply := func(m *nats.Msg, status int, body any) {
 		b, _ := json.Marshal(body)
 		var obj map[string]any
@@ -37,8 +40,8 @@ func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
 	watch, err := nc.QueueSubscribe(protocol.WatchSubject, queueGroup, func(m *nats.Msg) {
 		rctx, cancel := context.WithTimeout(ctx, natsRequestTimeout)
 		defer cancel()
-		rctx = d.tel.prop.Extract(rctx, protocol.HeaderCarrier(m.Header))
-		status, body := d.AnswerWatchRequest(rctx, m.Data)
+		rctx = otelconv.Propagator.Extract(rctx, protocol.HeaderCarrier(m.Header))
+		status, body := s.d.AnswerWatchRequest(rctx, m.Data)
 		reply(m, status, body)
 	})
 	if err != nil {
@@ -49,12 +52,12 @@ func (d *Dispatcher) serveNATS(ctx context.Context) (stop func(), err error) {
 			ID string `json:"id"`
 		}
 		if err := json.Unmarshal(m.Data, &req); err != nil || req.ID == "" {
-			reply(m, http.StatusBadRequest, fieldErrorBody(&FieldError{Field: "id", Message: `send {"id":"<watch id>"}`}))
+			reply(m, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": `send {"id":"<watch id>"}`, "field": "id"}})
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, natsRequestTimeout)
 		defer cancel()
-		code, body := d.AnswerWatchStatus(rctx, Caller{Admin: true}, req.ID)
+		code, body := s.d.AnswerWatchStatus(rctx, dispatch.Caller{Admin: true}, req.ID)
 		reply(m, code, body)
 	})
 	if err != nil {
