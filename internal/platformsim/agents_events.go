@@ -147,7 +147,10 @@ func (s *Server) acceptToolResult(sess *session, ev sessionEvent) {
 		}
 	}
 	sess.required = kept
-	if len(t.script.waiting()) == 0 {
+	// An action toolrelay does not serve (an environment connection, say)
+	// stays required after the step's function calls are answered: the
+	// session waits on it, as the platform's does.
+	if len(t.script.waiting()) == 0 && len(sess.required) == 0 {
 		sess.status = "in_progress"
 		t.status = "in_progress"
 		s.emit(sess, map[string]any{"type": "agent.session.in_progress", "session": s.sessionJSON(sess)})

@@ -18,7 +18,8 @@ var pauseScenarios = []platformsim.Scenario{
 		Answer: `rows: {{out "run_sql"}}`},
 	{Name: "approval", Prompt: "needs approval", Steps: []platformsim.Step{{{Name: "get_weather", Arguments: `{"location":"Oz"}`}, {Name: "delete_repo", Kind: "mcp_approval_request"}}}},
 	{Name: "unknown", Prompt: "new item", Steps: []platformsim.Step{{{Kind: "hologram_call"}}}},
-	{Name: "environment", Prompt: "connect env", Steps: []platformsim.Step{{{Name: "env_1", Kind: "environment_connection"}}}},
+	{Name: "environment", Prompt: "connect env", Steps: []platformsim.Step{{
+		{Name: "get_weather", Arguments: `{"location":"Oz"}`}, {Name: "env_1", Kind: "environment_connection"}}}},
 }
 
 // TestResponsesCustomToolCall: a custom tool declared with a regex
@@ -132,9 +133,22 @@ func TestAgentsEnvironmentConnectionAction(t *testing.T) {
 		got, err = c.Beta.Agents.Sessions.Get(ctx, sess.ID)
 		return err == nil && got.Status == "requires_action"
 	})
-	if len(got.RequiredActions) != 1 || got.RequiredActions[0].Type != "environment_connection" ||
-		got.RequiredActions[0].AsEnvironmentConnection().EnvironmentID != "env_1" {
+	if len(got.RequiredActions) != 2 || got.RequiredActions[0].Type != "function_call" || got.RequiredActions[1].Type != "environment_connection" ||
+		got.RequiredActions[1].AsEnvironmentConnection().EnvironmentID != "env_1" {
 		t.Fatalf("required actions = %+v", got.RequiredActions)
+	}
+	// The function call answered, the session still waits on the
+	// environment connection, which nothing here answers.
+	fc := got.RequiredActions[0].AsFunctionCall()
+	params := openai.BetaAgentSessionEventNewParams{Events: []openai.AgentSessionInputParamUnion{
+		openai.AgentSessionInputParamOfParamAgentSessionInputToolResult(fc.CallID, true, fc.TurnID)}}
+	params.Events[0].OfParamAgentSessionInputToolResult.Output = openai.AgentFunctionCallOutputParamUnion{OfString: openai.String("sunny")}
+	if err := c.Beta.Agents.Sessions.Events.New(ctx, sess.ID, params); err != nil {
+		t.Fatal(err)
+	}
+	got, err = c.Beta.Agents.Sessions.Get(ctx, sess.ID)
+	if err != nil || got.Status != "requires_action" || len(got.RequiredActions) != 1 || got.RequiredActions[0].Type != "environment_connection" {
+		t.Fatalf("after the function call's result: %+v, %v; want requires_action on the environment connection alone", got, err)
 	}
 }
 
