@@ -233,7 +233,8 @@ func mcpOpenPost(t *testing.T, url, body string, header http.Header) <-chan stri
 }
 
 // The official TypeScript SDK's client (TOOLRELAY_MCP_TS_SDK: a directory
-// where `npm install @modelcontextprotocol/sdk` ran) against two replicas,
+// where `npm install @modelcontextprotocol/sdk` ran, such as sdk/typescript
+// after its npm ci, as .ci/run sets it) against two replicas,
 // its requests sent to each in turn: it runs a call as a task, and
 // cancels a running call with an AbortSignal, which kills the command.
 func TestMCPTypeScriptSDK(t *testing.T) {
