@@ -5,10 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/conversations"
-	"github.com/openai/openai-go/v3/responses"
-
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -94,18 +90,7 @@ func TestARepeatedConversationSubmissionLooksFirst(t *testing.T) {
 	e := newEnv(t, platformsim.FavoriteCityScenario)
 	ctx := context.Background()
 	p := openaiplatform.NewResponses(e.client)
-	start := func() dispatch.Ref {
-		conv, err := e.client.Conversations.New(ctx, conversations.ConversationNewParams{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.client.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
-			Conversation: responses.ResponseNewParamsConversationUnion{OfString: openai.String(conv.ID)},
-			Input:        responses.ResponseNewParamsInputUnion{OfString: openai.String("my favorite city")}}); err != nil {
-			t.Fatal(err)
-		}
-		return dispatch.Ref{Platform: protocol.PlatformResponses, Conversation: conv.ID, Model: "gpt-5.5"}
-	}
+	start := func() dispatch.Ref { return e.conversation("my favorite city") }
 
 	ref := start()
 	first := awaitAction(t, p, ref, nil)

@@ -10,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/conversations"
-	"github.com/openai/openai-go/v3/responses"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
@@ -75,19 +73,8 @@ func TestCustomToolCallsEndToEnd(t *testing.T) {
 	)
 
 	ctx := context.Background()
-	conv, err := e.client.Conversations.New(ctx, conversations.ConversationNewParams{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.client.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
-		Conversation: responses.ResponseNewParamsConversationUnion{OfString: openai.String(conv.ID)},
-		Input:        responses.ResponseNewParamsInputUnion{OfString: openai.String("sign dates, please")}}); err != nil {
-		t.Fatal(err)
-	}
-	for _, ref := range []dispatch.Ref{
-		e.response("sign dates, please"),
-		{Platform: protocol.PlatformResponses, Conversation: conv.ID, Model: "gpt-5.5"},
-	} {
+	conv := e.conversation("sign dates, please")
+	for _, ref := range []dispatch.Ref{e.response("sign dates, please"), conv} {
 		w := finish(t, d, ref, 20*time.Second)
 		parts := strings.Split(w.Answer, " | ")
 		if w.State != dispatch.WatchCompleted || len(parts) != 4 {
@@ -144,7 +131,7 @@ func TestCustomToolCallsEndToEnd(t *testing.T) {
 		t.Errorf("the model made %d calls, %d of them custom; want 8 and 6", len(l.Calls), custom)
 	}
 	types := map[string]int{}
-	items := e.client.Conversations.Items.ListAutoPaging(ctx, conv.ID, conversations.ItemListParams{})
+	items := e.client.Conversations.Items.ListAutoPaging(ctx, conv.Conversation, conversations.ItemListParams{})
 	for items.Next() {
 		it := items.Current()
 		if strings.HasSuffix(it.Type, "_output") {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/conversations"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	"go.opentelemetry.io/otel/attribute"
@@ -291,6 +292,23 @@ func (e *env) response(prompt string) dispatch.Ref {
 		e.t.Fatal(err)
 	}
 	return dispatch.Ref{Platform: protocol.PlatformResponses, ResponseID: r.ID}
+}
+
+// conversation starts a Responses conversation object (a `conversation`,
+// not a chain of previous_response_id) with prompt and returns its ref.
+func (e *env) conversation(prompt string) dispatch.Ref {
+	e.t.Helper()
+	ctx := context.Background()
+	conv, err := e.client.Conversations.New(ctx, conversations.ConversationNewParams{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.client.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
+		Conversation: responses.ResponseNewParamsConversationUnion{OfString: openai.String(conv.ID)},
+		Input:        responses.ResponseNewParamsInputUnion{OfString: openai.String(prompt)}}); err != nil {
+		e.t.Fatal(err)
+	}
+	return dispatch.Ref{Platform: protocol.PlatformResponses, Conversation: conv.ID, Model: "gpt-5.5"}
 }
 
 // assistantsRun starts an Assistants run with prompt; metadata may set the

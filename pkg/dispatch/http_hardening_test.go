@@ -52,10 +52,11 @@ func mcpPost(t *testing.T, url, body string, header http.Header) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// mcpExchange is mcpPost returning the whole response (its body read).
-func mcpExchange(t *testing.T, url, body string, header http.Header) (*http.Response, []byte) {
+// mcpRequest is a POST of body to an /mcp as an MCP client sends one, with
+// headers.
+func mcpRequest(t *testing.T, ctx context.Context, url, body string, header http.Header) *http.Request {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,13 @@ func mcpExchange(t *testing.T, url, body string, header http.Header) (*http.Resp
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	resp, err := http.DefaultClient.Do(req)
+	return req
+}
+
+// mcpExchange is mcpPost returning the whole response (its body read).
+func mcpExchange(t *testing.T, url, body string, header http.Header) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(mcpRequest(t, context.Background(), url, body, header))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -207,15 +207,7 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 // response's body once it ends.
 func mcpOpenPost(t *testing.T, url, body string, header http.Header) <-chan string {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for k, v := range header {
-		req.Header[k] = v
-	}
+	req := mcpRequest(t, t.Context(), url, body, header)
 	end := make(chan string, 1)
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)

@@ -1,15 +1,10 @@
 package dispatch_test
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/conversations"
-	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -74,19 +69,9 @@ func TestClientToolSearchIsAnsweredFromTheRegistry(t *testing.T) {
 	ran := e.serve("orders", []string{"issue_refund"}, func(c *protocol.Call) (string, bool) { return "refunded " + string(c.Arguments), false })
 	d, _ := e.dispatcher(dispatch.Options{})
 
-	ctx := context.Background()
-	conv, err := e.client.Conversations.New(ctx, conversations.ConversationNewParams{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.client.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-5.5",
-		Conversation: responses.ResponseNewParamsConversationUnion{OfString: openai.String(conv.ID)},
-		Input:        responses.ResponseNewParamsInputUnion{OfString: openai.String("refund my order")}}); err != nil {
-		t.Fatal(err)
-	}
 	for _, ref := range []dispatch.Ref{
 		e.response("please refund my order"),
-		{Platform: protocol.PlatformResponses, Conversation: conv.ID, Model: "gpt-5.5"},
+		e.conversation("refund my order"),
 	} {
 		w := finish(t, d, ref, 20*time.Second)
 		if want := `loaded issue_refund; refunded {"order_id":"A-1"}`; w.State != dispatch.WatchCompleted || w.Answer != want {
