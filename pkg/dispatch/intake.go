@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -70,6 +71,14 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
 	}
+	return d.takeIn(ctx, t, req.Channel, failures, checked)
+}
+
+// takeIn records the resolved turn t and sends its calls out: Intake's
+// second half, its own function so that the first's frame is not on the
+// stack while the calls' arguments are checked.
+func (d *Dispatcher) takeIn(ctx context.Context, t *Turn, channel string, failures map[protocol.CallKey]*protocol.CallError, checked []string) (*Turn, error) {
+	key := t.Key
 	// Owned from the start by this replica (docs/turns.md), which then
 	// submits it with no write between its last result and its platform.
 	t.lease = d.engine.IntakeLease(t.CreatedAt, t.Deadline)
@@ -106,10 +115,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	ctx, stop := d.detached(tctx)
 	defer stop()
 	crashpoint.Reached(crashpoint.Intake, d.opts.Name, string(key))
-	channel := req.Channel
-	if channel == "" {
-		channel = "api"
-	}
+	channel = cmp.Or(channel, "api")
 	d.tel.takenIn.Add(ctx, 1, d.tel.sets.Add(attrPlatform.String(string(t.Ref.Platform)), attrChannel.String(channel))...)
 	d.emit(Event{Kind: EventTurnStarted, Turn: t})
 	d.log.InfoContext(tctx, "turn taken in", "turn", key, "platform", t.Ref.Platform, "scope", t.Scope, "calls", len(t.Calls),
