@@ -11,7 +11,7 @@ import {
   CallCancelledError, DeadlineError, DidNotRunError, InvalidArgumentsError, RefusalError, RetryableError, ShutdownError,
 } from "./errors.js";
 import type { FunctionDef, Invocation } from "./function.js";
-import { Backoff, consumerGone, Healer, sleep } from "./heal.js";
+import { Backoff, consumerGone, Healer, sleep, type HealEnv } from "./heal.js";
 import * as p from "./protocol.js";
 import { extract, inject } from "./trace.js";
 
@@ -21,26 +21,18 @@ export interface Logger {
   error(msg: string, attrs?: object): void;
 }
 
-/** What a worker shares with its executor. */
-export interface WorkerEnv {
+/** What a worker shares with its executor: a healer's needs and more. */
+export interface WorkerEnv extends HealEnv {
   nc: NatsConnection;
   js: JetStreamClient;
   jsm: JetStreamManager;
-  team: string;
   name: string;
   ackWaitMs: number;
   apiPrefix: string;
   cancels: Cancels;
   tracer: Tracer;
-  log: Logger;
   /** Aborted once the executor gives up waiting for running calls at shutdown. */
   shutdown: AbortSignal;
-  /** Looks up or creates the team's streams and fn's consumer, as start does. */
-  provision(fn: string): Promise<void>;
-  /** Withdraws fn's declaration and stops renewing it: its consumer is gone for now. */
-  suspend(fn: string): Promise<void>;
-  /** Declares fn again: its consumer is back. */
-  resume(fn: string): Promise<void>;
 }
 
 export interface Registered {
