@@ -266,3 +266,51 @@ func TestCompileGivesUpAfterTimeout(t *testing.T) {
 		t.Fatalf("a schema compiled after one given up on: %v", err)
 	}
 }
+
+// A schema none of whose subschemas is shared is not counted per call
+// when perValue × values is within MaxSteps: that is sound only if the
+// count never passes the bound, which this checks on schemas that use
+// every keyword applying subschemas, against nested arguments; one with a
+// $ref is counted every time.
+func TestPerValueBoundsTheCount(t *testing.T) {
+	leaf := `{"type":"string","enum":["a","b","c"]}`
+	schemas := []string{
+		`{"type":"object","properties":{"a":` + leaf + `,"b":{"type":"array","items":` + leaf + `}}}`,
+		`{"anyOf":[{"type":"object","additionalProperties":{"anyOf":[` + leaf + `,{"type":"array","prefixItems":[` + leaf + `],"items":{"type":"object"}}]}},{"not":{"type":"null"}}],
+			"if":{"type":"object"},"then":{"propertyNames":{"maxLength":3}},"else":{"oneOf":[{"type":"array","contains":` + leaf + `},{"type":"string"}]}}`,
+		`{"type":"object","patternProperties":{"^a":{"allOf":[{"type":"object","unevaluatedProperties":` + leaf + `}]},"^b":{"type":"array","items":{"patternProperties":{".":` + leaf + `}}}},
+			"dependentSchemas":{"a":{"required":["b"]}}}`,
+	}
+	args := []string{`{}`, `"x"`, `[]`, `{"a":"a","b":["a","b",1]}`, `{"aa":{"x":"a","y":[{"z":1},"b"]},"b":[{"q":"c"},{"r":[1,2,{"s":"a"}]}]}`,
+		`[{"a":[[["a"]]]},{"b":{"c":{"d":{"e":["a","b","c"]}}}}]`, `{"abc":{"abc":{"abc":{"abc":"a"}}},"bcd":[{"b":"a"},{"bb":"b"}]}`}
+	for _, raw := range schemas {
+		s, err := Compile("f", []byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.perValue == 0 {
+			t.Fatalf("%.60s: shares no subschema, but is counted on every call", raw)
+		}
+		for _, a := range args {
+			inst, err := decode([]byte(a))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := walkArgs("f", inst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := counter{done: map[countKey]int64{}}
+			if got, bound := c.steps(s.s, newValue(inst)), s.perValue*n; got > bound {
+				t.Errorf("%.60s with %s: %d steps, over the bound %d × %d", raw, a, got, s.perValue, n)
+			}
+		}
+	}
+	s, err := Compile("f", []byte(`{"$defs":{"t":{"type":"string"}},"properties":{"a":{"$ref":"#/$defs/t"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.perValue != 0 {
+		t.Errorf("a schema with a $ref has perValue %d; want it counted on every call", s.perValue)
+	}
+}

@@ -32,6 +32,10 @@ type Schema struct {
 	// matching grammar when there is one.
 	text    bool
 	grammar *regexp.Regexp
+	// perValue bounds the applications a value takes, or is 0 (see
+	// perValue): arguments are counted only when the bound may pass
+	// MaxSteps.
+	perValue int64
 }
 
 // Digest identifies a schema by its content, whatever its key order and
@@ -79,7 +83,7 @@ func Compile(function string, raw []byte) (*Schema, error) {
 	if err := checkInPlace(function, s); err != nil {
 		return nil, err
 	}
-	return &Schema{function: function, digest: Digest(raw), s: s}, nil
+	return &Schema{function: function, digest: Digest(raw), s: s, perValue: perValue(s)}, nil
 }
 
 // maxCompiling bounds the compilations running at once, those given up
@@ -233,15 +237,17 @@ func (s *Schema) check(doc []byte) (problem, string) {
 	if err != nil {
 		return notJSON, err.Error()
 	}
-	v := newValue(inst)
-	if err := checkArgNumbers(s.function, v, ""); err != nil {
+	n, err := walkArgs(s.function, inst)
+	if err != nil {
 		var le *LimitError
 		errors.As(err, &le)
 		return longNumber, fmt.Sprintf("%s with more digits than a call may carry (%d, over %d)", cmp.Or(le.At, "/"), le.Got, le.Max)
 	}
-	c := counter{done: map[countKey]int64{}}
-	if n := c.steps(s.s, v); n > MaxSteps {
-		return tooManySteps, ""
+	if s.perValue == 0 || s.perValue*n > MaxSteps {
+		c := counter{done: map[countKey]int64{}}
+		if c.steps(s.s, newValue(inst)) > MaxSteps {
+			return tooManySteps, ""
+		}
 	}
 	if err := s.s.Validate(inst); err != nil {
 		msg := err.Error()

@@ -258,20 +258,70 @@ func (c *counter) steps(s *jsonschema.Schema, v *value) int64 {
 	return n
 }
 
-// checkArgNumbers checks the numbers of arguments against
-// MaxNumberDigits and MaxExponentDigits; at is where v is.
-func checkArgNumbers(function string, v *value, at string) error {
-	if n, ok := v.v.(json.Number); ok {
-		return checkNumber(function, string(n), at)
-	}
-	for i, kid := range v.kids {
-		tok := strconv.Itoa(i)
-		if v.keys != nil {
-			tok = pointerEscaper.Replace(v.keys[i])
+// walkArgs checks the numbers of arguments v against MaxNumberDigits and
+// MaxExponentDigits, and returns how many values v holds, itself
+// included, counting an object's member names as values too
+// (propertyNames applies to them). A number over a bound is a
+// *LimitError saying where it is.
+func walkArgs(function string, v any) (int64, error) {
+	n := int64(1)
+	switch v := v.(type) {
+	case json.Number:
+		return n, checkNumber(function, string(v), "")
+	case map[string]any:
+		for k, e := range v {
+			m, err := walkArgs(function, e)
+			if err != nil {
+				return 0, within(pointerEscaper.Replace(k), err)
+			}
+			n += 1 + m
 		}
-		if err := checkArgNumbers(function, kid, at+"/"+tok); err != nil {
-			return err
+	case []any:
+		for i, e := range v {
+			m, err := walkArgs(function, e)
+			if err != nil {
+				return 0, within(strconv.Itoa(i), err)
+			}
+			n += m
 		}
 	}
-	return nil
+	return n, nil
+}
+
+// within puts the place of err's LimitError under the member or element
+// tok: the path is only written out for arguments that break a bound.
+func within(tok string, err error) error {
+	if le, ok := err.(*LimitError); ok {
+		le.At = "/" + tok + le.At
+	}
+	return err
+}
+
+// perValue bounds the applications one value of the arguments takes, for
+// a schema none of whose subschemas is reached twice (no $ref, nothing
+// shared): every subschema then applies at most once to any value, so
+// arguments of n values take at most perValue × n applications, and
+// counting them would only confirm it. It returns 0 for a schema with
+// shared subschemas, whose arguments are counted on every call.
+func perValue(root *jsonschema.Schema) int64 {
+	seen := map[*jsonschema.Schema]bool{}
+	var w int64
+	var walk func(s *jsonschema.Schema) bool
+	walk = func(s *jsonschema.Schema) bool {
+		if seen[s] || s.Ref != nil {
+			return false
+		}
+		seen[s] = true
+		w++
+		if s.Enum != nil {
+			w += int64(len(s.Enum.Values))
+		}
+		tree := true
+		eachSchema(s, func(c *jsonschema.Schema, _ bool) { tree = tree && walk(c) })
+		return tree
+	}
+	if !walk(root) {
+		return 0
+	}
+	return w
 }
