@@ -31,6 +31,35 @@ func TestStreamIsIdempotent(t *testing.T) {
 	}
 }
 
+// A call stream created before the 2-minute window, with 15 minutes, is
+// used as it is; one with a window shorter than this version asks for is
+// refused, naming it.
+func TestCallStreamWindows(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	older := CallStreamConfig("geo", Options{})
+	older.Duplicates = 15 * time.Minute
+	if _, err := js.CreateStream(t.Context(), older); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Stream(t.Context(), js, CallStreamConfig("geo", Options{}))
+	if err != nil {
+		t.Fatalf("a call stream with the earlier 15-minute window: %v", err)
+	}
+	if got := s.CachedInfo().Config.Duplicates; got != 15*time.Minute {
+		t.Errorf("the existing stream's window became %v", got)
+	}
+	shorter := CallStreamConfig("ops", Options{})
+	shorter.Duplicates = time.Minute
+	if _, err := js.CreateStream(t.Context(), shorter); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Stream(t.Context(), js, CallStreamConfig("ops", Options{}))
+	var inc *IncompatibleError
+	if !errors.As(err, &inc) || !strings.Contains(err.Error(), "duplicate_window") {
+		t.Errorf("a 1-minute window: err = %v, want an IncompatibleError naming duplicate_window", err)
+	}
+}
+
 func TestIncompatibleStreamIsReportedNotReplaced(t *testing.T) {
 	_, js := natstest.Start(t).Connect(t)
 	theirs := jetstream.StreamConfig{Name: protocol.ResultStream("geo"), Subjects: []string{"fnresult.geo.>"}, Retention: jetstream.InterestPolicy}

@@ -571,7 +571,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
 		d.answerSearches(ctx, t, recorded)
-		d.publishCalls(ctx, t, recorded, nil)
+		d.publishCallsAgain(ctx, t, recorded)
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:
 		// The replica that owned it may have died mid-submission: the

@@ -152,8 +152,30 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 		return
 	}
 	d.answerSearches(ctx, t, recorded)
+	d.publishCallsAgain(ctx, t, recorded)
+}
+
+// publishCallsAgain publishes again the calls of t without a result while
+// the calls stream still drops a repeat of any that went out: until
+// protocol.CallDuplicateWindow, less republishMargin, after the turn was
+// taken in (its calls were published after its record was written, so
+// each publication is younger than the turn). Past it, a call still queued
+// or running would be queued twice and run twice, so none is published: a
+// call the turn's intake never sent (it stopped mid-fan-out, and no
+// replica looked at the turn within the window) fails at the deadline as
+// timed out.
+func (d *Dispatcher) publishCallsAgain(ctx context.Context, t *Turn, recorded map[protocol.CallKey]bool) {
+	if age := time.Since(t.CreatedAt); age > protocol.CallDuplicateWindow-republishMargin {
+		d.log.Warn("turn older than its calls' duplicates window: none of its calls is published again, as a repeat could run one twice",
+			"turn", t.Key, "age", age.Round(time.Second), "window", protocol.CallDuplicateWindow)
+		return
+	}
 	d.publishCalls(ctx, t, recorded, nil)
 }
+
+// republishMargin allows for the clocks of the replica that took a turn in
+// and of the server that stamps its calls' publications.
+const republishMargin = 30 * time.Second
 
 // resolveCalls adds req's calls to t, each with the team that owns it, and
 // returns the failures of those that cannot work (marked Rejected) and,

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
@@ -434,4 +435,94 @@ func TestARepeatedIntakeArmsATimerTheFirstLeftUnstored(t *testing.T) {
 		turn, err := d2.Turn(context.Background(), req.Key())
 		return err == nil && turn.Outcome().CutOff
 	})
+}
+
+// A restarted dispatcher publishes again the calls of a turn without a
+// result only while the calls stream's duplicates window drops the
+// repeat of one that went out: a young turn's call is published twice and
+// runs once; an old turn's call, still running, is not published again,
+// as its repeat would be queued and run a second time.
+func TestCallsArePublishedAgainOnlyWithinTheirWindow(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		age   time.Duration // how old the turn is made before the restart
+		sends int           // publications of the call seen in all
+	}{
+		{"young", 0, 2},
+		{"past the window", protocol.CallDuplicateWindow, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.register("geo", "get_weather", weatherSchema)
+			release := make(chan struct{})
+			ran := e.serve("geo", []string{"get_weather"}, func(*protocol.Call) (string, bool) {
+				<-release
+				return "sunny", false
+			})
+			nc, _ := e.srv.Connect(t)
+			var sends atomic.Int32
+			sub, err := nc.Subscribe(protocol.CallSubject("geo", "get_weather"), func(*nats.Msg) { sends.Add(1) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = sub.Unsubscribe() }()
+			d1, stop1 := e.dispatcher(dispatch.Options{})
+			turn, err := d1.Intake(context.Background(), &dispatch.TurnRequest{
+				Ref: dispatch.Ref{Platform: protocol.PlatformAgents, SessionID: "as_window"}, Scope: "as_window/turn_1", TurnID: "turn_1",
+				Calls: []dispatch.CallRequest{{ID: "call_1", Name: "get_weather", Arguments: json.RawMessage(`{"location":"Oslo"}`)}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			testutil.WaitForWhat(t, 10*time.Second, "the call to start running", func() bool { return ran.Load() == 1 })
+			stop1()
+			if tc.age > 0 {
+				ageTurn(t, e.js, turn.Key, tc.age)
+			}
+			logs := &testutil.Buffer{}
+			e.dispatcher(dispatch.Options{Logger: testutil.LoggerTo(t, logs)})
+			testutil.WaitForWhat(t, 15*time.Second, "the restart to look at the turn", func() bool {
+				return sends.Load() == 2 || logs.Logged("WARN", "none of its calls is published again")
+			})
+			close(release)
+			if n := sends.Load(); n != int32(tc.sends) {
+				t.Errorf("the call was published %d times, want %d", n, tc.sends)
+			}
+			calls, err := e.js.Stream(context.Background(), protocol.CallStream("geo"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info, err := calls.Info(context.Background()); err != nil || info.State.LastSeq != 1 {
+				t.Errorf("the call stream stored %+v (%v), want one message", info.State, err)
+			}
+		})
+	}
+}
+
+// ageTurn moves the creation of turn key's record back by age.
+func ageTurn(t *testing.T, js jetstream.JetStream, key protocol.TurnKey, age time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, provision.TurnBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := kv.Get(ctx, string(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]json.RawMessage
+	if err := json.Unmarshal(entry.Value(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	var created time.Time
+	if err := json.Unmarshal(rec["created_at"], &created); err != nil {
+		t.Fatal(err)
+	}
+	rec["created_at"], _ = json.Marshal(created.Add(-age))
+	b, _ := json.Marshal(rec)
+	if _, err := kv.Update(ctx, string(key), b, entry.Revision()); err != nil {
+		t.Fatal(err)
+	}
 }

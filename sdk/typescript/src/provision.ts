@@ -19,7 +19,7 @@ type Spec = Partial<StreamConfig> & { name: string; subjects: string[] };
 export function callStreamConfig(team: string, replicas: number): Spec {
   return {
     name: p.callStream(team), description: `toolrelay calls of team ${team}`, subjects: [`fncall.${team}.>`],
-    retention: RetentionPolicy.Workqueue, discard: DiscardPolicy.New, max_age: ns(HOUR), duplicate_window: ns(15 * MINUTE),
+    retention: RetentionPolicy.Workqueue, discard: DiscardPolicy.New, max_age: ns(HOUR), duplicate_window: ns(2 * MINUTE),
     max_msg_size: 1 << 20, allow_msg_ttl: true, allow_direct: true, storage: StorageType.File, num_replicas: replicas,
   };
 }
