@@ -331,7 +331,7 @@ func (e *Engine) close(ctx context.Context, t *turn) {
 		}
 		direct := r.State == Collecting && !due && r.Lease.HeldBy(e.self, now)
 		if !direct {
-			switch e.own(ctx, t, change) {
+			switch e.own(ctx, t, change, false) {
 			case lost:
 				if e.isStopping(ctx) {
 					return
@@ -373,14 +373,19 @@ const (
 
 // own makes sure this process holds t's lease with Ahead left, writing
 // the record (as submitting, with change applied) if it does not, or if
-// change is not nil. A stopping process takes and renews no lease.
-func (e *Engine) own(ctx context.Context, t *turn, change func(*Rec)) ownership {
+// change is not nil. A stopping process takes and renews no lease, but
+// for the submission it has under way (underWay): cut off, that request
+// may still reach the platform, and the process its release hands the
+// turn to would send it again; it finishes within the stop's wait
+// instead (Options.ShutdownTimeout).
+func (e *Engine) own(ctx context.Context, t *turn, change func(*Rec), underWay bool) ownership {
 	r := t.rec
 	now := e.env.Now()
 	if change == nil && r.Lease.HeldBy(e.self, now) {
 		return owned
 	}
-	if r.State.Closed() || (r.Lease.Owner != e.self && !r.Lease.Free(now)) || e.isStopping(ctx) {
+	stopping := ctx.Err() != nil || e.Stopping() && !(underWay && r.Lease.Owner == e.self)
+	if r.State.Closed() || (r.Lease.Owner != e.self && !r.Lease.Free(now)) || stopping {
 		return lost
 	}
 	next := r.Clone()
@@ -425,7 +430,7 @@ func (e *Engine) write(ctx context.Context, t *turn, next *Rec, mine func(*Rec) 
 // every attempt the lease is looked at, and renewed if less than Ahead
 // is left.
 func (e *Engine) submit(ctx context.Context, t *turn) {
-	keep := func() bool { return e.own(ctx, t, nil) != lost }
+	keep := func() bool { return e.own(ctx, t, nil, true) != lost }
 	for attempt := 1; ctx.Err() == nil; attempt++ { // a stopping process starts none
 		if err := e.env.Prepare(ctx, t.rec); err != nil {
 			var retry *RetryError
@@ -439,7 +444,7 @@ func (e *Engine) submit(ctx context.Context, t *turn) {
 			continue
 		}
 		if attempt == 1 || !e.fenceOnce {
-			switch e.own(ctx, t, nil) {
+			switch e.own(ctx, t, nil, false) {
 			case lost:
 				e.log.Warn("another process took this turn's submission over; leaving it to that process", "turn", t.key, "lease", t.rec.Lease)
 				if t.rec.State.Closed() {

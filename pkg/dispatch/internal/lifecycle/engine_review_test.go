@@ -266,3 +266,48 @@ func TestEngineSimulationWithCancels(t *testing.T) {
 		}
 	}
 }
+
+// stopMidSubmission is a platform that is still answering when its
+// process is told to stop: Submit moves the clock on until the lease needs
+// renewing, releases the process's leases (SIGTERM), and asks keep.
+type stopMidSubmission struct {
+	*reviewEnv
+	e    *Engine
+	kept bool
+}
+
+func (s *stopMidSubmission) Submit(ctx context.Context, r *Rec, keep func() bool) (any, error) {
+	s.mu.Lock()
+	s.now = r.Lease.Until.Add(-time.Second)
+	s.mu.Unlock()
+	s.e.Release(nil)
+	s.kept = keep()
+	return s.reviewEnv.Submit(ctx, r, keep)
+}
+
+func (s *stopMidSubmission) Now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.now
+}
+
+// Found by review, failing before its fix: a process told to stop while
+// the platform had not yet answered its submission stopped renewing the
+// lease, so the attempt was cut off (keep false) and the turn handed to
+// another process, which sent it again: on Responses chained by
+// previous_response_id alone, a second continuation. The submission
+// under way now keeps its lease and ends within the stop's wait.
+func TestEngineStopDoesNotCutOffASubmissionUnderWay(t *testing.T) {
+	env := &reviewEnv{ctx: context.Background(), now: simStart, store: map[string]*Rec{}, rev: 10}
+	env.store["t1"] = &Rec{Key: "t1", State: Collecting, Deadline: simStart.Add(time.Minute), Rev: 10,
+		Lease: Lease{Owner: "me", Until: simStart.Add(LeaseFor), Epoch: 1}}
+	s := &stopMidSubmission{reviewEnv: env}
+	s.e = New("me", s, nil)
+	s.e.Close("t1")
+	env.wg.Wait()
+	r := env.stored("t1")
+	if !s.kept || r.State != Submitted || env.submits != 1 {
+		t.Errorf("stopped mid-submission: keep = %v, record %s (lease %s), %d submissions; want the attempt kept and the turn submitted once",
+			s.kept, r.State, r.Lease, env.submits)
+	}
+}
