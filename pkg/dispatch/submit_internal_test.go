@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -168,6 +169,31 @@ func TestSubmissionAttemptsEndByTheRunsExpiry(t *testing.T) {
 	for i, dl := range p.deadlines {
 		if dl.IsZero() || dl.After(expires) {
 			t.Fatalf("attempt %d's deadline %v, want by the run's expiry %v", i+1, dl, expires)
+		}
+	}
+}
+
+// Found by review, failing before its fix: results that could not be read
+// for longer than one read waits (JetStream away for more than 30 s)
+// failed the turn with minutes of its run left, nothing submitted. They
+// are read again while the run has time; only then does the turn fail.
+func TestUnreadableResultsAreReadAgainWhileTheRunHasTime(t *testing.T) {
+	now := time.Now()
+	unavailable := fmt.Errorf("dispatch: result of call c1 (f): %w", ErrUnavailable)
+	for _, c := range []struct {
+		name  string
+		left  time.Duration
+		err   error
+		retry bool
+	}{
+		{"JetStream away, minutes left", 5 * time.Minute, unavailable, true},
+		{"JetStream away, the run about to expire", time.Second, unavailable, false},
+		{"a result that is not one", 5 * time.Minute, errors.New("the recorded result names another call"), false},
+	} {
+		var retry *lifecycle.RetryError
+		got := prepareFailed(context.Background(), &Turn{ExpiresAt: now.Add(c.left)}, c.err, now)
+		if errors.As(got, &retry) != c.retry || !errors.Is(got, c.err) {
+			t.Errorf("%s: %v; want retried %v", c.name, got, c.retry)
 		}
 	}
 }

@@ -152,13 +152,23 @@ func (e turnEnv) Prepare(ctx context.Context, r *lifecycle.Rec) error {
 	}
 	outputs, err := d.outputs(ctx, t)
 	if err != nil {
-		if errors.Is(context.Cause(ctx), errShutdown) {
-			return &lifecycle.RetryError{Wait: time.Second, Err: err}
-		}
-		return err
+		return prepareFailed(ctx, t, err, time.Now())
 	}
 	d.gather.keepOutputs(st, outputs)
 	return nil
+}
+
+// prepareFailed is what gathering t's outputs failing with err at now
+// means for the turn: cut off by the shutdown, or JetStream unavailable
+// for longer than one read waits (a failover, an outage), it is tried
+// again while the run has time left, as the results are recorded and
+// failing the turn would throw its whole submission away; anything else
+// fails it.
+func prepareFailed(ctx context.Context, t *Turn, err error, now time.Time) error {
+	if errors.Is(context.Cause(ctx), errShutdown) || errors.Is(err, ErrUnavailable) && t.ExpiresAt.Sub(now) > submitLeeway+minResultRead {
+		return &lifecycle.RetryError{Wait: time.Second, Err: err}
+	}
+	return err
 }
 
 // Submit makes one attempt at submitting the turn's outputs to its
