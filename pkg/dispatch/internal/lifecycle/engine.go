@@ -447,6 +447,7 @@ func (e *Engine) submit(ctx context.Context, t *turn) {
 			switch e.own(ctx, t, nil, false) {
 			case lost:
 				e.log.Warn("another process took this turn's submission over; leaving it to that process", "turn", t.key, "lease", t.rec.Lease)
+				t.sent = false // the new owner records the outcome
 				if t.rec.State.Closed() {
 					e.closed(t, false)
 				}

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -309,5 +310,44 @@ func TestEngineStopDoesNotCutOffASubmissionUnderWay(t *testing.T) {
 	if !s.kept || r.State != Submitted || env.submits != 1 {
 		t.Errorf("stopped mid-submission: keep = %v, record %s (lease %s), %d submissions; want the attempt kept and the turn submitted once",
 			s.kept, r.State, r.Lease, env.submits)
+	}
+}
+
+// takenBetweenAttempts is a platform whose first attempt fails for a
+// retry after the lease lapsed, and another process took the turn over.
+type takenBetweenAttempts struct{ *reviewEnv }
+
+func (s *takenBetweenAttempts) Now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.now
+}
+
+func (s *takenBetweenAttempts) Submit(context.Context, *Rec, func() bool) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.submits++
+	r := s.store["t1"].Clone()
+	s.now = r.Lease.Until.Add(Skew + time.Second) // the lease lapsed while the platform answered
+	s.rev++
+	r.Rev, r.Lease = s.rev, Lease{Owner: "other", Until: s.now.Add(LeaseFor), Epoch: r.Lease.Epoch + 1}
+	s.store["t1"] = r
+	return nil, &RetryError{Wait: time.Millisecond, Err: errors.New("429")}
+}
+
+// Found by review, failing before its fix: a process whose retry found
+// the turn taken over kept its record in memory for good (an attempt
+// marked sent, never ended here), one per such turn.
+func TestEngineForgetsATurnTakenOverBetweenAttempts(t *testing.T) {
+	env := &reviewEnv{ctx: context.Background(), now: simStart, store: map[string]*Rec{}, rev: 10}
+	env.store["t1"] = &Rec{Key: "t1", State: Collecting, Deadline: simStart.Add(time.Minute), Rev: 10,
+		Lease: Lease{Owner: "me", Until: simStart.Add(LeaseFor), Epoch: 1}}
+	e := New("me", &takenBetweenAttempts{env}, nil)
+	e.Close("t1")
+	env.wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, kept := e.turns["t1"]; kept || env.submits != 1 {
+		t.Errorf("after the turn was taken over between attempts: kept in memory %v, %d submissions; want forgotten after one", kept, env.submits)
 	}
 }
