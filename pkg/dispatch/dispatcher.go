@@ -586,7 +586,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 // works on, so that the others or the restart take them at once rather
 // than once the leases lapse. It waits for that a moment.
 func (d *Dispatcher) releaseAll() {
-	d.engine.Release(d.gather.ownedBy(d.instance))
+	d.engine.Release(func() []string { return d.gather.ownedBy(d.instance) })
 	wait, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	for !d.engine.Idle() && backoff.Sleep(wait, 5*time.Millisecond) {

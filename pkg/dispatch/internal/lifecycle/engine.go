@@ -156,12 +156,20 @@ func (e *Engine) Cancel(key, why string, reply func(bool)) {
 	e.send(key, event{kind: evCancel, why: why, reply: reply})
 }
 
-// Release gives up, at shutdown, this process's leases on the turns keys
-// (those it gathers for) and on those it works on now, each once the
-// events before are handled. [Engine.Idle] tells when they all are.
-func (e *Engine) Release(keys []string) {
+// Release gives up, at shutdown, this process's leases on the turns owned
+// returns (those it gathers for; owned may be nil) and on those it works
+// on now, each once the events before are handled. [Engine.Idle] tells
+// when they all are. owned is called once the engine is stopping, so a
+// turn taken in meanwhile is either among them or sees [Engine.Stopping].
+func (e *Engine) Release(owned func() []string) {
 	e.mu.Lock()
 	e.stopping = true
+	e.mu.Unlock()
+	var keys []string
+	if owned != nil {
+		keys = owned()
+	}
+	e.mu.Lock()
 	for k := range e.turns {
 		keys = append(keys, k)
 	}

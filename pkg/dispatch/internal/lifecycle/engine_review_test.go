@@ -131,7 +131,7 @@ func TestEngineStoppingEngineDoesNotRetakeReleasedLease(t *testing.T) {
 func TestEngineReleaseThenQueuedEventLeavesLeaseFree(t *testing.T) {
 	e, env := stoppingEngine(t, &Rec{Key: "t1", State: Collecting, Deadline: simStart.Add(time.Minute),
 		Lease: Lease{Owner: "me", Until: simStart.Add(10 * time.Second), Epoch: 1}})
-	e.Release([]string{"t1"})
+	e.Release(func() []string { return []string{"t1"} })
 	e.Close("t1")
 	env.wg.Wait()
 	if r := env.stored("t1"); r.Lease.Owner != "" {
@@ -153,7 +153,7 @@ func TestEngineStoppingProcessHandsTurnsOn(t *testing.T) {
 		tell  string
 	}{
 		{"its own lease released", Lease{Owner: "me", Until: simStart.Add(10 * time.Second), Epoch: 1},
-			func(e *Engine, key string) { e.Release([]string{key}) }, " t1"},
+			func(e *Engine, key string) { e.Release(func() []string { return []string{key} }) }, " t1"},
 		{"news of a turn another owns", Lease{Owner: "other", Until: simStart.Add(10 * time.Second), Epoch: 1},
 			func(e *Engine, key string) { e.Close(key) }, "other t1"},
 		{"news of a turn whose owner's lease lapsed", Lease{Owner: "gone", Until: simStart.Add(-LeaseFor), Epoch: 1},
@@ -349,5 +349,21 @@ func TestEngineForgetsATurnTakenOverBetweenAttempts(t *testing.T) {
 	defer e.mu.Unlock()
 	if _, kept := e.turns["t1"]; kept || env.submits != 1 {
 		t.Errorf("after the turn was taken over between attempts: kept in memory %v, %d submissions; want forgotten after one", kept, env.submits)
+	}
+}
+
+// Found by review: the turns a stopping process gathers for were listed
+// before it was stopping, so a turn whose intake tracked it in between,
+// and then read Stopping as false, was neither released nor released by
+// its intake: its lease lapsed 17 s later. Release now lists them once
+// the process is stopping, and an intake either is in the list or sees
+// Stopping (and releases its turn itself).
+func TestReleaseListsTheTurnsOnceStopping(t *testing.T) {
+	env := &reviewEnv{ctx: context.Background(), now: simStart, store: map[string]*Rec{}}
+	e := New("me", env, nil)
+	var stoppingWhenListed bool
+	e.Release(func() []string { stoppingWhenListed = e.Stopping(); return nil })
+	if !stoppingWhenListed {
+		t.Error("Release listed the turns it gathers for before the engine was stopping")
 	}
 }

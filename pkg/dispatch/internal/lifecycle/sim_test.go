@@ -397,7 +397,7 @@ func (w *world) stop(p *proc) {
 			mine = append(mine, k)
 		}
 	}
-	p.eng.Release(mine)
+	p.eng.Release(func() []string { return mine })
 	w.at(w.now.Add(2*time.Second), nil, func() {
 		if !p.dead {
 			p.dead, p.deadFrom = true, w.now
