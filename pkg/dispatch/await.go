@@ -179,7 +179,7 @@ func (d *Dispatcher) cancelTurn(ctx context.Context, key protocol.TurnKey, errMs
 // for (taken in by a process that stopped mid-intake, whose calls may
 // never have gone out) has its deadline re-armed and its calls without a
 // result published again now, deduplicated, rather than when the sweep
-// finds it stuck. It returns an error wrapping ErrNotFound if there is no
+// finds it. It returns an error wrapping ErrNotFound if there is no
 // such turn.
 func (d *Dispatcher) Resume(ctx context.Context, key protocol.TurnKey) (*Turn, error) {
 	t, rev, err := d.turns.get(ctx, key)

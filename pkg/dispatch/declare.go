@@ -18,8 +18,8 @@ import (
 // declarations as requests (protocol.DeclareRequest) on their team's
 // subject, which a deployment with an account per team lets only that team
 // publish to; the dispatcher that answers decides ownership (the first team
-// to declare a name owns it), stores the declarations of the owner as
-// leases, and refuses the rest, so a squatter's declaration never reaches
+// to declare a name owns it), stores the declarations of the owner (each
+// lapses unless renewed), and refuses the rest, so a squatter's declaration never reaches
 // the registry and never receives a call. A declaration whose tool text
 // (description, schema strings) breaks protocol.ValidateToolText's bounds
 // is refused before it can claim a name: the executor need not be ours. So

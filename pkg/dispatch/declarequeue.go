@@ -13,8 +13,8 @@ import (
 )
 
 // Declarations are taken in per team, so that one team's flood cannot
-// delay another team's renewals (which would let its leases lapse and its
-// calls fail as unavailable). The subscription's handler only hands each
+// delay another team's renewals (which would let its declarations lapse and
+// its calls fail as unavailable). The subscription's handler only hands each
 // request to its team's queue, bounded in requests
 // (Options.DeclareQueuePerTeam) and bytes (declareQueueBytes); a worker per
 // team, started with the team's first request and ended when the team has

@@ -87,8 +87,8 @@ type Options struct {
 	// cannot starve the others. Defaults: 4096 and 1024.
 	MaxInFlightPublishes int
 	MaxInFlightPerTeam   int
-	// SweepInterval is how often each replica looks for stuck turns and
-	// orphaned watches (a replica died mid-way) and repairs them.
+	// SweepInterval is how often each replica looks for turns and watches
+	// left by a replica that died mid-way, and takes them up.
 	// Default: 10s.
 	SweepInterval time.Duration
 	// ResultStreamBytes bounds each team's result stream, so one team's
@@ -365,7 +365,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if stopResults == nil {
 		return nil // stopped while starting
 	}
-	stopResults = sync.OnceFunc(stopResults) // stopped before holds are released, or on a startup error
+	stopResults = sync.OnceFunc(stopResults) // stopped before leases are released, or on a startup error
 	defer stopResults()
 	stopTimers, err := whenReady("starting to consume deadline timers", d.startTimers)
 	if err != nil {

@@ -13,9 +13,10 @@
 // one message per call to fncall.<team>.<function>. Calls that cannot work —
 // an unknown function, bad arguments, a function no executor serves — get a
 // failed result at once and run nowhere. A call taken in whose function
-// then loses its last executor (withdrawn, or its lease lapsed) fails as
-// unavailable once [Options.ServeGrace] has passed without one back (10 s
-// after a lease lapsed: a failover holds live executors' renewals back).
+// then loses its last executor (withdrawn, or its declaration lapsed) fails
+// as unavailable once [Options.ServeGrace] has passed without one back (10 s
+// after a declaration lapsed: a failover holds live executors' renewals
+// back).
 //
 // A turn moves collecting → submitting → submitted | failed, only by
 // compare-and-set, and one concept decides which replica submits it: a
@@ -152,8 +153,9 @@
 //   - cut-off: closing a turn at its deadline with a "timed out" failure
 //     for each call without a result.
 //   - claim (of a function name): the registry's record of which team owns
-//     a function; never used of turns. Released (removed) when nobody has
-//     served it for Options.ClaimGrace.
+//     a function; never used of turns, but of the turn records of the
+//     version before the lease, which record.go still reads. Removed
+//     when nobody has served it for Options.ClaimGrace.
 //   - canonical name: the form that makes names that read alike one name
 //     for ownership (protocol.CanonicalFunctionName), owned in the names
 //     bucket before a name of that form is claimed.

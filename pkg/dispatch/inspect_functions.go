@@ -42,7 +42,7 @@ type FunctionView struct {
 	Timeout            string              `json:"timeout,omitempty"`
 	MaxConcurrency     int                 `json:"max_concurrency,omitempty"`
 	SideEffects        bool                `json:"side_effects,omitempty"`
-	// Executors are the processes serving it now (live leases), newest
+	// Executors are the processes serving it now (live declarations), newest
 	// first. Schemas lists the distinct schemas they declare when they
 	// disagree (more than one).
 	Executors []ExecutorView  `json:"executors"`

@@ -26,8 +26,10 @@ import (
 //   - a turn collecting whose results are all recorded (the replica that
 //     saw the last one died before closing it) is closed;
 //   - a turn collecting for a while is re-armed: its timer and its calls
-//     re-published (deduplicated), in case intake died half-way;
-//   - a turn stuck in submitting is taken over and submitted again;
+//     re-published (deduplicated, within their window), in case intake
+//     died half-way;
+//   - a turn left submitting by a replica whose lease lapsed is taken
+//     over and submitted again;
 //   - the attached WatchDriver drives again the watches whose driver
 //     stopped (WatchDriver.Sweep);
 //   - timers of closed turns are purged.

@@ -331,17 +331,17 @@ func (s *Service) follow(ctx context.Context, f dispatch.Follower, w *dispatch.W
 //
 // The intake itself runs under background (the driver's context before
 // shutdown cuts it), not ctx: an intake cut short between storing the
-// turn's record, which holds the turn for this replica, and hearing that it
-// was stored never tracks the turn, so a stopping replica cannot release
-// that hold, and the replica that drives the watch next waits for the hold
-// to lapse. Finished, the turn is tracked and its hold released with the
-// others at shutdown.
+// turn's record, which gives this replica the turn's lease, and hearing
+// that it was stored never tracks the turn, so a stopping replica cannot
+// release that lease, and the replica that drives the watch next waits for
+// it to lapse. Finished, the turn is tracked and its lease released with
+// the others at shutdown.
 func (s *Service) intakeForWatch(ctx, background context.Context, req *dispatch.TurnRequest, w *dispatch.Watch) (*dispatch.Turn, bool, error) {
 	key := req.Key()
 	if slices.Contains(w.Turns, key) {
 		// Taken in already, or by a driver that stopped mid-intake: then
 		// its calls may never have gone out, and Resume sends them now
-		// rather than the sweep when it finds the turn stuck.
+		// rather than the sweep when it finds the turn open for a while.
 		t, err := s.d.Resume(ctx, key)
 		if err == nil {
 			return t, false, nil
