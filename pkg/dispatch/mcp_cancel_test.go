@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -19,13 +18,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/toolrelay/toolrelay/internal/apiauth"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
-	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
-	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
 // A client that gives up on a call and says so with notifications/cancelled
@@ -34,10 +29,7 @@ import (
 // call on its executor: the command's process is killed.
 func TestMCPCancelFromAnotherReplica(t *testing.T) {
 	t.Parallel()
-	f := newMCPFleet(t, 2, dispatch.Options{})
-	for _, version := range protocolVersions {
-		t.Run(version.String(), func(t *testing.T) { f.cancelFromAnotherReplica(t, version) })
-	}
+	forEachVersion(t, (*mcpFleet).cancelFromAnotherReplica)
 }
 
 func (f *mcpFleet) cancelFromAnotherReplica(t *testing.T, version protocolVersion) {
@@ -55,11 +47,27 @@ func (f *mcpFleet) cancelFromAnotherReplica(t *testing.T, version protocolVersio
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled call: %v", err)
 	}
-	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	waitKilled(t, pid)
 	call, cancelled := rr.replicaOf("tools/call"), rr.replicaOf("notifications/cancelled")
 	if call < 0 || cancelled < 0 || call == cancelled {
 		t.Errorf("tools/call reached replica %d and notifications/cancelled replica %d; want two different ones", call, cancelled)
 	}
+}
+
+// forEachVersion runs check as a subtest per protocol version, on one
+// fleet of two replicas.
+func forEachVersion(t *testing.T, check func(f *mcpFleet, t *testing.T, version protocolVersion)) {
+	t.Helper()
+	f := newMCPFleet(t, 2, dispatch.Options{})
+	for _, version := range protocolVersions {
+		t.Run(version.String(), func(t *testing.T) { check(f, t, version) })
+	}
+}
+
+// waitKilled waits for the process pid to be gone.
+func waitKilled(t *testing.T, pid int) {
+	t.Helper()
+	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
 }
 
 // sleepyPID waits for the sleepy command to start and returns its pid.
@@ -86,45 +94,16 @@ func (f *mcpFleet) sleepyPID(t *testing.T) int {
 // request id runs on, until its own caller cancels it.
 func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	path := filepath.Join(t.TempDir(), "tokens.txt")
-	tokens := tokensFile(t, path, "orders", "admin")
-	file, err := apiauth.Open(path, apiauth.Options{Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var urls []string
-	for i := range 2 {
-		d, _ := e.dispatcher(dispatch.Options{Name: "replica-" + strconv.Itoa(i)})
-		hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file, Logger: testutil.Logger(t)}))
-		t.Cleanup(hs.Close)
-		urls = append(urls, hs.URL+"/mcp")
-	}
-	started, cancelled := make(chan string, 4), make(chan string, 4)
-	f := &mcpFleet{e: e, tp: sdktrace.NewTracerProvider()}
-	f.executor(t, "orders", exec.Function{Name: "wait", Description: "Waits to be cancelled.", Timeout: time.Minute,
-		Parameters: json.RawMessage(`{"type":"object","properties":{"tag":{"type":"string"}},"required":["tag"]}`),
-		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-			var args struct{ Tag string }
-			_ = json.Unmarshal(inv.Call.Arguments, &args)
-			started <- args.Tag
-			<-ctx.Done()
-			cancelled <- args.Tag
-			return nil, ctx.Err()
-		})})
-
-	header := func(caller string) http.Header {
-		return http.Header{"Authorization": {"Bearer " + tokens[caller]}, "Mcp-Protocol-Version": {"2025-11-25"}}
-	}
-	// Both callers run a call with request id 7 on replica 0.
+	tf, header := newCallersFleet(t)
+	// Both callers run a call with request id 7 on replica a.
 	ends := map[string]<-chan string{}
 	for _, caller := range []string{"orders", "admin"} {
-		ends[caller] = mcpOpenPost(t, urls[0], `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"`+caller+`"}}}`, header(caller))
+		ends[caller] = mcpOpenPost(t, tf.a, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"`+caller+`"}}}`, header(caller, "2025-11-25"))
 	}
 	running := map[string]bool{}
 	for range 2 {
 		select {
-		case tag := <-started:
+		case tag := <-tf.started:
 			running[tag] = true
 		case <-time.After(15 * time.Second):
 			t.Fatalf("the calls did not start: %v running", running)
@@ -133,20 +112,13 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 
 	notify := func(caller string) {
 		t.Helper()
-		status, body := mcpPost(t, urls[1], `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"AbortError: This operation was aborted"}}`, header(caller))
+		status, body := mcpPost(t, tf.b, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"AbortError: This operation was aborted"}}`, header(caller, "2025-11-25"))
 		if status != http.StatusAccepted {
 			t.Fatalf("notifications/cancelled from %s: %d %s; want 202", caller, status, body)
 		}
 	}
 	notify("admin")
-	select {
-	case tag := <-cancelled:
-		if tag != "admin" {
-			t.Fatalf("admin's cancellation cancelled %s's call", tag)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("admin's call was not cancelled on its executor")
-	}
+	tf.waitCancelled(t, "admin")
 	select {
 	case body := <-ends["admin"]:
 		if !strings.Contains(body, `"id":7`) || !strings.Contains(body, "cancelled") {
@@ -156,7 +128,7 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 		t.Error("admin's tools/call request is still open")
 	}
 	select {
-	case tag := <-cancelled:
+	case tag := <-tf.cancelled:
 		t.Fatalf("%s's call was cancelled by another caller's notification", tag)
 	case body := <-ends["orders"]:
 		t.Fatalf("orders' call ended on another caller's notification: %q", body)
@@ -164,42 +136,11 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 	}
 
 	notify("orders")
-	select {
-	case tag := <-cancelled:
-		if tag != "orders" {
-			t.Fatalf("cancelled %s; want orders", tag)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("orders' call was not cancelled by its own caller's notification")
-	}
+	tf.waitCancelled(t, "orders")
 	select {
 	case <-ends["orders"]:
 	case <-time.After(10 * time.Second):
 		t.Error("orders' tools/call request is still open")
-	}
-
-	// A task is its caller's too: another caller can neither read nor
-	// cancel it.
-	created := mcpRPCWith(t, urls[0], header("admin"), `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"task"},"task":{}}}`)
-	id, _ := field(created.Result, "task", "taskId").(string)
-	if id == "" {
-		t.Fatalf("task-augmented tools/call: %v %v", created.Result, created.Error)
-	}
-	for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/result"} {
-		if r := mcpRPCWith(t, urls[1], header("orders"), `{"jsonrpc":"2.0","id":9,"method":"`+method+`","params":{"taskId":"`+id+`"}}`); r.Error == nil || r.Error.Code != -32602 {
-			t.Errorf("%s of another caller's task: %v %v; want -32602, as for no task", method, r.Result, r.Error)
-		}
-	}
-	if r := mcpRPCWith(t, urls[1], header("admin"), `{"jsonrpc":"2.0","id":10,"method":"tasks/cancel","params":{"taskId":"`+id+`"}}`); r.Error != nil || r.Result["status"] != "cancelled" {
-		t.Errorf("tasks/cancel by its caller: %v %v", r.Result, r.Error)
-	}
-	select {
-	case tag := <-cancelled:
-		if tag != "task" {
-			t.Errorf("cancelled %s; want the task's call", tag)
-		}
-	case <-time.After(15 * time.Second):
-		t.Error("the cancelled task's handler was not cancelled")
 	}
 }
 
@@ -267,7 +208,7 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 			if err != nil || pid <= 0 {
 				t.Fatalf("the sleepy command left no pid (%v): it never ran", err)
 			}
-			testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+			waitKilled(t, pid)
 			_, _ = in.Write([]byte("close\n"))
 			_ = in.Close()
 		}

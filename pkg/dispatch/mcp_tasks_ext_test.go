@@ -1,0 +1,225 @@
+package dispatch_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+)
+
+// extClient is a client of protocol 2026-07-28 as the Tasks extension
+// (io.modelcontextprotocol/tasks) describes one: stateless, each request
+// carrying its protocol version and capabilities in _meta, declaring the
+// extension there when declares is set, with the routing headers.
+type extClient struct {
+	t        *testing.T
+	header   http.Header // more headers (a token)
+	declares bool
+}
+
+// rpc posts method with params (a JSON object) to url and decodes the
+// answer.
+func (c extClient) rpc(url, method, params string) rpcAnswer {
+	c.t.Helper()
+	var p map[string]any
+	if err := json.Unmarshal([]byte(params), &p); err != nil {
+		c.t.Fatal(err)
+	}
+	caps := map[string]any{}
+	if c.declares {
+		caps["extensions"] = map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}
+	}
+	p["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+		"io.modelcontextprotocol/clientInfo": map[string]any{"name": "ext-test", "version": "1"}, "io.modelcontextprotocol/clientCapabilities": caps}
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": p})
+	h := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {method}}
+	for k, v := range c.header {
+		h[k] = v
+	}
+	if name, _ := p["name"].(string); name != "" {
+		h.Set("Mcp-Name", name)
+	}
+	if id, _ := p["taskId"].(string); id != "" {
+		h.Set("Mcp-Name", id)
+	}
+	return mcpRPCWith(c.t, url, h, string(body))
+}
+
+// create calls fn as a task and returns the task's id, or fails the test.
+func (c extClient) create(url, fn, args string) string {
+	c.t.Helper()
+	r := c.rpc(url, "tools/call", `{"name":"`+fn+`","arguments":`+args+`}`)
+	id, _ := r.Result["taskId"].(string)
+	if r.Error != nil || r.Result["resultType"] != "task" || id == "" {
+		c.t.Fatalf("tools/call %s: %v %v; want a CreateTaskResult", fn, r.Result, r.Error)
+	}
+	return id
+}
+
+// acknowledged reports whether r is the extension's empty result: a
+// resultType of "complete" and nothing else but _meta.
+func acknowledged(r rpcAnswer) bool {
+	for k := range r.Result {
+		if k != "resultType" && k != "_meta" {
+			return false
+		}
+	}
+	return r.Error == nil && r.Result["resultType"] == "complete"
+}
+
+// The Tasks extension across two replicas: server/discover advertises
+// it; a declaring client's quick call is answered with its result, a long
+// one with a task, once it is durably created; the other replica answers
+// tasks/get (the result inlined once done), tasks/update and tasks/cancel,
+// also after the creating replica stopped and a new one took its place.
+func TestMCPTasksExtensionAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	tf := newTaskFleet(t, httpapi.Options{})
+	c := extClient{t: t, declares: true}
+
+	d := c.rpc(tf.b, "server/discover", `{}`)
+	if field(d.Result, "capabilities", "extensions", "io.modelcontextprotocol/tasks") == nil || field(d.Result, "capabilities", "tasks") != nil {
+		t.Errorf("server/discover: %v %v; want the extension in capabilities.extensions, and no experimental tasks", d.Result, d.Error)
+	}
+	quick := c.rpc(tf.a, "tools/call", `{"name":"echo","arguments":{"n":1}}`)
+	if content, _ := quick.Result["content"].([]any); quick.Error != nil || quick.Result["resultType"] != "complete" || len(content) != 1 {
+		t.Errorf("a quick call: %v %v; want its tool result", quick.Result, quick.Error)
+	}
+
+	id := c.create(tf.a, "gate", `{}`)
+	created := c.rpc(tf.b, "tasks/get", `{"taskId":"`+id+`"}`)
+	if created.Result["resultType"] != "complete" || created.Result["status"] != "working" || created.Result["ttlMs"] != float64(time.Hour.Milliseconds()) ||
+		created.Result["pollIntervalMs"] != float64(2000) || created.Result["createdAt"] == nil || created.Result["lastUpdatedAt"] == nil {
+		t.Errorf("tasks/get on the other replica: %v %v; want the working task with ttlMs and pollIntervalMs", created.Result, created.Error)
+	}
+	if u := c.rpc(tf.b, "tasks/update", `{"taskId":"`+id+`","inputResponses":{"name":{"action":"accept","content":{"input":"x"}}}}`); !acknowledged(u) {
+		t.Errorf("tasks/update: %v %v; want an empty acknowledgement (no input is outstanding, so it is ignored)", u.Result, u.Error)
+	}
+	if u := c.rpc(tf.b, "tasks/update", `{"taskId":"`+id+`"}`); u.Error == nil || u.Error.Code != -32602 {
+		t.Errorf("tasks/update without inputResponses: %v %v; want -32602", u.Result, u.Error)
+	}
+
+	tf.restartA(t)
+	close(tf.release)
+	var done rpcAnswer
+	testutil.WaitForWhat(t, 30*time.Second, "the task to complete", func() bool {
+		done = c.rpc(tf.b, "tasks/get", `{"taskId":"`+id+`"}`)
+		return done.Result["status"] != "working"
+	})
+	content, _ := field(done.Result, "result", "content").([]any)
+	if done.Result["status"] != "completed" || len(content) != 1 || field(content[0].(map[string]any), "text") != `{"opened":true}` ||
+		field(done.Result, "result", "structuredContent", "opened") != true {
+		t.Errorf("tasks/get of the ended task: %v %v; want completed with the tool result inlined", done.Result, done.Error)
+	}
+	if got := c.rpc(tf.a, "tasks/get", `{"taskId":"`+id+`"}`); got.Result["status"] != "completed" {
+		t.Errorf("tasks/get on the restarted replica: %v %v; want completed", got.Result, got.Error)
+	}
+	if r := c.rpc(tf.a, "tasks/cancel", `{"taskId":"`+id+`"}`); !acknowledged(r) {
+		t.Errorf("tasks/cancel of a completed task: %v %v; want an acknowledgement", r.Result, r.Error)
+	}
+
+	id = c.create(tf.a, "wait", `{"tag":"x"}`)
+	if r := c.rpc(tf.b, "tasks/cancel", `{"taskId":"`+id+`"}`); !acknowledged(r) {
+		t.Fatalf("tasks/cancel on the other replica: %v %v; want an empty acknowledgement", r.Result, r.Error)
+	}
+	tf.waitCancelled(t, "x")
+	if got := c.rpc(tf.a, "tasks/get", `{"taskId":"`+id+`"}`); got.Result["status"] != "cancelled" {
+		t.Errorf("tasks/get of a cancelled task: %v %v", got.Result, got.Error)
+	}
+
+	for _, bad := range []struct{ method, params string }{
+		{"tasks/get", `{"taskId":"0123456789abcdef0123456789abcdef"}`},
+		{"tasks/get", `{}`},
+		{"tasks/update", `{"taskId":"0123456789abcdef0123456789abcdef","inputResponses":{}}`},
+		{"tasks/cancel", `{"taskId":"nope"}`},
+	} {
+		if r := c.rpc(tf.b, bad.method, bad.params); r.Error == nil || r.Error.Code != -32602 {
+			t.Errorf("%s %s: %v %v; want -32602", bad.method, bad.params, r.Result, r.Error)
+		}
+	}
+	for _, gone := range []string{"tasks/result", "tasks/list"} {
+		if r := c.rpc(tf.b, gone, `{"taskId":"`+id+`"}`); r.Error == nil || r.Error.Code != -32601 {
+			t.Errorf("%s (2026-07-28): %v %v; want -32601, a method the extension removed", gone, r.Result, r.Error)
+		}
+	}
+}
+
+// A client of 2026-07-28 that does not declare the extension gets -32021,
+// naming it, for the extension's methods and for a tools/call asking for
+// a task; its other calls are answered with their results, never a task.
+func TestMCPTasksExtensionUndeclared(t *testing.T) {
+	t.Parallel()
+	tf := newTaskFleet(t, httpapi.Options{})
+	id := extClient{t: t, declares: true}.create(tf.a, "gate", `{}`)
+	c := extClient{t: t}
+	for _, req := range []struct{ method, params string }{
+		{"tasks/get", `{"taskId":"` + id + `"}`},
+		{"tasks/update", `{"taskId":"` + id + `","inputResponses":{}}`},
+		{"tasks/cancel", `{"taskId":"` + id + `"}`},
+		{"tools/call", `{"name":"echo","arguments":{},"task":{"ttl":1000}}`},
+	} {
+		r := c.rpc(tf.b, req.method, req.params)
+		if r.Error == nil || r.Error.Code != -32021 || field(r.Error.Data, "requiredCapabilities", "extensions", "io.modelcontextprotocol/tasks") == nil {
+			t.Errorf("%s from a client not declaring the extension: %v %v; want -32021 naming it", req.method, r.Result, r.Error)
+		}
+	}
+	r := c.rpc(tf.b, "tools/call", `{"name":"echo","arguments":{"n":2}}`)
+	if content, _ := r.Result["content"].([]any); r.Error != nil || r.Result["resultType"] == "task" || len(content) != 1 {
+		t.Errorf("tools/call from a client not declaring the extension: %v %v; want its result", r.Result, r.Error)
+	}
+	close(tf.release)
+}
+
+// A task is its caller's, in either dialect and on either replica:
+// another caller (an admin too) neither reads, updates, cancels nor lists
+// it, and is answered as for no task (-32602); its own caller cancels it.
+func TestMCPTasksBelongToTheirCaller(t *testing.T) {
+	t.Parallel()
+	tf, header := newCallersFleet(t)
+	ext := func(caller string) extClient { return extClient{t: t, header: header(caller, ""), declares: true} }
+	ordersTask := taskID(t, mcpRPCWith(t, tf.a, header("orders", "2025-11-25"), `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"orders"},"task":{}}}`))
+	adminTask := ext("admin").create(tf.a, "wait", `{"tag":"admin"}`)
+
+	for _, owner := range []struct{ task, other string }{{ordersTask, "admin"}, {adminTask, "orders"}} {
+		for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/result"} {
+			if r := mcpRPCWith(t, tf.b, header(owner.other, "2025-11-25"), `{"jsonrpc":"2.0","id":2,"method":"`+method+`","params":{"taskId":"`+owner.task+`"}}`); r.Error == nil || r.Error.Code != -32602 {
+				t.Errorf("%s by %s of another caller's task: %v %v; want -32602, as for no task", method, owner.other, r.Result, r.Error)
+			}
+		}
+		for _, req := range []struct{ method, params string }{
+			{"tasks/get", `{"taskId":"` + owner.task + `"}`},
+			{"tasks/update", `{"taskId":"` + owner.task + `","inputResponses":{}}`},
+			{"tasks/cancel", `{"taskId":"` + owner.task + `"}`},
+		} {
+			if r := ext(owner.other).rpc(tf.b, req.method, req.params); r.Error == nil || r.Error.Code != -32602 {
+				t.Errorf("%s (extension) by %s of another caller's task: %v %v; want -32602, as for no task", req.method, owner.other, r.Result, r.Error)
+			}
+		}
+		r := mcpRPCWith(t, tf.b, header(owner.other, "2025-11-25"), `{"jsonrpc":"2.0","id":3,"method":"tasks/list","params":{}}`)
+		tasks, _ := r.Result["tasks"].([]any)
+		for _, task := range tasks {
+			if task.(map[string]any)["taskId"] == owner.task {
+				t.Errorf("tasks/list by %s lists another caller's task %s", owner.other, owner.task)
+			}
+		}
+		if r.Error != nil || len(tasks) != 1 {
+			t.Errorf("tasks/list by %s: %v %v; want its own task only", owner.other, r.Result, r.Error)
+		}
+	}
+	select {
+	case tag := <-tf.cancelled:
+		t.Fatalf("the task of %s was cancelled by another caller", tag)
+	default:
+	}
+	if r := ext("admin").rpc(tf.b, "tasks/cancel", `{"taskId":"`+adminTask+`"}`); !acknowledged(r) {
+		t.Errorf("tasks/cancel by its caller: %v %v", r.Result, r.Error)
+	}
+	tf.waitCancelled(t, "admin")
+	if r := mcpRPCWith(t, tf.b, header("orders", "2025-11-25"), `{"jsonrpc":"2.0","id":4,"method":"tasks/cancel","params":{"taskId":"`+ordersTask+`"}}`); r.Error != nil || r.Result["status"] != "cancelled" {
+		t.Errorf("tasks/cancel by its caller: %v %v", r.Result, r.Error)
+	}
+	tf.waitCancelled(t, "orders")
+}
