@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -24,6 +25,13 @@ type extClient struct {
 // answer.
 func (c extClient) rpc(url, method, params string) rpcAnswer {
 	c.t.Helper()
+	_, a := c.exchange(url, method, params)
+	return a
+}
+
+// exchange is rpc returning the HTTP status too.
+func (c extClient) exchange(url, method, params string) (int, rpcAnswer) {
+	c.t.Helper()
 	var p map[string]any
 	if err := json.Unmarshal([]byte(params), &p); err != nil {
 		c.t.Fatal(err)
@@ -45,7 +53,8 @@ func (c extClient) rpc(url, method, params string) rpcAnswer {
 	if id, _ := p["taskId"].(string); id != "" {
 		h.Set("Mcp-Name", id)
 	}
-	return mcpRPCWith(c.t, url, h, string(body))
+	resp, b := mcpExchange(c.t, url, string(body), h)
+	return resp.StatusCode, decodeRPC(c.t, resp, b, string(body))
 }
 
 // create calls fn as a task and returns the task's id, or fails the test.
@@ -89,7 +98,7 @@ func TestMCPTasksExtensionAcrossReplicas(t *testing.T) {
 		t.Errorf("a quick call: %v %v; want its tool result", quick.Result, quick.Error)
 	}
 
-	id := c.create(tf.a, "gate", `{}`)
+	id, refused := c.create(tf.a, "gate", `{}`), c.create(tf.a, "refuse", `{}`)
 	created := c.rpc(tf.b, "tasks/get", `{"taskId":"`+id+`"}`)
 	if created.Result["resultType"] != "complete" || created.Result["status"] != "working" || created.Result["ttlMs"] != float64(time.Hour.Milliseconds()) ||
 		created.Result["pollIntervalMs"] != float64(2000) || created.Result["createdAt"] == nil || created.Result["lastUpdatedAt"] == nil {
@@ -116,6 +125,19 @@ func TestMCPTasksExtensionAcrossReplicas(t *testing.T) {
 	}
 	if got := c.rpc(tf.a, "tasks/get", `{"taskId":"`+id+`"}`); got.Result["status"] != "completed" {
 		t.Errorf("tasks/get on the restarted replica: %v %v; want completed", got.Result, got.Error)
+	}
+	// A function's failure is a tool result with isError: completed in
+	// the extension (failed is for JSON-RPC errors), failed in the
+	// experimental form, which says so of isError results.
+	testutil.WaitForWhat(t, 30*time.Second, "the refused task to end", func() bool {
+		done = c.rpc(tf.b, "tasks/get", `{"taskId":"`+refused+`"}`)
+		return done.Result["status"] != "working"
+	})
+	if done.Result["status"] != "completed" || field(done.Result, "result", "isError") != true {
+		t.Errorf("tasks/get of a task whose function failed: %v %v; want completed, its result isError", done.Result, done.Error)
+	}
+	if got := mcpRPC(t, tf.b, "2025-11-25", `{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"`+refused+`"}}`); got.Result["status"] != "failed" {
+		t.Errorf("tasks/get (2025-11-25) of a task whose function failed: %v %v; want failed", got.Result, got.Error)
 	}
 	if r := c.rpc(tf.a, "tasks/cancel", `{"taskId":"`+id+`"}`); !acknowledged(r) {
 		t.Errorf("tasks/cancel of a completed task: %v %v; want an acknowledgement", r.Result, r.Error)
@@ -161,9 +183,9 @@ func TestMCPTasksExtensionUndeclared(t *testing.T) {
 		{"tasks/cancel", `{"taskId":"` + id + `"}`},
 		{"tools/call", `{"name":"echo","arguments":{},"task":{"ttl":1000}}`},
 	} {
-		r := c.rpc(tf.b, req.method, req.params)
-		if r.Error == nil || r.Error.Code != -32021 || field(r.Error.Data, "requiredCapabilities", "extensions", "io.modelcontextprotocol/tasks") == nil {
-			t.Errorf("%s from a client not declaring the extension: %v %v; want -32021 naming it", req.method, r.Result, r.Error)
+		status, r := c.exchange(tf.b, req.method, req.params)
+		if status != http.StatusBadRequest || r.Error == nil || r.Error.Code != -32021 || field(r.Error.Data, "requiredCapabilities", "extensions", "io.modelcontextprotocol/tasks") == nil {
+			t.Errorf("%s from a client not declaring the extension: %d %v %v; want 400 and -32021 naming it", req.method, status, r.Result, r.Error)
 		}
 	}
 	r := c.rpc(tf.b, "tools/call", `{"name":"echo","arguments":{"n":2}}`)
@@ -222,4 +244,33 @@ func TestMCPTasksBelongToTheirCaller(t *testing.T) {
 		t.Errorf("tasks/cancel by its caller: %v %v", r.Result, r.Error)
 	}
 	tf.waitCancelled(t, "orders")
+}
+
+// A declaring client that goes away before its call is answered, with its
+// result or its task, leaves no task running: nobody knows its id.
+func TestMCPTasksExtensionClientGone(t *testing.T) {
+	t.Parallel()
+	tf := newTaskFleet(t, httpapi.Options{})
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"gone"},"_meta":{` +
+		`"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}}}`
+	ctx, cancel := context.WithCancel(t.Context())
+	req := mcpRequest(t, ctx, tf.a, body, http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"wait"}})
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case <-tf.started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the call did not start")
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the request was answered before the client went away")
+	}
+	tf.waitCancelled(t, "gone")
 }

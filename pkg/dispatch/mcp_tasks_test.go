@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -50,6 +51,13 @@ func mcpRPC(t *testing.T, url, version, body string) rpcAnswer {
 func mcpRPCWith(t *testing.T, url string, header http.Header, body string) rpcAnswer {
 	t.Helper()
 	resp, b := mcpExchange(t, url, body, header)
+	return decodeRPC(t, resp, b, body)
+}
+
+// decodeRPC decodes the answer b of resp to the request body, whether it
+// comes as JSON or as an event stream.
+func decodeRPC(t *testing.T, resp *http.Response, b []byte, body string) rpcAnswer {
+	t.Helper()
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		var last []byte
 		sc := bufio.NewScanner(bytes.NewReader(b))
@@ -81,7 +89,7 @@ func field(m map[string]any, path ...string) any {
 
 // taskFleet is two dispatcher replicas serving /mcp, a and b, and an
 // executor of team orders serving gate (it ends when release is closed),
-// wait (it says it started on started, waits to be cancelled, then says so
+// refuse (it fails when release is closed), wait (it says it started on started, waits to be cancelled, then says so
 // on cancelled, each with its arguments' tag) and echo. Replica a can be killed (its NATS connection
 // cut, nothing released) or stopped and replaced by a new replica of its
 // name.
@@ -116,6 +124,15 @@ func newTaskFleet(t *testing.T, hopts httpapi.Options) *taskFleet {
 				select {
 				case <-tf.release:
 					return []byte(`{"opened":true}`), nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			})},
+		exec.Function{Name: "refuse", Description: "Fails when the test says.", Timeout: time.Minute,
+			Handler: exec.HandlerFunc(func(ctx context.Context, _ *exec.Invocation) ([]byte, error) {
+				select {
+				case <-tf.release:
+					return nil, errors.New("no report for that quarter")
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
