@@ -1,9 +1,12 @@
 package dispatch_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	osexec "os/exec"
 	"testing"
 	"time"
 
@@ -120,7 +123,7 @@ func TestMCPTasksExtensionAcrossReplicas(t *testing.T) {
 	})
 	content, _ := field(done.Result, "result", "content").([]any)
 	if done.Result["status"] != "completed" || len(content) != 1 || field(content[0].(map[string]any), "text") != `{"opened":true}` ||
-		field(done.Result, "result", "structuredContent", "opened") != true {
+		field(done.Result, "result", "structuredContent", "opened") != true || field(done.Result, "result", "resultType") != "complete" {
 		t.Errorf("tasks/get of the ended task: %v %v; want completed with the tool result inlined", done.Result, done.Error)
 	}
 	if got := c.rpc(tf.a, "tasks/get", `{"taskId":"`+id+`"}`); got.Result["status"] != "completed" {
@@ -273,4 +276,69 @@ func TestMCPTasksExtensionClientGone(t *testing.T) {
 		t.Fatal("the request was answered before the client went away")
 	}
 	tf.waitCancelled(t, "gone")
+}
+
+// The official client of the Tasks extension, @modelcontextprotocol/ext-tasks
+// (TOOLRELAY_MCP_TS_SDK: a directory where it was installed with npm, such as
+// sdk/typescript after its npm ci, as .ci/run sets it), against two replicas:
+// a task created on one is settled by polling the other, after the first was
+// stopped and replaced; another is cancelled there, which cancels its handler.
+func TestMCPTasksExtensionOfficialClient(t *testing.T) {
+	sdk := os.Getenv("TOOLRELAY_MCP_TS_SDK")
+	node, err := osexec.LookPath("node")
+	if sdk == "" || err != nil {
+		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm install @modelcontextprotocol/ext-tasks @modelcontextprotocol/client` ran, with node on PATH")
+	}
+	t.Parallel()
+	tf := newTaskFleet(t, httpapi.Options{})
+	cmd := osexec.CommandContext(t.Context(), node, "testdata/mcp-ext-tasks-client.mjs", sdk, tf.a, tf.b)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	steps := map[string][]map[string]any{}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var step map[string]any
+		if json.Unmarshal(sc.Bytes(), &step) != nil {
+			continue
+		}
+		t.Logf("%s", sc.Bytes())
+		name, _ := step["step"].(string)
+		steps[name] = append(steps[name], step)
+		if name == "called" && step["tool"] == "gate" {
+			tf.restartA(t)
+			close(tf.release)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the ext-tasks client: %v", err)
+	}
+	called := steps["called"]
+	if len(called) != 2 || called[0]["kind"] != "task" || called[1]["kind"] != "task" {
+		t.Errorf("called: %v; want both calls answered with a task", called)
+	}
+	if r := steps["result"]; len(r) != 1 || r[0]["text"] != `{"opened":true}` {
+		t.Errorf("result: %v; want the gate's output", r)
+	}
+	if len(steps["cancelled"]) != 1 {
+		t.Errorf("cancelled: %v", steps["cancelled"])
+	}
+	tf.waitCancelled(t, "ts")
+	var polled bool
+	for _, s := range steps["sent"] {
+		sent, _ := s["sent"].([]any)
+		for _, x := range sent {
+			if m := x.(map[string]any); m["method"] == "tasks/get" && m["replica"] == "b" && m["status"] == "completed" {
+				polled = true
+			}
+		}
+	}
+	if !polled {
+		t.Errorf("sent: %v; want the completed task read by tasks/get on replica b", steps["sent"])
+	}
 }

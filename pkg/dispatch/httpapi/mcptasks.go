@@ -241,7 +241,7 @@ func (a *Handler) addTaskMethods(srv *mcp.Server) error {
 			return nil, err
 		}
 		if dialectFrom(ctx) == tasksExtension {
-			return a.extTaskOf(ctx, s, "complete"), nil
+			return a.extTaskOf(ctx, s, "complete")
 		}
 		return taskResult(s)
 	}

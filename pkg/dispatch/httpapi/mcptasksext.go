@@ -123,15 +123,15 @@ func mcpDiscovered(res mcp.Result) mcp.Result {
 // extTask is a task as the extension describes it: a DetailedTask, its
 // result inlined once it has one.
 type extTask struct {
-	ResultType     string              `json:"resultType"`
-	TaskID         string              `json:"taskId"`
-	Status         string              `json:"status"`
-	StatusMessage  string              `json:"statusMessage,omitempty"`
-	CreatedAt      string              `json:"createdAt"`
-	LastUpdatedAt  string              `json:"lastUpdatedAt"`
-	TTLMs          int64               `json:"ttlMs"`
-	PollIntervalMs int64               `json:"pollIntervalMs"`
-	Result         *mcp.CallToolResult `json:"result,omitempty"`
+	ResultType     string          `json:"resultType"`
+	TaskID         string          `json:"taskId"`
+	Status         string          `json:"status"`
+	StatusMessage  string          `json:"statusMessage,omitempty"`
+	CreatedAt      string          `json:"createdAt"`
+	LastUpdatedAt  string          `json:"lastUpdatedAt"`
+	TTLMs          int64           `json:"ttlMs"`
+	PollIntervalMs int64           `json:"pollIntervalMs"`
+	Result         json.RawMessage `json:"result,omitempty"`
 }
 
 // extTaskOf describes s as the extension does, as the result of a method
@@ -139,19 +139,30 @@ type extTask struct {
 // error, a timeout) is completed with its tool result, isError set, as
 // the extension says: failed is for JSON-RPC errors, which a running
 // call does not get.
-func (a *Handler) extTaskOf(ctx context.Context, s *dispatch.StartedCall, resultType string) *rawResult {
+func (a *Handler) extTaskOf(ctx context.Context, s *dispatch.StartedCall, resultType string) (*rawResult, error) {
 	t := extTask{ResultType: resultType, TaskID: string(s.Key), CreatedAt: s.CreatedAt.UTC().Format(time.RFC3339Nano),
 		LastUpdatedAt: s.UpdatedAt.UTC().Format(time.RFC3339Nano), TTLMs: MCPTaskTTL.Milliseconds(), PollIntervalMs: mcpTaskPoll.Milliseconds()}
 	switch s.State {
 	case dispatch.CallCancelled:
 		t.Status, t.StatusMessage = "cancelled", "The task was cancelled by request."
 	case dispatch.CallDone:
-		t.Status, t.Result = "completed", a.startedResult(ctx, s)
+		res, err := completeResult(a.startedResult(ctx, s))
+		if err != nil {
+			return nil, err
+		}
+		t.Status, t.Result = "completed", res.raw
 	default:
 		t.Status = "working"
 	}
-	b, _ := json.Marshal(t) // of plain data
-	return &rawResult{raw: b}
+	b, err := json.Marshal(t)
+	return &rawResult{raw: b}, err
+}
+
+// completeResult is a tool result with its resultType said outright:
+// "complete", which the SDK leaves out as the default, but the
+// extension's clients read a result's type to tell it from a task.
+func completeResult(res mcp.Result) (*rawResult, error) {
+	return withFields(res, func(obj map[string]any) { obj["resultType"] = "complete" })
 }
 
 // acknowledged is the empty result of tasks/update and tasks/cancel.
@@ -174,9 +185,7 @@ func (a *Handler) mcpCallAsTask(ctx context.Context, caller dispatch.Caller, f *
 		if err != nil {
 			return nil, err
 		}
-		// Said outright, though it is the default: this client also
-		// reads tasks here.
-		return withFields(res, func(obj map[string]any) { obj["resultType"] = "complete" })
+		return completeResult(res)
 	}
 	if r, ok := ctx.Value(httpRequestKey{}).(context.Context); ok && r.Err() != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelWait)
@@ -186,7 +195,7 @@ func (a *Handler) mcpCallAsTask(ctx context.Context, caller dispatch.Caller, f *
 		}
 		return nil, r.Err()
 	}
-	return a.extTaskOf(ctx, s, "task"), nil
+	return a.extTaskOf(ctx, s, "task")
 }
 
 // directCancelWait bounds how long cancelling the call of a client that
