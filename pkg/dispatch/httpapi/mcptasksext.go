@@ -188,7 +188,7 @@ func (a *Handler) mcpCallAsTask(ctx context.Context, caller dispatch.Caller, f *
 		return completeResult(res)
 	}
 	if r, ok := ctx.Value(httpRequestKey{}).(context.Context); ok && r.Err() != nil {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), directCancelWait)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), goneCancelWait)
 		defer cancel()
 		if _, err := a.d.CancelStartedCall(cctx, caller.Name, s.Key); err != nil {
 			a.log.WarnContext(ctx, "the task of a client gone before it was answered was not cancelled", "task", s.Key, "err", err)
@@ -198,9 +198,9 @@ func (a *Handler) mcpCallAsTask(ctx context.Context, caller dispatch.Caller, f *
 	return a.extTaskOf(ctx, s, "task")
 }
 
-// directCancelWait bounds how long cancelling the call of a client that
+// goneCancelWait bounds how long cancelling the call of a client that
 // went away may take.
-const directCancelWait = 20 * time.Second
+const goneCancelWait = 20 * time.Second
 
 // updateParams are the params of tasks/update.
 type updateParams struct {
