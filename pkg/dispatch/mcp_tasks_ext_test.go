@@ -173,8 +173,9 @@ func TestMCPTasksExtensionAcrossReplicas(t *testing.T) {
 }
 
 // A client of 2026-07-28 that does not declare the extension gets -32021,
-// naming it, for the extension's methods and for a tools/call asking for
-// a task; its other calls are answered with their results, never a task.
+// naming it, for the extension's methods, a tools/call asking for a task
+// and a subscriptions/listen asking for tasks' notifications; its other
+// calls are answered with their results, never a task.
 func TestMCPTasksExtensionUndeclared(t *testing.T) {
 	t.Parallel()
 	tf := newTaskFleet(t, httpapi.Options{})
@@ -185,6 +186,7 @@ func TestMCPTasksExtensionUndeclared(t *testing.T) {
 		{"tasks/update", `{"taskId":"` + id + `","inputResponses":{}}`},
 		{"tasks/cancel", `{"taskId":"` + id + `"}`},
 		{"tools/call", `{"name":"echo","arguments":{},"task":{"ttl":1000}}`},
+		{"subscriptions/listen", `{"notifications":{"taskIds":["` + id + `"]}}`},
 	} {
 		status, r := c.exchange(tf.b, req.method, req.params)
 		if status != http.StatusBadRequest || r.Error == nil || r.Error.Code != -32021 || field(r.Error.Data, "requiredCapabilities", "extensions", "io.modelcontextprotocol/tasks") == nil {

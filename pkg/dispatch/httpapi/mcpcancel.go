@@ -25,9 +25,10 @@ type rpcIDKey struct{}
 
 // mcpMessage is what /mcp reads of a POST's JSON-RPC message before the
 // SDK does, in one pass: its id, its method, the params of a
-// notifications/cancelled (requestId, reason) or of a tools/call asking
-// for a task (task), and the protocol version and extensions its _meta
-// declares (2026-07-28).
+// notifications/cancelled (requestId, reason), of a tools/call asking
+// for a task (task) or of a subscriptions/listen asking for task
+// notifications (notifications.taskIds), and the protocol version and
+// extensions its _meta declares (2026-07-28).
 type mcpMessage struct {
 	ID     json.RawMessage `json:"id"`
 	Method string          `json:"method"`
@@ -36,6 +37,9 @@ type mcpMessage struct {
 		Reason    string          `json:"reason"`
 		Task      json.RawMessage `json:"task"`
 		Meta      json.RawMessage `json:"_meta"`
+		// Notifications is read raw: a listen's params are the SDK's to
+		// check.
+		Notifications json.RawMessage `json:"notifications"`
 	} `json:"params"`
 	meta requestMeta
 }
@@ -51,7 +55,8 @@ type requestMeta struct {
 
 // withMessage reads the JSON-RPC message of body, and notes in ctx its id,
 // its task dialect (headerVersion is its Mcp-Protocol-Version) and
-// whether it is a tools/call asking for a task. A body it cannot read
+// whether it asks for a task (a tools/call) or tasks' notifications (a
+// subscriptions/listen). A body it cannot read
 // gives an empty message (the SDK answers it); a _meta it cannot read,
 // none (the SDK refuses a request of 2026-07-28 without one).
 func withMessage(ctx context.Context, body []byte, headerVersion string) (context.Context, *mcpMessage) {
@@ -64,6 +69,12 @@ func withMessage(ctx context.Context, body []byte, headerVersion string) (contex
 		ctx = context.WithValue(ctx, rpcIDKey{}, msg.ID)
 	}
 	if msg.Method == "tools/call" && len(msg.Params.Task) > 0 && string(msg.Params.Task) != "null" {
+		ctx = context.WithValue(ctx, taskRequestedKey{}, true)
+	}
+	var listen struct {
+		TaskIDs json.RawMessage `json:"taskIds"`
+	}
+	if msg.Method == methodListen && json.Unmarshal(msg.Params.Notifications, &listen) == nil && len(listen.TaskIDs) > 0 && string(listen.TaskIDs) != "null" {
 		ctx = context.WithValue(ctx, taskRequestedKey{}, true)
 	}
 	return context.WithValue(ctx, taskDialectKey{}, dialectOf(headerVersion, &msg)), &msg

@@ -50,8 +50,8 @@ const (
 )
 
 // taskRequestedKey holds, in a request's context, whether its tools/call
-// asked for a task (params.task), which the SDK's parameters drop
-// ([withMessage] notes it).
+// asked for a task (params.task), which the SDK's parameters drop, or its
+// subscriptions/listen for tasks' notifications ([withMessage] notes it).
 type taskRequestedKey struct{}
 
 // rawResult is a result written as JSON here, for what the SDK's types

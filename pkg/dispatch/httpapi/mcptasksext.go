@@ -24,8 +24,9 @@ import (
 // once it has one (there is no tasks/result), tasks/update acknowledges
 // input (no task of toolrelay ever asks for any), tasks/cancel
 // acknowledges a cancellation. A client of 2026-07-28 that does not
-// declare the extension gets -32021 for these methods and for a
-// tools/call asking for a task (params.task).
+// declare the extension gets -32021 for these methods, for a tools/call
+// asking for a task (params.task) and for a subscriptions/listen asking
+// for tasks' notifications (a declaring client is sent none: it polls).
 
 const (
 	// protocolTasksExtension is the first protocol revision whose tasks
@@ -79,14 +80,15 @@ func dialectFrom(ctx context.Context) taskDialect {
 }
 
 // tasksGate refuses a method the request's task dialect does not have:
-// -32021 for the extension's methods (and a task asked for) from a client
-// of 2026-07-28 not declaring it, -32601 for a method of another dialect.
+// -32021 for the extension's methods, a task asked for and tasks'
+// notifications asked for, from a client of 2026-07-28 not declaring it;
+// -32601 for a method of another dialect.
 func tasksGate(ctx context.Context, method string) error {
 	d := dialectFrom(ctx)
 	asTask, _ := ctx.Value(taskRequestedKey{}).(bool)
 	switch {
 	case d == tasksUndeclared && (method == "tasks/get" || method == "tasks/update" || method == "tasks/cancel" ||
-		method == "tools/call" && asTask):
+		(method == "tools/call" || method == methodListen) && asTask):
 		data, _ := json.Marshal(mcp.MissingRequiredClientCapabilityData{
 			RequiredCapabilities: &mcp.ClientCapabilities{Extensions: map[string]any{extTasks: map[string]any{}}}})
 		return &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Data: data,
