@@ -99,6 +99,9 @@ type taskFleet struct {
 	release   chan struct{}
 	started   chan string
 	cancelled chan string
+	// over is closed as the test ends: handlers still running return,
+	// so that the executor stops without waiting for them.
+	over chan struct{}
 
 	hopts    httpapi.Options
 	handlerA atomic.Pointer[http.Handler]
@@ -108,7 +111,8 @@ type taskFleet struct {
 
 func newTaskFleet(t *testing.T, hopts httpapi.Options) *taskFleet {
 	t.Helper()
-	tf := &taskFleet{e: newEnv(t), hopts: hopts, release: make(chan struct{}), started: make(chan string, 8), cancelled: make(chan string, 8)}
+	tf := &taskFleet{e: newEnv(t), hopts: hopts, release: make(chan struct{}), started: make(chan string, 8), cancelled: make(chan string, 8),
+		over: make(chan struct{})}
 	tf.startA(t)
 	srvA := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*tf.handlerA.Load()).ServeHTTP(w, r) }))
 	t.Cleanup(srvA.Close)
@@ -124,6 +128,8 @@ func newTaskFleet(t *testing.T, hopts httpapi.Options) *taskFleet {
 				select {
 				case <-tf.release:
 					return []byte(`{"opened":true}`), nil
+				case <-tf.over:
+					return nil, errors.New("the test is over")
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
@@ -133,6 +139,8 @@ func newTaskFleet(t *testing.T, hopts httpapi.Options) *taskFleet {
 				select {
 				case <-tf.release:
 					return nil, errors.New("no report for that quarter")
+				case <-tf.over:
+					return nil, errors.New("the test is over")
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
@@ -143,12 +151,17 @@ func newTaskFleet(t *testing.T, hopts httpapi.Options) *taskFleet {
 				var args struct{ Tag string }
 				_ = json.Unmarshal(inv.Call.Arguments, &args)
 				tf.started <- args.Tag
-				<-ctx.Done()
-				tf.cancelled <- args.Tag
-				return nil, ctx.Err()
+				select {
+				case <-ctx.Done():
+					tf.cancelled <- args.Tag
+					return nil, ctx.Err()
+				case <-tf.over:
+					return nil, errors.New("the test is over")
+				}
 			})},
 		exec.Function{Name: "echo", Description: "Echoes its arguments.", Concurrency: 16,
 			Handler: exec.HandlerFunc(func(_ context.Context, inv *exec.Invocation) ([]byte, error) { return inv.Call.Arguments, nil })})
+	t.Cleanup(func() { close(tf.over) }) // before the executor stops
 	return tf
 }
 
@@ -308,14 +321,17 @@ func TestMCPTasksAcrossReplicas(t *testing.T) {
 
 // A task outlives the replica that created it being killed (its NATS
 // connection cut, its leases not released): the other replica gathers
-// the result once the lease lapses and answers tasks/result, and cancels
-// another task on its executor.
+// the result once the lease lapses and answers tasks/result (and
+// tasks/get, for a task of the extension), and cancels another task on
+// its executor.
 func TestMCPTaskOutlivesAKilledReplica(t *testing.T) {
 	t.Parallel()
 	tf := newTaskFleet(t, httpapi.Options{})
 	const v = "2025-11-25"
 	gate := taskID(t, mcpRPC(t, tf.a, v, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"gate","arguments":{},"task":{}}}`))
 	wait := taskID(t, mcpRPC(t, tf.a, v, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"w"},"task":{}}}`))
+	ext := extClient{t: t, declares: true}
+	extGate := ext.create(tf.a, "gate", `{}`)
 	tf.killA()
 	close(tf.release)
 
@@ -326,6 +342,14 @@ func TestMCPTaskOutlivesAKilledReplica(t *testing.T) {
 		t.Errorf("tasks/result on the surviving replica: %v %v; want the output", res.Result, res.Error)
 	}
 	t.Logf("tasks/result answered after %s", time.Since(start))
+	var got rpcAnswer
+	testutil.WaitForWhat(t, 30*time.Second, "the extension's task to end", func() bool {
+		got = ext.rpc(tf.b, "tasks/get", `{"taskId":"`+extGate+`"}`)
+		return got.Result["status"] != "working"
+	})
+	if got.Result["status"] != "completed" || field(got.Result, "result", "structuredContent", "opened") != true {
+		t.Errorf("tasks/get (extension) on the surviving replica: %v %v; want completed with the output", got.Result, got.Error)
+	}
 	c := mcpRPC(t, tf.b, v, `{"jsonrpc":"2.0","id":4,"method":"tasks/cancel","params":{"taskId":"`+wait+`"}}`)
 	if c.Error != nil || c.Result["status"] != "cancelled" {
 		t.Fatalf("tasks/cancel on the surviving replica: %v %v", c.Result, c.Error)
@@ -361,8 +385,8 @@ func TestMCPTasksPerCallerBound(t *testing.T) {
 }
 
 // tasks/list (2025-11-25) lists the caller's tasks, ended and running, a
-// page of 100 at a time, from any replica; a cursor that is not one is
-// -32602.
+// page of 100 at a time, from any replica, also after the one that
+// created half of them was replaced; a cursor that is not one is -32602.
 func TestMCPTasksList(t *testing.T) {
 	t.Parallel()
 	tf := newTaskFleet(t, httpapi.Options{})
@@ -387,6 +411,7 @@ func TestMCPTasksList(t *testing.T) {
 		}
 	}
 	t.Logf("tasks created in %s", time.Since(created))
+	tf.restartA(t)
 
 	// listAll lists every page, and counts them.
 	listAll := func() (map[string]string, int) {
