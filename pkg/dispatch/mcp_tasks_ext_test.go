@@ -158,6 +158,8 @@ func TestMCPTasksExtensionAcrossReplicas(t *testing.T) {
 	for _, bad := range []struct{ method, params string }{
 		{"tasks/get", `{"taskId":"0123456789abcdef0123456789abcdef"}`},
 		{"tasks/get", `{}`},
+		{"tasks/get", `{"taskId":5}`},
+		{"tasks/update", `{"taskId":"0123456789abcdef0123456789abcdef","inputResponses":[]}`},
 		{"tasks/update", `{"taskId":"0123456789abcdef0123456789abcdef","inputResponses":{}}`},
 		{"tasks/cancel", `{"taskId":"nope"}`},
 	} {
