@@ -218,7 +218,8 @@ func taskIndexKey(owner string, key protocol.TurnKey) string {
 // key: at most limit of them, those after the key after (none: from the
 // first). more reports whether there are more after the last one listed.
 // Each is read as [Dispatcher.StartedCall] reads it; a call whose record
-// is gone (expired) is left out.
+// is gone (expired) is left out. Every page reads all of owner's index
+// entries (kept as long as turns are), then the records of the page.
 func (d *Dispatcher) StartedCalls(ctx context.Context, owner string, after protocol.TurnKey, limit int) (calls []*StartedCall, more bool, err error) {
 	lister, err := d.tasks.ListKeysFiltered(ctx, ownerTag(owner)+".*")
 	if err != nil {
@@ -229,6 +230,9 @@ func (d *Dispatcher) StartedCalls(ctx context.Context, owner string, after proto
 		if _, key, ok := strings.Cut(k, "."); ok && protocol.TurnKey(key) > after {
 			keys = append(keys, protocol.TurnKey(key))
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, err // the listing was cut short
 	}
 	slices.Sort(keys)
 	for _, key := range keys {
