@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	osexec "os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -284,9 +285,12 @@ func TestMCPTasksExtensionClientGone(t *testing.T) {
 
 // The official client of the Tasks extension, @modelcontextprotocol/ext-tasks
 // (TOOLRELAY_MCP_TS_SDK: a directory where it was installed with npm, such as
-// sdk/typescript after its npm ci, as .ci/run sets it), against two replicas:
-// a task created on one is settled by polling the other, after the first was
-// stopped and replaced; another is cancelled there, which cancels its handler.
+// sdk/typescript after its npm ci, as .ci/run sets it), against two replicas.
+// As a client of 2026-07-28 it starts a task on one replica, hands off its
+// reference and closes; a new session resumes the task on the other replica,
+// after the first was stopped and replaced, and settles it. It cancels
+// another task there, which cancels its handler. As a client of 2025-11-25 it
+// runs a call as a task and finds it in tasks/list.
 func TestMCPTasksExtensionOfficialClient(t *testing.T) {
 	sdk := os.Getenv("TOOLRELAY_MCP_TS_SDK")
 	node, err := osexec.LookPath("node")
@@ -306,6 +310,7 @@ func TestMCPTasksExtensionOfficialClient(t *testing.T) {
 	}
 	steps := map[string][]map[string]any{}
 	sc := bufio.NewScanner(out)
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var step map[string]any
 		if json.Unmarshal(sc.Bytes(), &step) != nil {
@@ -314,7 +319,7 @@ func TestMCPTasksExtensionOfficialClient(t *testing.T) {
 		t.Logf("%s", sc.Bytes())
 		name, _ := step["step"].(string)
 		steps[name] = append(steps[name], step)
-		if name == "called" && step["tool"] == "gate" {
+		if name == "handedOff" {
 			tf.restartA(t)
 			close(tf.release)
 		}
@@ -323,26 +328,29 @@ func TestMCPTasksExtensionOfficialClient(t *testing.T) {
 		t.Fatalf("the ext-tasks client: %v", err)
 	}
 	called := steps["called"]
-	if len(called) != 2 || called[0]["kind"] != "task" || called[1]["kind"] != "task" {
-		t.Errorf("called: %v; want both calls answered with a task", called)
+	if len(called) != 3 || called[0]["kind"] != "task" || called[1]["kind"] != "task" || called[2]["kind"] != "task" {
+		t.Errorf("called: %v; want each call answered with a task", called)
 	}
-	if r := steps["result"]; len(r) != 1 || r[0]["text"] != `{"opened":true}` {
-		t.Errorf("result: %v; want the gate's output", r)
+	if r := steps["result"]; len(r) != 2 || r[0]["text"] != `{"opened":true}` || r[1]["text"] != `{"n":7}` {
+		t.Errorf("result: %v; want the gate's output, resumed on the other replica, and the echo", r)
 	}
 	if len(steps["cancelled"]) != 1 {
 		t.Errorf("cancelled: %v", steps["cancelled"])
 	}
 	tf.waitCancelled(t, "ts")
-	var polled bool
+	if l := steps["listed"]; len(l) != 1 || len(called) != 3 || !slices.Contains(l[0]["taskIds"].([]any), called[2]["taskId"]) || l[0]["inventory"] != "server-list" {
+		t.Errorf("listed: %v; want the server's list with the echo's task", l)
+	}
+	var resumed bool
 	for _, s := range steps["sent"] {
 		sent, _ := s["sent"].([]any)
 		for _, x := range sent {
 			if m := x.(map[string]any); m["method"] == "tasks/get" && m["replica"] == "b" && m["status"] == "completed" {
-				polled = true
+				resumed = true
 			}
 		}
 	}
-	if !polled {
+	if !resumed {
 		t.Errorf("sent: %v; want the completed task read by tasks/get on replica b", steps["sent"])
 	}
 }
