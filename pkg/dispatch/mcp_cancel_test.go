@@ -165,20 +165,26 @@ func mcpOpenPost(t *testing.T, url, body string, header http.Header) <-chan stri
 	return end
 }
 
-// The official TypeScript SDK's client (TOOLRELAY_MCP_TS_SDK: a directory
-// where `npm install @modelcontextprotocol/sdk` ran, such as sdk/typescript
-// after its npm ci, as .ci/run sets it) against two replicas,
-// its requests sent to each in turn: it runs a call as a task, and
-// cancels a running call with an AbortSignal, which kills the command.
-func TestMCPTypeScriptSDK(t *testing.T) {
-	sdk := os.Getenv("TOOLRELAY_MCP_TS_SDK")
+// nodeSDK is node and the directory TOOLRELAY_MCP_TS_SDK names, where npm
+// installed the official MCP packages (sdk/typescript after its npm ci,
+// as .ci/run sets it); the test is skipped without either.
+func nodeSDK(t *testing.T) (node, sdk string) {
+	t.Helper()
+	sdk = os.Getenv("TOOLRELAY_MCP_TS_SDK")
 	node, err := osexec.LookPath("node")
 	if sdk == "" || err != nil {
-		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm install @modelcontextprotocol/sdk` ran, with node on PATH")
+		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm ci` ran in sdk/typescript (the MCP SDK, ext-tasks and client packages), with node on PATH")
 	}
-	t.Parallel()
-	f := newMCPFleet(t, 2, dispatch.Options{})
-	cmd := osexec.CommandContext(t.Context(), node, "testdata/mcp-ts-client.mjs", sdk, f.urls[0], f.urls[1])
+	return node, sdk
+}
+
+// runNode runs the Node script of testdata with sdk and args, and calls
+// onStep with each JSON line it prints (a step, named by its "step") and
+// its standard input. It returns the steps by name once the script exited
+// 0, and fails the test otherwise.
+func runNode(t *testing.T, node, script, sdk string, args []string, onStep func(name string, step map[string]any, stdin io.WriteCloser)) map[string][]map[string]any {
+	t.Helper()
+	cmd := osexec.CommandContext(t.Context(), node, append([]string{"testdata/" + script, sdk}, args...)...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -193,6 +199,7 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 	}
 	steps := map[string][]map[string]any{}
 	sc := bufio.NewScanner(out)
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var step map[string]any
 		if json.Unmarshal(sc.Bytes(), &step) != nil {
@@ -201,6 +208,22 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 		t.Logf("%s", sc.Bytes())
 		name, _ := step["step"].(string)
 		steps[name] = append(steps[name], step)
+		onStep(name, step, in)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%s: %v", script, err)
+	}
+	return steps
+}
+
+// The official TypeScript SDK's client against two replicas, its requests
+// sent to each in turn: it runs a call as a task, and cancels a running
+// call with an AbortSignal, which kills the command.
+func TestMCPTypeScriptSDK(t *testing.T) {
+	node, sdk := nodeSDK(t)
+	t.Parallel()
+	f := newMCPFleet(t, 2, dispatch.Options{})
+	steps := runNode(t, node, "mcp-ts-client.mjs", sdk, f.urls, func(name string, _ map[string]any, stdin io.WriteCloser) {
 		if name == "cancel" {
 			// Before the client closes, and with it the call's request.
 			b, err := os.ReadFile(filepath.Join(f.marks, "sleepy.pid"))
@@ -209,13 +232,10 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 				t.Fatalf("the sleepy command left no pid (%v): it never ran", err)
 			}
 			waitKilled(t, pid)
-			_, _ = in.Write([]byte("close\n"))
-			_ = in.Close()
+			_, _ = stdin.Write([]byte("close\n"))
+			_ = stdin.Close()
 		}
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the TypeScript client: %v", err)
-	}
+	})
 	if c := steps["connected"]; len(c) != 1 || c[0]["tasks"] == nil {
 		t.Errorf("connected: %v; want the server's tasks capability", c)
 	}

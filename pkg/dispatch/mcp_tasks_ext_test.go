@@ -1,12 +1,10 @@
 package dispatch_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
-	"os"
-	osexec "os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -284,49 +282,22 @@ func TestMCPTasksExtensionClientGone(t *testing.T) {
 }
 
 // The official client of the Tasks extension, @modelcontextprotocol/ext-tasks
-// (TOOLRELAY_MCP_TS_SDK: a directory where it was installed with npm, such as
-// sdk/typescript after its npm ci, as .ci/run sets it), against two replicas.
+// (see nodeSDK), against two replicas.
 // As a client of 2026-07-28 it starts a task on one replica, hands off its
 // reference and closes; a new session resumes the task on the other replica,
 // after the first was stopped and replaced, and settles it. It cancels
 // another task there, which cancels its handler. As a client of 2025-11-25 it
 // runs a call as a task and finds it in tasks/list.
 func TestMCPTasksExtensionOfficialClient(t *testing.T) {
-	sdk := os.Getenv("TOOLRELAY_MCP_TS_SDK")
-	node, err := osexec.LookPath("node")
-	if sdk == "" || err != nil {
-		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm install @modelcontextprotocol/ext-tasks @modelcontextprotocol/client` ran, with node on PATH")
-	}
+	node, sdk := nodeSDK(t)
 	t.Parallel()
 	tf := newTaskFleet(t, httpapi.Options{})
-	cmd := osexec.CommandContext(t.Context(), node, "testdata/mcp-ext-tasks-client.mjs", sdk, tf.a, tf.b)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	steps := map[string][]map[string]any{}
-	sc := bufio.NewScanner(out)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var step map[string]any
-		if json.Unmarshal(sc.Bytes(), &step) != nil {
-			continue
-		}
-		t.Logf("%s", sc.Bytes())
-		name, _ := step["step"].(string)
-		steps[name] = append(steps[name], step)
+	steps := runNode(t, node, "mcp-ext-tasks-client.mjs", sdk, []string{tf.a, tf.b}, func(name string, _ map[string]any, _ io.WriteCloser) {
 		if name == "handedOff" {
 			tf.restartA(t)
 			close(tf.release)
 		}
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the ext-tasks client: %v", err)
-	}
+	})
 	called := steps["called"]
 	if len(called) != 3 || called[0]["kind"] != "task" || called[1]["kind"] != "task" || called[2]["kind"] != "task" {
 		t.Errorf("called: %v; want each call answered with a task", called)
