@@ -86,8 +86,9 @@ var horoscopeScenario = platformsim.Scenario{
 
 // Run plays one scenario per platform through a real JetStream server, the
 // platform simulator, the seed executors and the dispatcher, printing each
-// call as it runs, each turn's latency and the final answers. It returns an
-// error naming what failed.
+// call as it runs, each turn's latency and the final answers, then an MCP
+// client's call that outlasts its patience as a task across two replicas
+// (mcptask.go). It returns an error naming what failed.
 func Run(ctx context.Context, opts Options) (err error) {
 	if opts.Out == nil {
 		opts.Out = os.Stdout
@@ -184,6 +185,14 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if err != nil {
 			return fmt.Errorf("demo: %s: %w", sc.title, err)
 		}
+	}
+	r2, err := startTaskReplica(ctx, &wg, natsURL, client, out, tp, opts)
+	if err != nil {
+		return fmt.Errorf("demo: MCP task: %w", err)
+	}
+	defer r2.stop()
+	if err := playMCPTask(ctx, out, mcpURL, r2, opts.Timeout); err != nil {
+		return fmt.Errorf("demo: MCP task: %w", err)
 	}
 	return nil
 }

@@ -9,6 +9,9 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
+// The demo plays a scenario per platform, one through /mcp, and an MCP
+// client's call longer than the client waits, as a task: created on a
+// second replica, which stops, and read from the first.
 func TestDemoPlaysEveryPlatform(t *testing.T) {
 	var out bytes.Buffer
 	if err := Run(t.Context(), Options{Out: &out, DataDir: t.TempDir(), Timeout: 30 * time.Second}); err != nil {
@@ -28,6 +31,9 @@ func TestDemoPlaysEveryPlatform(t *testing.T) {
 		"[mcp]", "platform: mcp_list_tools, 6 tools from toolrelay",
 		`platform: mcp_call getCurrentWeatherAtLocation{"location":"Seattle, WA","unit":"f"} -> 70f`,
 		"tools/call getUserFavoriteCity", "turn mcp",
+		"[mcp task]", "Calling build_report...", "replica 2: resultType task, ", " working (ttlMs 3600000, pollIntervalMs 2000)",
+		"the client disconnects; replica 2 stops",
+		`client -> replica 1: tasks/get -> completed: {"orders":1284,"quarter":"2026-Q3","revenue":"412,300 USD"}`,
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("demo output lacks %q", want)

@@ -60,6 +60,10 @@ const (
 	// latest step, so that the step's remaining calls, seen again while
 	// their results are being submitted one by one, are not a new turn.
 	StepBucket = "toolrelay_steps"
+	// TaskBucket indexes the calls MCP clients started as tasks by their
+	// client: <client tag>.<turn key>, so a client's tasks are listed
+	// without reading every turn.
+	TaskBucket = "toolrelay_tasks"
 
 	// turnTTL outlives any turn (at most an hour).
 	turnTTL = 2 * time.Hour
@@ -262,6 +266,12 @@ func ResponseBucketConfig(o Options) jetstream.KeyValueConfig {
 // step.
 func StepBucketConfig(o Options) jetstream.KeyValueConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: StepBucket, Description: "toolrelay steps of Agents session turns", History: 1, TTL: turnTTL}, o)
+}
+
+// TaskBucketConfig indexes started calls by their client; an entry lives
+// as long as the turn it names.
+func TaskBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: TaskBucket, Description: "toolrelay MCP tasks by client", History: 1, TTL: turnTTL}, o)
 }
 
 // Stream checks that the stream exists and is compatible, or creates it.

@@ -31,7 +31,8 @@ const (
 	// the dispatchers store everything in files.
 	DefaultControlMaxMemory = 64 << 20
 	// DefaultControlStreamsSpare is the control account's streams beyond
-	// one result stream per team: its own eight, and room to grow.
+	// one result stream per team: its own ten (the timer stream and nine
+	// buckets), and room to grow.
 	DefaultControlStreamsSpare = 64
 	// DefaultControlMaxConsumers bounds the control account's consumers:
 	// one per result stream, a few per dispatcher replica for the streams

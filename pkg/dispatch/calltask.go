@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,11 +72,17 @@ func (d *Dispatcher) StartCall(ctx context.Context, owner string, c DirectCall) 
 	}
 	id := uuid.NewString()
 	deadline := time.Now().Add(c.Timeout)
-	t, err := d.Intake(ctx, &TurnRequest{
+	req := &TurnRequest{
 		Ref: Ref{Platform: protocol.PlatformMCP}, Scope: startedScope(owner, id), Channel: "mcp",
 		Calls:     []CallRequest{{ID: "call_" + id, Name: c.Function, Arguments: c.Arguments}},
 		ExpiresAt: deadline.Add(directAnswerSlack), Deadline: deadline,
-	})
+	}
+	// The index entry first: every call that exists is listed (an entry
+	// whose intake failed names no turn, and listing skips it).
+	if _, err := d.tasks.Put(ctx, taskIndexKey(owner, req.Key()), nil); err != nil {
+		return nil, fmt.Errorf("dispatch: index the call of %s: %w", c.Function, err)
+	}
+	t, err := d.Intake(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +206,53 @@ func (d *Dispatcher) startedCall(ctx context.Context, t *Turn, updated time.Time
 		s.State, s.Result = CallDone, outputs[0].Result
 	}
 	return s, nil
+}
+
+// taskIndexKey is the key of the entry naming key among owner's started
+// calls in the task bucket.
+func taskIndexKey(owner string, key protocol.TurnKey) string {
+	return ownerTag(owner) + "." + string(key)
+}
+
+// StartedCalls lists the calls owner started whose records are kept, by
+// key: at most limit of them, those after the key after (none: from the
+// first). more reports whether there are more after the last one listed.
+// Each is read as [Dispatcher.StartedCall] reads it; a call whose record
+// is gone (expired) is left out. Every page reads all of owner's index
+// entries (kept as long as turns are), then the records of the page.
+func (d *Dispatcher) StartedCalls(ctx context.Context, owner string, after protocol.TurnKey, limit int) (calls []*StartedCall, more bool, err error) {
+	lister, err := d.tasks.ListKeysFiltered(ctx, ownerTag(owner)+".*")
+	if err != nil {
+		return nil, false, fmt.Errorf("dispatch: list the calls of a client: %w", err)
+	}
+	var keys []protocol.TurnKey
+	for k := range lister.Keys() {
+		if _, key, ok := strings.Cut(k, "."); ok && protocol.TurnKey(key) > after {
+			keys = append(keys, protocol.TurnKey(key))
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, err // the listing was cut short
+	}
+	slices.Sort(keys)
+	for _, key := range keys {
+		if len(calls) == limit {
+			return calls, true, nil
+		}
+		t, updated, err := d.startedTurn(ctx, owner, key)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		s, err := d.startedCall(ctx, t, updated)
+		if err != nil {
+			return nil, false, err
+		}
+		calls = append(calls, s)
+	}
+	return calls, false, nil
 }
 
 // RunningStartedCalls counts owner's started calls that have not ended,

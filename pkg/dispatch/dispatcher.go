@@ -184,7 +184,9 @@ type Dispatcher struct {
 	// webhooksSeen backs the webhook intake.
 	webhooksSeen jetstream.KeyValue
 	// steps backs stepOf (Agents sessions).
-	steps    jetstream.KeyValue
+	steps jetstream.KeyValue
+	// tasks indexes started calls by their client (StartedCalls).
+	tasks    jetstream.KeyValue
 	timers   jetstream.Stream
 	registry *registry
 	gather   *gatherer
@@ -443,6 +445,9 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 		return err
 	}
 	if d.steps, err = provision.KeyValue(ctx, d.js, provision.StepBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.tasks, err = provision.KeyValue(ctx, d.js, provision.TaskBucketConfig(popts)); err != nil {
 		return err
 	}
 	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {

@@ -91,7 +91,9 @@
 // MCP task) is a direct call nobody waits for: [Dispatcher.StartCall]
 // returns once its turn is recorded, and any replica reads it
 // ([Dispatcher.StartedCall]) or cancels it ([Dispatcher.CancelStartedCall])
-// by its turn key; the turn record is all there is of it.
+// by its turn key. The turn record is all there is of it, but for an
+// entry naming it under its client in the task index, which
+// [Dispatcher.StartedCalls] lists.
 //
 // The watch API is also served on NATS (protocol.WatchSubject and
 // protocol.WatchStatusSubject) by package watch while [Dispatcher.Run]

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -19,13 +18,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/toolrelay/toolrelay/internal/apiauth"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
-	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
-	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
 // A client that gives up on a call and says so with notifications/cancelled
@@ -34,10 +29,7 @@ import (
 // call on its executor: the command's process is killed.
 func TestMCPCancelFromAnotherReplica(t *testing.T) {
 	t.Parallel()
-	f := newMCPFleet(t, 2, dispatch.Options{})
-	for _, version := range protocolVersions {
-		t.Run(version.String(), func(t *testing.T) { f.cancelFromAnotherReplica(t, version) })
-	}
+	forEachVersion(t, (*mcpFleet).cancelFromAnotherReplica)
 }
 
 func (f *mcpFleet) cancelFromAnotherReplica(t *testing.T, version protocolVersion) {
@@ -55,11 +47,27 @@ func (f *mcpFleet) cancelFromAnotherReplica(t *testing.T, version protocolVersio
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled call: %v", err)
 	}
-	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	waitKilled(t, pid)
 	call, cancelled := rr.replicaOf("tools/call"), rr.replicaOf("notifications/cancelled")
 	if call < 0 || cancelled < 0 || call == cancelled {
 		t.Errorf("tools/call reached replica %d and notifications/cancelled replica %d; want two different ones", call, cancelled)
 	}
+}
+
+// forEachVersion runs check as a subtest per protocol version, on one
+// fleet of two replicas.
+func forEachVersion(t *testing.T, check func(f *mcpFleet, t *testing.T, version protocolVersion)) {
+	t.Helper()
+	f := newMCPFleet(t, 2, dispatch.Options{})
+	for _, version := range protocolVersions {
+		t.Run(version.String(), func(t *testing.T) { check(f, t, version) })
+	}
+}
+
+// waitKilled waits for the process pid to be gone.
+func waitKilled(t *testing.T, pid int) {
+	t.Helper()
+	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
 }
 
 // sleepyPID waits for the sleepy command to start and returns its pid.
@@ -86,45 +94,16 @@ func (f *mcpFleet) sleepyPID(t *testing.T) int {
 // request id runs on, until its own caller cancels it.
 func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	path := filepath.Join(t.TempDir(), "tokens.txt")
-	tokens := tokensFile(t, path, "orders", "admin")
-	file, err := apiauth.Open(path, apiauth.Options{Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var urls []string
-	for i := range 2 {
-		d, _ := e.dispatcher(dispatch.Options{Name: "replica-" + strconv.Itoa(i)})
-		hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file, Logger: testutil.Logger(t)}))
-		t.Cleanup(hs.Close)
-		urls = append(urls, hs.URL+"/mcp")
-	}
-	started, cancelled := make(chan string, 4), make(chan string, 4)
-	f := &mcpFleet{e: e, tp: sdktrace.NewTracerProvider()}
-	f.executor(t, "orders", exec.Function{Name: "wait", Description: "Waits to be cancelled.", Timeout: time.Minute,
-		Parameters: json.RawMessage(`{"type":"object","properties":{"tag":{"type":"string"}},"required":["tag"]}`),
-		Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
-			var args struct{ Tag string }
-			_ = json.Unmarshal(inv.Call.Arguments, &args)
-			started <- args.Tag
-			<-ctx.Done()
-			cancelled <- args.Tag
-			return nil, ctx.Err()
-		})})
-
-	header := func(caller string) http.Header {
-		return http.Header{"Authorization": {"Bearer " + tokens[caller]}, "Mcp-Protocol-Version": {"2025-11-25"}}
-	}
-	// Both callers run a call with request id 7 on replica 0.
+	tf, header := newCallersFleet(t)
+	// Both callers run a call with request id 7 on replica a.
 	ends := map[string]<-chan string{}
 	for _, caller := range []string{"orders", "admin"} {
-		ends[caller] = mcpOpenPost(t, urls[0], `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"`+caller+`"}}}`, header(caller))
+		ends[caller] = mcpOpenPost(t, tf.a, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"`+caller+`"}}}`, header(caller, "2025-11-25"))
 	}
 	running := map[string]bool{}
 	for range 2 {
 		select {
-		case tag := <-started:
+		case tag := <-tf.started:
 			running[tag] = true
 		case <-time.After(15 * time.Second):
 			t.Fatalf("the calls did not start: %v running", running)
@@ -133,20 +112,13 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 
 	notify := func(caller string) {
 		t.Helper()
-		status, body := mcpPost(t, urls[1], `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"AbortError: This operation was aborted"}}`, header(caller))
+		status, body := mcpPost(t, tf.b, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"AbortError: This operation was aborted"}}`, header(caller, "2025-11-25"))
 		if status != http.StatusAccepted {
 			t.Fatalf("notifications/cancelled from %s: %d %s; want 202", caller, status, body)
 		}
 	}
 	notify("admin")
-	select {
-	case tag := <-cancelled:
-		if tag != "admin" {
-			t.Fatalf("admin's cancellation cancelled %s's call", tag)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("admin's call was not cancelled on its executor")
-	}
+	tf.waitCancelled(t, "admin")
 	select {
 	case body := <-ends["admin"]:
 		if !strings.Contains(body, `"id":7`) || !strings.Contains(body, "cancelled") {
@@ -156,7 +128,7 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 		t.Error("admin's tools/call request is still open")
 	}
 	select {
-	case tag := <-cancelled:
+	case tag := <-tf.cancelled:
 		t.Fatalf("%s's call was cancelled by another caller's notification", tag)
 	case body := <-ends["orders"]:
 		t.Fatalf("orders' call ended on another caller's notification: %q", body)
@@ -164,42 +136,11 @@ func TestMCPCancelNotificationMatchesTheCaller(t *testing.T) {
 	}
 
 	notify("orders")
-	select {
-	case tag := <-cancelled:
-		if tag != "orders" {
-			t.Fatalf("cancelled %s; want orders", tag)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("orders' call was not cancelled by its own caller's notification")
-	}
+	tf.waitCancelled(t, "orders")
 	select {
 	case <-ends["orders"]:
 	case <-time.After(10 * time.Second):
 		t.Error("orders' tools/call request is still open")
-	}
-
-	// A task is its caller's too: another caller can neither read nor
-	// cancel it.
-	created := mcpRPCWith(t, urls[0], header("admin"), `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"wait","arguments":{"tag":"task"},"task":{}}}`)
-	id, _ := field(created.Result, "task", "taskId").(string)
-	if id == "" {
-		t.Fatalf("task-augmented tools/call: %v %v", created.Result, created.Error)
-	}
-	for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/result"} {
-		if r := mcpRPCWith(t, urls[1], header("orders"), `{"jsonrpc":"2.0","id":9,"method":"`+method+`","params":{"taskId":"`+id+`"}}`); r.Error == nil || r.Error.Code != -32602 {
-			t.Errorf("%s of another caller's task: %v %v; want -32602, as for no task", method, r.Result, r.Error)
-		}
-	}
-	if r := mcpRPCWith(t, urls[1], header("admin"), `{"jsonrpc":"2.0","id":10,"method":"tasks/cancel","params":{"taskId":"`+id+`"}}`); r.Error != nil || r.Result["status"] != "cancelled" {
-		t.Errorf("tasks/cancel by its caller: %v %v", r.Result, r.Error)
-	}
-	select {
-	case tag := <-cancelled:
-		if tag != "task" {
-			t.Errorf("cancelled %s; want the task's call", tag)
-		}
-	case <-time.After(15 * time.Second):
-		t.Error("the cancelled task's handler was not cancelled")
 	}
 }
 
@@ -224,20 +165,26 @@ func mcpOpenPost(t *testing.T, url, body string, header http.Header) <-chan stri
 	return end
 }
 
-// The official TypeScript SDK's client (TOOLRELAY_MCP_TS_SDK: a directory
-// where `npm install @modelcontextprotocol/sdk` ran, such as sdk/typescript
-// after its npm ci, as .ci/run sets it) against two replicas,
-// its requests sent to each in turn: it runs a call as a task, and
-// cancels a running call with an AbortSignal, which kills the command.
-func TestMCPTypeScriptSDK(t *testing.T) {
-	sdk := os.Getenv("TOOLRELAY_MCP_TS_SDK")
+// nodeSDK is node and the directory TOOLRELAY_MCP_TS_SDK names, where npm
+// installed the official MCP packages (sdk/typescript after its npm ci,
+// as .ci/run sets it); the test is skipped without either.
+func nodeSDK(t *testing.T) (node, sdk string) {
+	t.Helper()
+	sdk = os.Getenv("TOOLRELAY_MCP_TS_SDK")
 	node, err := osexec.LookPath("node")
 	if sdk == "" || err != nil {
-		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm install @modelcontextprotocol/sdk` ran, with node on PATH")
+		t.Skip("set TOOLRELAY_MCP_TS_SDK to a directory where `npm ci` ran in sdk/typescript (the MCP SDK, ext-tasks and client packages), with node on PATH")
 	}
-	t.Parallel()
-	f := newMCPFleet(t, 2, dispatch.Options{})
-	cmd := osexec.CommandContext(t.Context(), node, "testdata/mcp-ts-client.mjs", sdk, f.urls[0], f.urls[1])
+	return node, sdk
+}
+
+// runNode runs the Node script of testdata with sdk and args, and calls
+// onStep with each JSON line it prints (a step, named by its "step") and
+// its standard input. It returns the steps by name once the script exited
+// 0, and fails the test otherwise.
+func runNode(t *testing.T, node, script, sdk string, args []string, onStep func(name string, step map[string]any, stdin io.WriteCloser)) map[string][]map[string]any {
+	t.Helper()
+	cmd := osexec.CommandContext(t.Context(), node, append([]string{"testdata/" + script, sdk}, args...)...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -252,6 +199,7 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 	}
 	steps := map[string][]map[string]any{}
 	sc := bufio.NewScanner(out)
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var step map[string]any
 		if json.Unmarshal(sc.Bytes(), &step) != nil {
@@ -260,6 +208,22 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 		t.Logf("%s", sc.Bytes())
 		name, _ := step["step"].(string)
 		steps[name] = append(steps[name], step)
+		onStep(name, step, in)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%s: %v", script, err)
+	}
+	return steps
+}
+
+// The official TypeScript SDK's client against two replicas, its requests
+// sent to each in turn: it runs a call as a task, and cancels a running
+// call with an AbortSignal, which kills the command.
+func TestMCPTypeScriptSDK(t *testing.T) {
+	node, sdk := nodeSDK(t)
+	t.Parallel()
+	f := newMCPFleet(t, 2, dispatch.Options{})
+	steps := runNode(t, node, "mcp-ts-client.mjs", sdk, f.urls, func(name string, _ map[string]any, stdin io.WriteCloser) {
 		if name == "cancel" {
 			// Before the client closes, and with it the call's request.
 			b, err := os.ReadFile(filepath.Join(f.marks, "sleepy.pid"))
@@ -267,14 +231,11 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 			if err != nil || pid <= 0 {
 				t.Fatalf("the sleepy command left no pid (%v): it never ran", err)
 			}
-			testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
-			_, _ = in.Write([]byte("close\n"))
-			_ = in.Close()
+			waitKilled(t, pid)
+			_, _ = stdin.Write([]byte("close\n"))
+			_ = stdin.Close()
 		}
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the TypeScript client: %v", err)
-	}
+	})
 	if c := steps["connected"]; len(c) != 1 || c[0]["tasks"] == nil {
 		t.Errorf("connected: %v; want the server's tasks capability", c)
 	}

@@ -328,10 +328,7 @@ func text(res *mcp.CallToolResult) string {
 // whichever replica takes them and whichever gathers their results.
 func TestMCPListAndCallAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	f := newMCPFleet(t, 2, dispatch.Options{})
-	for _, version := range protocolVersions {
-		t.Run(version.String(), func(t *testing.T) { f.listAndCall(t, version) })
-	}
+	forEachVersion(t, (*mcpFleet).listAndCall)
 }
 
 func (f *mcpFleet) listAndCall(t *testing.T, version protocolVersion) {
@@ -529,10 +526,7 @@ func TestMCPToolsFollowTheLiveFleet(t *testing.T) {
 // command's process is killed. Progress is reported while it runs.
 func TestMCPCancelKillsTheCommand(t *testing.T) {
 	t.Parallel()
-	f := newMCPFleet(t, 2, dispatch.Options{})
-	for _, version := range protocolVersions {
-		t.Run(version.String(), func(t *testing.T) { f.cancelKillsTheCommand(t, version) })
-	}
+	forEachVersion(t, (*mcpFleet).cancelKillsTheCommand)
 }
 
 func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) {
@@ -553,14 +547,7 @@ func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) 
 		_, err := s.CallTool(ctx, params)
 		done <- err
 	}()
-	pidFile := filepath.Join(f.marks, "sleepy.pid")
-	t.Cleanup(func() { _ = os.Remove(pidFile) })
-	var pid int
-	testutil.WaitForWhat(t, 15*time.Second, "the sleepy command to write its pid", func() bool {
-		b, err := os.ReadFile(pidFile)
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		return err == nil && pid > 0
-	})
+	pid := f.sleepyPID(t)
 	select {
 	case p := <-progress:
 		if p.ProgressToken != "sleepy-1" || p.Progress <= 0 {
@@ -576,7 +563,7 @@ func (f *mcpFleet) cancelKillsTheCommand(t *testing.T, version protocolVersion) 
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled call: %v", err)
 	}
-	testutil.WaitForWhat(t, 15*time.Second, "the command (pid "+strconv.Itoa(pid)+") to be killed", func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	waitKilled(t, pid)
 }
 
 // The call's spans join the client's trace, whether the traceparent comes

@@ -19,7 +19,8 @@
 //	GET  /readyz         200 once NATS is connected and everything is provisioned
 //	/mcp                 the MCP front door: Streamable HTTP, stateless (mcp.go);
 //	                     notifications/cancelled from any replica (mcpcancel.go);
-//	                     tasks of protocol 2025-11-25 (mcptasks.go)
+//	                     tasks of protocol 2025-11-25 (mcptasks.go) and the
+//	                     Tasks extension of 2026-07-28 (mcptasksext.go)
 //	GET  /.well-known/oauth-protected-resource[/mcp]
 //	                     with tokens, the RFC 9728 metadata of /mcp (oauth.go)
 //

@@ -99,7 +99,7 @@ func (a *Handler) mcpHandler() http.Handler {
 		// The SDK cuts a handler's context loose from its request for older
 		// protocol versions; the request's own context, kept here, is what
 		// tells a call that its client went away.
-		ctx, msg := withMessage(context.WithValue(r.Context(), httpRequestKey{}, r.Context()), body)
+		ctx, msg := withMessage(context.WithValue(r.Context(), httpRequestKey{}, r.Context()), body, r.Header.Get("Mcp-Protocol-Version"))
 		a.mcpCancelled(ctx, msg)
 		h.ServeHTTP(jw, r.WithContext(ctx))
 		jw.finish()
@@ -229,6 +229,9 @@ const methodListen = "subscriptions/listen"
 // cannot open one more with subscriptions/listen.
 func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if err := tasksGate(ctx, method); err != nil {
+			return nil, err
+		}
 		if method == methodListen {
 			caller, _ := callerFrom(ctx)
 			if !a.streams.acquire(caller.Name) {
@@ -244,6 +247,13 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 			return mcpInitialized(res), nil
 		}
+		if method == "server/discover" {
+			res, err := next(ctx, method, req)
+			if err != nil {
+				return nil, err
+			}
+			return mcpDiscovered(res), nil
+		}
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
 			if !a.d.Ready() {
@@ -257,7 +267,7 @@ func (a *Handler) mcpTools(next mcp.MethodHandler) mcp.MethodHandler {
 				cursor = r.Params.Cursor
 			}
 			res, err := a.mcpListTools(ctx, cursor)
-			if err != nil || !speaksTasks(r.Extra) {
+			if err != nil || dialectFrom(ctx) != tasksExperimental {
 				return res, err
 			}
 			return mcpToolsWithTasks(res)
@@ -348,8 +358,13 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (mc
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
-	if asTask, _ := ctx.Value(taskRequestedKey{}).(bool); asTask && speaksTasks(req.Extra) {
-		return a.mcpStartTask(mcpTraceContext(ctx, req), caller, f, dispatch.DirectCall{Function: p.Name, Arguments: args})
+	switch asTask, _ := ctx.Value(taskRequestedKey{}).(bool); dialectFrom(ctx) {
+	case tasksExperimental:
+		if asTask {
+			return a.mcpStartTask(mcpTraceContext(ctx, req), caller, f, dispatch.DirectCall{Function: p.Name, Arguments: args})
+		}
+	case tasksExtension:
+		return a.mcpCallAsTask(mcpTraceContext(ctx, req), caller, f, dispatch.DirectCall{Function: p.Name, Arguments: args})
 	}
 
 	ctx = mcpTraceContext(ctx, req)
@@ -389,20 +404,29 @@ func (a *Handler) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (mc
 		return mcpError(protocol.CodeUnavailable,
 			fmt.Sprintf("%s is unavailable right now (the call could not be queued). Try again later or continue without it.", p.Name)), nil
 	}
+	out, outcome := a.toolResult(ctx, p.Name, f.Spec, res)
+	span.SetAttributes(attrOutcome.String(outcome))
+	return out, nil
+}
+
+// toolResult is a call's result as the tool result its client reads, and
+// its outcome for the span: its failure, or its output unless that breaks
+// its function's declared output schema (spec nil: not known).
+func (a *Handler) toolResult(ctx context.Context, name string, spec *protocol.FunctionSpec, res *protocol.Result) (*mcp.CallToolResult, string) {
 	if res.Error != nil {
-		span.SetAttributes(attrOutcome.String(string(res.Error.Code)))
-		return mcpError(res.Error.Code, res.Error.Message), nil
+		return mcpError(res.Error.Code, res.Error.Message), string(res.Error.Code)
 	}
-	if problem := a.d.CheckOutput(f.Spec, []byte(res.Output)); problem != "" {
+	if spec == nil {
+		return mcpResult(res), "ok"
+	}
+	if problem := a.d.CheckOutput(spec, []byte(res.Output)); problem != "" {
 		// The client was promised structured output of this shape; what
 		// the function returned is not it, which is the function's fault.
-		a.log.WarnContext(ctx, "an MCP call's output breaks its function's output schema", "fn", p.Name, "team", f.Spec.Team, "problem", problem)
-		span.SetAttributes(attrOutcome.String(string(protocol.CodeFunctionError)))
+		a.log.WarnContext(ctx, "an MCP call's output breaks its function's output schema", "fn", name, "team", spec.Team, "problem", problem)
 		return mcpError(protocol.CodeFunctionError, fmt.Sprintf("%s ran, but %s. The dispatcher logs it for the function's owners; "+
-			"try again later or continue without it.", p.Name, problem)), nil
+			"try again later or continue without it.", name, problem)), string(protocol.CodeFunctionError)
 	}
-	span.SetAttributes(attrOutcome.String("ok"))
-	return mcpResult(res), nil
+	return mcpResult(res), "ok"
 }
 
 // mcpResult is a call's result as an MCP tool result: its output as text

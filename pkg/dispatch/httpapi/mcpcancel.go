@@ -24,9 +24,11 @@ const methodCancelled = "notifications/cancelled"
 type rpcIDKey struct{}
 
 // mcpMessage is what /mcp reads of a POST's JSON-RPC message before the
-// SDK does, in one pass: its id, its method, and the params of a
-// notifications/cancelled (requestId, reason) or of a tools/call asking
-// for a task (task).
+// SDK does, in one pass: its id, its method, the params of a
+// notifications/cancelled (requestId, reason), of a tools/call asking
+// for a task (task) or of a subscriptions/listen asking for task
+// notifications (notifications.taskIds), and the protocol version and
+// extensions its _meta declares (2026-07-28).
 type mcpMessage struct {
 	ID     json.RawMessage `json:"id"`
 	Method string          `json:"method"`
@@ -34,24 +36,48 @@ type mcpMessage struct {
 		RequestID any             `json:"requestId"`
 		Reason    string          `json:"reason"`
 		Task      json.RawMessage `json:"task"`
+		Meta      json.RawMessage `json:"_meta"`
+		// Notifications is read raw: a listen's params are the SDK's to
+		// check.
+		Notifications json.RawMessage `json:"notifications"`
 	} `json:"params"`
+	meta requestMeta
 }
 
-// withMessage reads the JSON-RPC message of body, and notes in ctx its id
-// and whether it is a tools/call asking for a task. A body it cannot read
-// gives an empty message (the SDK answers it).
-func withMessage(ctx context.Context, body []byte) (context.Context, *mcpMessage) {
+// requestMeta is what a request of 2026-07-28 says of its client in its
+// _meta.
+type requestMeta struct {
+	ProtocolVersion    string `json:"io.modelcontextprotocol/protocolVersion"`
+	ClientCapabilities struct {
+		Extensions map[string]json.RawMessage `json:"extensions"`
+	} `json:"io.modelcontextprotocol/clientCapabilities"`
+}
+
+// withMessage reads the JSON-RPC message of body, and notes in ctx its id,
+// its task dialect (headerVersion is its Mcp-Protocol-Version) and
+// whether it asks for a task (a tools/call) or tasks' notifications (a
+// subscriptions/listen). A body it cannot read
+// gives an empty message (the SDK answers it); a _meta it cannot read,
+// none (the SDK refuses a request of 2026-07-28 without one).
+func withMessage(ctx context.Context, body []byte, headerVersion string) (context.Context, *mcpMessage) {
 	var msg mcpMessage
 	if json.Unmarshal(body, &msg) != nil {
 		return ctx, &mcpMessage{}
 	}
+	_ = json.Unmarshal(msg.Params.Meta, &msg.meta)
 	if len(msg.ID) > 0 && string(msg.ID) != "null" {
 		ctx = context.WithValue(ctx, rpcIDKey{}, msg.ID)
 	}
 	if msg.Method == "tools/call" && len(msg.Params.Task) > 0 && string(msg.Params.Task) != "null" {
 		ctx = context.WithValue(ctx, taskRequestedKey{}, true)
 	}
-	return ctx, &msg
+	var listen struct {
+		TaskIDs json.RawMessage `json:"taskIds"`
+	}
+	if msg.Method == methodListen && json.Unmarshal(msg.Params.Notifications, &listen) == nil && len(listen.TaskIDs) > 0 && string(listen.TaskIDs) != "null" {
+		ctx = context.WithValue(ctx, taskRequestedKey{}, true)
+	}
+	return context.WithValue(ctx, taskDialectKey{}, dialectOf(headerVersion, &msg)), &msg
 }
 
 // callHandle names the call of caller with JSON-RPC request id (as
