@@ -337,7 +337,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}()
 
 	regReady := make(chan struct{})
-	wg.Go(func() { d.registry.watch(rctx, regReady) })
+	wg.Go(func() { d.registry.follow(rctx, regReady) })
 	regWait := time.NewTimer(registryLoadWait)
 	select {
 	case <-regReady:

@@ -21,8 +21,9 @@ import (
 
 // registry is the dispatcher's view of the fleet: which team owns each
 // function (its claim in the registry bucket) and which executor processes
-// serve it now (their declarations, each a lease). A cache kept current by
-// watching both buckets, with each distinct schema compiled once.
+// serve it now (their declarations, each lapsing unless renewed). A cache
+// kept current by following the buckets, with each distinct schema
+// compiled once.
 //
 // Validation rule: a call's arguments are valid if they match the schema
 // of any live declaration of the function, so that during a rolling deploy
@@ -121,17 +122,17 @@ func newRegistry(log *slog.Logger) *registry {
 		lastServed: map[string]time.Time{}, lastHeld: map[string]time.Time{}, started: time.Now()}
 }
 
-// watch keeps the cache current until ctx ends. ready is closed once both
+// follow keeps the cache current until ctx ends. ready is closed once the
 // buckets' current contents are loaded.
-func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
+func (r *registry) follow(ctx context.Context, ready chan<- struct{}) {
 	var loaded sync.WaitGroup
 	loaded.Add(3)
 	var wg sync.WaitGroup
 	// The claims' history too, so that a replica starting knows when each
 	// definition last changed.
-	wg.Go(func() { watchBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log, jetstream.IncludeHistory()) })
-	wg.Go(func() { watchBucket(ctx, r.decls, r.applyDeclaration, loaded.Done, r.log) })
-	wg.Go(func() { watchBucket(ctx, r.names, r.applyName, loaded.Done, r.log) })
+	wg.Go(func() { followBucket(ctx, r.claims, r.applyClaim, loaded.Done, r.log, jetstream.IncludeHistory()) })
+	wg.Go(func() { followBucket(ctx, r.decls, r.applyDeclaration, loaded.Done, r.log) })
+	wg.Go(func() { followBucket(ctx, r.names, r.applyName, loaded.Done, r.log) })
 	wg.Go(func() {
 		loaded.Wait()
 		r.loaded.Store(ctx.Err() == nil)
@@ -140,16 +141,16 @@ func (r *registry) watch(ctx context.Context, ready chan<- struct{}) {
 	wg.Wait()
 }
 
-// watchBucket applies every change of kv until ctx ends, re-creating the
-// watcher when it closes (for instance after a reconnect). loaded is called
+// followBucket applies every change of kv until ctx ends, re-creating its
+// KV watcher when it closes (for instance after a reconnect). loaded is called
 // once, when the first snapshot is delivered (or ctx ends before).
-func watchBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), loaded func(), log *slog.Logger, opts ...jetstream.WatchOpt) {
+func followBucket(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), loaded func(), log *slog.Logger, opts ...jetstream.WatchOpt) {
 	var once sync.Once
 	defer once.Do(loaded)
 	for ctx.Err() == nil {
 		w, err := kv.WatchAll(ctx, opts...)
 		if err != nil {
-			log.Warn("registry watch failed; retrying", "bucket", kv.Bucket(), "err", err)
+			log.Warn("following a registry bucket failed; retrying", "bucket", kv.Bucket(), "err", err)
 			backoff.Sleep(ctx, time.Second)
 			continue
 		}
