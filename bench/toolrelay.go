@@ -24,6 +24,11 @@ type sink struct {
 	mu      sync.Mutex
 	waiting map[protocol.TurnKey]chan struct{}
 	count   atomic.Int64
+	// failed counts submitted results that are failures (a curve's calls
+	// must all succeed to count).
+	failed atomic.Int64
+	// why is the first failure's message.
+	why atomic.Pointer[string]
 	// reached, when not nil, takes the turn and time of each traced
 	// submission that reached the platform, by its trace.
 	reached map[trace.TraceID]reach
@@ -42,9 +47,19 @@ func (*sink) Poll(context.Context, dispatch.Ref) (*dispatch.Observation, error) 
 	return &dispatch.Observation{State: dispatch.ObjectDone}, nil
 }
 
-func (s *sink) Submit(ctx context.Context, t *dispatch.Turn, _ []dispatch.Output) (*dispatch.Submission, error) {
+func (s *sink) Submit(ctx context.Context, t *dispatch.Turn, outs []dispatch.Output) (*dispatch.Submission, error) {
 	now := time.Now()
 	s.count.Add(1)
+	for _, o := range outs {
+		if o.Result == nil || !o.Result.OK() {
+			s.failed.Add(1)
+			why := "no result"
+			if o.Result != nil {
+				why = o.Result.Error.Message
+			}
+			s.why.CompareAndSwap(nil, &why)
+		}
+	}
 	s.mu.Lock()
 	if s.reached != nil {
 		s.reached[trace.SpanContextFromContext(ctx).TraceID()] = reach{t.Key, now}
@@ -132,6 +147,9 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			return nil, err
 		}
 		ewg.Go(func() { _ = ex.Run(ectx); js.Conn().Close() })
+	}
+	if fn == nil { // no executors: the caller starts its own
+		return s, nil
 	}
 	if err := waitServed(ctx, djs, fn().Name, s.d); err != nil {
 		s.stop()

@@ -1,0 +1,8 @@
+package main
+
+import "context"
+
+func curveTime(ctx context.Context, cfg config, c *curve) error      { return nil }
+func curveReplicas(ctx context.Context, cfg config, c *curve) error  { return nil }
+func curveCluster(ctx context.Context, cfg config, c *curve) error   { return nil }
+func curveMCP(ctx context.Context, cfg config, c *curve) error       { return nil }
