@@ -77,6 +77,7 @@ var curveSteps = []struct {
 	{"functions", curveFunctions},
 	{"turns", curveOpenTurns},
 	{"time", curveTime},
+	{"results", curveResultsFull},
 	{"replicas", curveReplicas},
 	{"cluster", curveCluster},
 	{"mcp", curveMCP},

@@ -2,7 +2,6 @@ package main
 
 import "context"
 
-func curveTime(ctx context.Context, cfg config, c *curve) error      { return nil }
-func curveReplicas(ctx context.Context, cfg config, c *curve) error  { return nil }
-func curveCluster(ctx context.Context, cfg config, c *curve) error   { return nil }
-func curveMCP(ctx context.Context, cfg config, c *curve) error       { return nil }
+func curveReplicas(ctx context.Context, cfg config, c *curve) error { return nil }
+func curveCluster(ctx context.Context, cfg config, c *curve) error  { return nil }
+func curveMCP(ctx context.Context, cfg config, c *curve) error      { return nil }

@@ -95,6 +95,8 @@ type stack struct {
 // the bench sets as the commands do when they export no traces).
 type stackOptions struct {
 	tracer trace.TracerProvider
+	// resultBytes is the dispatcher's ResultStreamBytes (0: its default).
+	resultBytes int64
 }
 
 const benchTeam = "bench"
@@ -117,7 +119,7 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 		s.stop()
 		return nil, err
 	}
-	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{TracerProvider: o.tracer})
+	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{TracerProvider: o.tracer, ResultStreamBytes: o.resultBytes})
 	if err != nil {
 		s.stop()
 		return nil, err
