@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -85,7 +86,10 @@ func (s *sink) expect(key protocol.TurnKey) chan struct{} {
 // stack is toolrelay on one JetStream server: a dispatcher with the sink,
 // and executors serving fn, each on its own connection.
 type stack struct {
-	d    *dispatch.Dispatcher
+	d *dispatch.Dispatcher
+	// more are the other dispatcher replicas; drive takes turns in at
+	// each in turn.
+	more []*dispatch.Dispatcher
 	sink *sink
 	stop func()
 }
@@ -97,6 +101,12 @@ type stackOptions struct {
 	tracer trace.TracerProvider
 	// resultBytes is the dispatcher's ResultStreamBytes (0: its default).
 	resultBytes int64
+	// replicas is how many dispatchers run (0: one), each with the meter
+	// provider of its index in meters, if any; streamReplicas is the
+	// Replicas of the streams the dispatchers and executors create.
+	replicas       int
+	meters         []metric.MeterProvider
+	streamReplicas int
 }
 
 const benchTeam = "bench"
@@ -114,23 +124,35 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 	var dwg, ewg sync.WaitGroup
 	s := &stack{sink: newSink()}
 	s.stop = func() { stopExecutors(); ewg.Wait(); stopDispatcher(); dwg.Wait() }
-	_, djs, err := env.connect("dispatcher")
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{TracerProvider: o.tracer, ResultStreamBytes: o.resultBytes})
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	dwg.Go(func() { _ = s.d.Run(dctx); djs.Conn().Close() })
-	for !s.d.Ready() {
-		select {
-		case <-ctx.Done():
+	var djs jetstream.JetStream
+	for i := range max(o.replicas, 1) {
+		_, js, err := env.connect("dispatcher")
+		if err != nil {
 			s.stop()
-			return nil, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+			return nil, err
+		}
+		dopts := dispatch.Options{TracerProvider: o.tracer, ResultStreamBytes: o.resultBytes, Replicas: o.streamReplicas}
+		if i < len(o.meters) {
+			dopts.MeterProvider = o.meters[i]
+		}
+		d, err := dispatch.New(js, []dispatch.Platform{s.sink}, dopts)
+		if err != nil {
+			s.stop()
+			return nil, err
+		}
+		dwg.Go(func() { _ = d.Run(dctx); js.Conn().Close() })
+		for !d.Ready() {
+			select {
+			case <-ctx.Done():
+				s.stop()
+				return nil, ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		if i == 0 {
+			s.d, djs = d, js
+		} else {
+			s.more = append(s.more, d)
 		}
 	}
 	for i := range executors {
@@ -139,7 +161,7 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			s.stop()
 			return nil, err
 		}
-		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i), TracerProvider: o.tracer})
+		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i), TracerProvider: o.tracer, Replicas: o.streamReplicas})
 		if err != nil {
 			s.stop()
 			return nil, err
@@ -206,7 +228,9 @@ func (s *stack) drive(ctx context.Context, fn string, turns, calls, inflight int
 			fmt.Printf("   (the slowest turn took %s)\n", d.Round(time.Millisecond))
 		}
 	}()
-	for range turns {
+	ds := append([]*dispatch.Dispatcher{s.d}, s.more...)
+	for i := range turns {
+		d := ds[i%len(ds)]
 		sem <- struct{}{}
 		req := turn(fn, calls)
 		done := s.sink.expect(req.Key())
@@ -220,7 +244,7 @@ func (s *stack) drive(ctx context.Context, fn string, turns, calls, inflight int
 					}
 				}
 			}()
-			if _, err := s.d.Intake(ctx, req); err != nil {
+			if _, err := d.Intake(ctx, req); err != nil {
 				select {
 				case errs <- err:
 				default:
