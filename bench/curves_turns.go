@@ -21,7 +21,7 @@ func curveOpenTurns(ctx context.Context, cfg config, c *curve) error {
 	}
 	sizes := cfg.turnSizes
 	if len(sizes) == 0 {
-		sizes = []int{1000, 100000, 1000000}
+		sizes = []int{1000, 10000, 100000}
 		if cfg.quick {
 			sizes = []int{1000, 5000}
 		}

@@ -71,7 +71,7 @@ func main() {
 	flag.Int64Var(&cfg.resultBytes, "result-bytes", 0, "internal: the dispatcher child's result stream size")
 	flag.DurationVar(&cfg.sweepInterval, "sweep", 0, "internal: the dispatcher child's sweep interval")
 	flag.DurationVar(&cfg.runTTL, "run-ttl", 0, "internal: the dispatcher child's run TTL")
-	openTurns := flag.String("open-turns", "", "comma-separated sizes of the open-turns curve (default 1000,100000,1000000)")
+	openTurns := flag.String("open-turns", "", "comma-separated sizes of the open-turns curve (default 1000,10000,100000)")
 	flag.StringVar(&cfg.heapProfile, "heapprofile", "", "write the memory phase's dispatcher heap (live, at the largest count) to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")

@@ -1,5 +1,0 @@
-package main
-
-import "context"
-
-func curveMCP(ctx context.Context, cfg config, c *curve) error      { return nil }
