@@ -300,3 +300,14 @@ func (r *report) scaleMarkdown() string {
 	}
 	return b.String()
 }
+
+// sizes are the sizes of a curve: -curve-sizes, or quick's or full's.
+func sizes(cfg config, quick, full []int) []int {
+	switch {
+	case len(cfg.curveSizes) > 0:
+		return cfg.curveSizes
+	case cfg.quick:
+		return quick
+	}
+	return full
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	osexec "os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +40,9 @@ type childReq struct {
 	// Functions are the functions the latency samples call, in turn.
 	Functions []string `json:"functions,omitempty"`
 	Timeout   string   `json:"timeout,omitempty"`
+	// Path is where "profile" writes the child's CPU profile; "profile"
+	// without a path stops it.
+	Path string `json:"path,omitempty"`
 }
 
 // childResp is a child's answer; which fields are set depends on the request.
@@ -80,6 +84,8 @@ func serveRequests(handle func(childReq) childResp) {
 		case "mem":
 			resp.RSS, resp.Heap = memNow()
 			resp.CPU = int64(cpuTime())
+		case "profile":
+			resp.Err = errText(profile(req.Path))
 		default:
 			resp = handle(req)
 		}
@@ -428,4 +434,25 @@ func connectAs(url, name, nkeyFile string) (*nats.Conn, error) {
 		opts = append(opts, o)
 	}
 	return nats.Connect(url, opts...)
+}
+
+var profileFile *os.File
+
+// profile starts a CPU profile into path, or with no path stops it.
+func profile(path string) error {
+	if path == "" {
+		pprof.StopCPUProfile()
+		if profileFile == nil {
+			return nil
+		}
+		err := profileFile.Close()
+		profileFile = nil
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	profileFile = f
+	return pprof.StartCPUProfile(f)
 }

@@ -24,10 +24,6 @@ import (
 // functions are ten teams of 1,000.
 const functionsPerTeam = 1000
 
-// renewalWindow is how long the idle traffic of declarations is counted:
-// three renewals (protocol.LeaseRenewal).
-const renewalWindow = 3 * protocol.LeaseRenewal
-
 // curveFunctions: N declared functions, served by one executor process
 // per team (1,000 functions a team at most), with one dispatcher.
 func curveFunctions(ctx context.Context, cfg config, c *curve) error {
@@ -38,13 +34,13 @@ func curveFunctions(ctx context.Context, cfg config, c *curve) error {
 		{"server RSS (MiB)", true}, {"Functions() (ms)", true}, {"GET /v1/functions (ms)", true},
 		{"MCP tools/list, all pages (ms)", true}, {"GET /v1/tools (ms)", true},
 	}
-	sizes := []int{10, 1000, 10000}
+	window := 3 * protocol.LeaseRenewal
 	if cfg.quick {
-		sizes = []int{10, 100}
+		window = protocol.LeaseRenewal
 	}
-	for _, n := range sizes {
+	for _, n := range sizes(cfg, []int{10, 100}, []int{10, 1000, 10000}) {
 		pctx, cancel := context.WithTimeout(ctx, pointTimeout)
-		err := functionsPoint(pctx, c, n)
+		err := functionsPoint(pctx, c, n, window)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("%d functions: %w", n, err)
@@ -55,11 +51,11 @@ func curveFunctions(ctx context.Context, cfg config, c *curve) error {
 		"of 1,000, each one executor process; all teams share one account here (the traffic and registry do not depend on accounts).", functionsPerTeam)
 	c.note("Renewals: every executor process sends all its declarations every %s (protocol.LeaseRenewal), and a dispatcher stores "+
 		"each as a key-value write. The messages and bytes are what the server received in %s of idleness, all clients together.",
-		protocol.LeaseRenewal, renewalWindow)
+		protocol.LeaseRenewal, window)
 	return nil
 }
 
-func functionsPoint(ctx context.Context, c *curve, n int) error {
+func functionsPoint(ctx context.Context, c *curve, n int, window time.Duration) error {
 	dir, err := os.MkdirTemp("", "toolrelay-curves-functions-")
 	if err != nil {
 		return err
@@ -133,13 +129,13 @@ func functionsPoint(ctx context.Context, c *curve, n int) error {
 		return err
 	}
 	cpu0 := cpuTime()
-	time.Sleep(renewalWindow) // a measurement window, not a wait for a condition
+	time.Sleep(window) // a measurement window, not a wait for a condition
 	cpu := cpuTime() - cpu0
 	v1, err := srv.ask(childReq{Op: "varz"})
 	if err != nil {
 		return err
 	}
-	secs := renewalWindow.Seconds()
+	secs := window.Seconds()
 	rss, _, err := srv.mem()
 	if err != nil {
 		return err

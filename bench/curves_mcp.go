@@ -25,7 +25,7 @@ func curveMCP(ctx context.Context, cfg config, c *curve) error {
 	}
 	window := 5 * time.Second
 	if cfg.quick {
-		window = 2 * time.Second
+		window = time.Second
 	}
 	dir, err := os.MkdirTemp("", "toolrelay-curves-mcp-")
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 func curveTime(ctx context.Context, cfg config, c *curve) error {
 	rate, duration, every := 1000, 2*time.Minute, 15*time.Second
 	if cfg.quick {
-		rate, duration, every = 300, 15*time.Second, 5*time.Second
+		rate, duration, every = 300, 8*time.Second, 4*time.Second
 	}
 	c.title, c.size, c.logX = fmt.Sprintf("Time at a sustained rate (%d calls/s)", rate), "seconds", false
 	c.cols = []column{
@@ -205,7 +205,7 @@ func bytesPerMsgID(ctx context.Context, srv *child, env *natsEnv, n int) (float6
 func curveResultsFull(ctx context.Context, cfg config, c *curve) error {
 	rate, maxBytes, duration, every := 300, int64(4<<20), 40*time.Second, 5*time.Second
 	if cfg.quick {
-		maxBytes, duration, every = 1<<20, 12*time.Second, 3*time.Second
+		maxBytes, duration, every = 1<<20, 8*time.Second, 2*time.Second
 	}
 	c.title, c.size = fmt.Sprintf("A team's result stream filling (%d calls/s into %d MiB)", rate, maxBytes>>20), "seconds"
 	c.cols = []column{{"calls done", true}, {"results stored (MiB)", true}, {"calls waiting (MiB)", true}}

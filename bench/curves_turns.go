@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/provision"
@@ -19,16 +20,9 @@ func curveOpenTurns(ctx context.Context, cfg config, c *curve) error {
 		{"sweep pass (ms)", true}, {"console list, first (ms)", true}, {"console list, then (ms)", true},
 		{"restart to ready (ms)", true}, {"restart's sweep, re-arming all (ms)", true},
 	}
-	sizes := cfg.turnSizes
-	if len(sizes) == 0 {
-		sizes = []int{1000, 10000, 100000}
-		if cfg.quick {
-			sizes = []int{1000, 5000}
-		}
-	}
-	for _, n := range sizes {
+	for _, n := range sizes(cfg, []int{1000}, []int{1000, 10000, 100000}) {
 		pctx, cancel := context.WithTimeout(ctx, 2*pointTimeout)
-		err := openTurnsPoint(pctx, c, n)
+		err := openTurnsPoint(pctx, c, n, !cfg.quick, cfg.profileDir)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("%d open turns: %w", n, err)
@@ -43,7 +37,9 @@ func curveOpenTurns(ctx context.Context, cfg config, c *curve) error {
 	return nil
 }
 
-func openTurnsPoint(ctx context.Context, c *curve, n int) error {
+// openTurnsPoint measures n open turns; the sweep pass only if sweep
+// (it waits for the turns to pass their lease).
+func openTurnsPoint(ctx context.Context, c *curve, n int, sweep bool, profileDir string) error {
 	dir, err := os.MkdirTemp("", "toolrelay-curves-turns-")
 	if err != nil {
 		return err
@@ -109,25 +105,29 @@ func openTurnsPoint(ctx context.Context, c *curve, n int) error {
 		return err
 	}
 
-	// A sweep that started after every turn was older than its lease.
-	for time.Since(intakeEnd) < sweepAfterLease {
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+	// profiled runs f with the dispatcher and the server profiled, if asked.
+	profiled := func(what string, f func() error) error {
+		if profileDir == "" {
+			return f()
+		}
+		for _, p := range []struct {
+			c    *child
+			name string
+		}{{d, "dispatcher"}, {srv, "server"}} {
+			path := filepath.Join(profileDir, fmt.Sprintf("turns-%d-%s-%s.pprof", n, what, p.name))
+			if _, err := p.c.ask(childReq{Op: "profile", Path: path}); err != nil {
+				return err
+			}
+			defer p.c.ask(childReq{Op: "profile"})
+		}
+		return f()
+	}
+	pass := time.Duration(-1)
+	if sweep {
+		if err := profiled("sweep", func() (err error) { pass, err = sweepPass(ctx, d, intakeEnd); return err }); err != nil {
 			return err
 		}
 	}
-	s0, err := d.ask(childReq{Op: "sweeps"})
-	if err != nil {
-		return err
-	}
-	s1, err := nextSweep(ctx, d, s0.Sweeps+1)
-	if err != nil {
-		return err
-	}
-	s2, err := nextSweep(ctx, d, s1.Sweeps+1)
-	if err != nil {
-		return err
-	}
-	pass := time.Duration((s2.SweepNs - s1.SweepNs) / int64(s2.Sweeps-s1.Sweeps))
 
 	first, err := d.ask(childReq{Op: "inspect"})
 	if err != nil {
@@ -137,8 +137,8 @@ func openTurnsPoint(ctx context.Context, c *curve, n int) error {
 		sub, _ := d.ask(childReq{Op: "submitted"})
 		return fmt.Errorf("the console lists %d open turns, want %d (%d turns submitted, %d failed calls: %s)", first.Count, n, sub.Count, sub.Failed, sub.Why)
 	}
-	then, err := d.ask(childReq{Op: "inspect"})
-	if err != nil {
+	var then childResp
+	if err := profiled("list", func() (err error) { then, err = d.ask(childReq{Op: "inspect"}); return err }); err != nil {
 		return err
 	}
 
@@ -146,13 +146,13 @@ func openTurnsPoint(ctx context.Context, c *curve, n int) error {
 	if d, err = dispatcherChild(ctx, env.url, args...); err != nil {
 		return err
 	}
-	rearm, err := startupSweep(ctx, d)
-	if err != nil {
+	var rearm time.Duration
+	if err := profiled("rearm", func() (err error) { rearm, err = startupSweep(ctx, d); return err }); err != nil {
 		return err
 	}
 	per := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(n) }
 	c.add(float64(n), "", rate, per(drss0, drss1), per(dheap0, dheap1), per(srss0, srss1),
-		float64(drss1)/(1<<20), float64(srss1)/(1<<20), msf(gauge), msf(pass),
+		float64(drss1)/(1<<20), float64(srss1)/(1<<20), msf(gauge), nonNegative(msf(pass)),
 		msf(time.Duration(first.Took)), msf(time.Duration(then.Took)), msf(d.ready), msf(rearm))
 	return nil
 }
@@ -199,4 +199,36 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-time.After(d):
 		return nil
 	}
+}
+
+// sweepPass is how long one sweep of the dispatcher child takes once
+// every turn it took in by intakeEnd is older than its lease.
+func sweepPass(ctx context.Context, d *child, intakeEnd time.Time) (time.Duration, error) {
+	for time.Since(intakeEnd) < sweepAfterLease {
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+	s0, err := d.ask(childReq{Op: "sweeps"})
+	if err != nil {
+		return 0, err
+	}
+	// The next sweep may have started before; the one after did not.
+	s1, err := nextSweep(ctx, d, s0.Sweeps+1)
+	if err != nil {
+		return 0, err
+	}
+	s2, err := nextSweep(ctx, d, s1.Sweeps+1)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration((s2.SweepNs - s1.SweepNs) / int64(s2.Sweeps-s1.Sweeps)), nil
+}
+
+// nonNegative is v, or "not measured" if v < 0.
+func nonNegative(v float64) float64 {
+	if v < 0 {
+		return na
+	}
+	return v
 }

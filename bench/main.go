@@ -46,8 +46,11 @@ type config struct {
 	store, serverConfig, nkey, replicaName string
 	resultBytes                            int64
 	sweepInterval, runTTL                  time.Duration
-	// turnSizes overrides the open-turns curve's sizes.
-	turnSizes []int
+	// curveSizes overrides the sizes of the teams, functions and open-turns
+	// curves; profileDir takes CPU profiles of the open-turns curve's
+	// children.
+	curveSizes []int
+	profileDir string
 	// curves picks the curves the curves phase measures (none: all).
 	curves map[string]bool
 }
@@ -71,7 +74,8 @@ func main() {
 	flag.Int64Var(&cfg.resultBytes, "result-bytes", 0, "internal: the dispatcher child's result stream size")
 	flag.DurationVar(&cfg.sweepInterval, "sweep", 0, "internal: the dispatcher child's sweep interval")
 	flag.DurationVar(&cfg.runTTL, "run-ttl", 0, "internal: the dispatcher child's run TTL")
-	openTurns := flag.String("open-turns", "", "comma-separated sizes of the open-turns curve (default 1000,10000,100000)")
+	curveSizes := flag.String("curve-sizes", "", "comma-separated sizes for the teams, functions and turns curves (with -curves naming one)")
+	flag.StringVar(&cfg.profileDir, "curve-profiles", "", "write CPU profiles of the open-turns curve's dispatcher and server here")
 	flag.StringVar(&cfg.heapProfile, "heapprofile", "", "write the memory phase's dispatcher heap (live, at the largest count) to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")
@@ -101,13 +105,13 @@ func main() {
 			turnSizes = append(turnSizes, n)
 		}
 	}
-	for _, s := range splitComma(*openTurns) {
+	for _, s := range splitComma(*curveSizes) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
-			fmt.Fprintln(os.Stderr, "bench: -open-turns: bad size", s)
+			fmt.Fprintln(os.Stderr, "bench: -curve-sizes: bad size", s)
 			os.Exit(2)
 		}
-		cfg.turnSizes = append(cfg.turnSizes, n)
+		cfg.curveSizes = append(cfg.curveSizes, n)
 	}
 	cfg.curves = map[string]bool{}
 	for _, s := range splitComma(*curves) {
