@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,7 +44,7 @@ func curveTime(ctx context.Context, cfg config, c *curve) error {
 
 	// The server's cost of a message ID in a duplicates window, from a
 	// stream of its own: the same messages with and without IDs.
-	perID, err := bytesPerMsgID(ctx, srv, env, min(rate*int(duration.Seconds()), 100000))
+	perID, perSubject, err := serverCosts(ctx, srv, env, min(rate*int(duration.Seconds()), 100000))
 	if err != nil {
 		return err
 	}
@@ -125,10 +124,12 @@ func curveTime(ctx context.Context, cfg config, c *curve) error {
 	}
 	c.note("Offered %d single-call turns/s for %s (open loop, no-op function, one executor, one dispatcher; the server in a process "+
 		"of its own, its heap after a GC). Per call taken in, the streams held at the end: %s.", rate, duration, strings.Join(per, "; "))
-	c.note("The server's heap grew %.0f B per call over the run. A message ID held in a stream's duplicates window costs the server "+
-		"%.0f B of heap, measured in the same run (a stream of %s messages published with IDs, against the same without). A call "+
-		"holds two IDs: its call's in the team's call stream for protocol.DuplicateWindow (15 min) and its result's in the result "+
-		"stream for protocol.ResultDuplicateWindow (2 min).", (float64(heap1)-float64(heap0))/done, perID, strconv.Itoa(min(rate*int(duration.Seconds()), 100000)))
+	c.note("The server's heap grew %.0f B per call over the run. Measured in the same run on streams of %d messages of their own: "+
+		"a message ID held in a duplicates window costs the server %.0f B of heap, and a subject of its own (which every turn record "+
+		"and every result has, for the 2 hours they are kept) %.0f B. A call holds two IDs, its call's in its team's call stream for "+
+		"protocol.DuplicateWindow (15 min) and its result's for protocol.ResultDuplicateWindow (2 min), and two subjects for 2 hours, "+
+		"its turn record's (KV_toolrelay_turns, turnTTL) and its result's (FNRESULTS_<team>, protocol.ResultMaxAge).",
+		(float64(heap1)-float64(heap0))/done, min(rate*int(duration.Seconds()), 100000), perID, perSubject)
 	return nil
 }
 
@@ -142,16 +143,17 @@ func streamStates(ctx context.Context, js jetstream.JetStream) (map[string]jetst
 	return out, l.Err()
 }
 
-// bytesPerMsgID measures the server heap one message ID in a duplicates
-// window takes: n messages published with IDs into a stream with a
-// 15-minute window, against n without IDs into another.
-func bytesPerMsgID(ctx context.Context, srv *child, env *natsEnv, n int) (float64, error) {
+// serverCosts measures the server heap a message ID held in a duplicates
+// window takes, and a subject of its own: n messages published with IDs
+// into a stream with a 15-minute window, and n each on a subject of its
+// own, against n without either.
+func serverCosts(ctx context.Context, srv *child, env *natsEnv, n int) (perID, perSubject float64, err error) {
 	_, js, err := env.connect("curves-dedupe")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer js.Conn().Close()
-	heapGrowth := func(name string, ids bool) (float64, error) {
+	heapGrowth := func(name string, ids, subjects bool) (float64, error) {
 		st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage,
 			Duplicates: 15 * time.Minute})
 		if err != nil {
@@ -162,10 +164,14 @@ func bytesPerMsgID(ctx context.Context, srv *child, env *natsEnv, n int) (float6
 			return 0, err
 		}
 		for i := range n {
+			key := fmt.Sprintf("891ba37957aad57674e84d4889f5b53a.%016x", i)
 			m := nats.NewMsg(name + ".x")
+			if subjects {
+				m.Subject = name + "." + key
+			}
 			m.Data = payload
 			if ids {
-				m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("891ba37957aad57674e84d4889f5b53a.%016x", i))
+				m.Header.Set(nats.MsgIdHdr, key)
 			}
 			if _, err := js.PublishMsgAsync(m); err != nil {
 				return 0, err
@@ -185,15 +191,19 @@ func bytesPerMsgID(ctx context.Context, srv *child, env *natsEnv, n int) (float6
 		}
 		return float64(h1) - float64(h0), nil
 	}
-	without, err := heapGrowth("BENCHNOID", false)
+	plain, err := heapGrowth("BENCHPLAIN", false, false)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	with, err := heapGrowth("BENCHID", true)
+	withIDs, err := heapGrowth("BENCHIDS", true, false)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return (with - without) / float64(n), nil
+	withSubjects, err := heapGrowth("BENCHSUBJECTS", false, true)
+	if err != nil {
+		return 0, 0, err
+	}
+	return (withIDs - plain) / float64(n), (withSubjects - plain) / float64(n), nil
 }
 
 // curveResultsFull: a team whose result stream fills. Results stay for

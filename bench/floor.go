@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -134,7 +135,18 @@ func measureFloor(ctx context.Context, cfg config, r *report) error {
 func (f *floor) saturate(js jetstream.JetStream, calls int) (time.Duration, error) {
 	start := time.Now()
 	for range calls {
-		if _, err := js.PublishAsync("fncall.bench.noop", payload); err != nil {
+		_, err := js.PublishAsync("fncall.bench.noop", payload)
+		if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			// A slow server (fsync on every write): wait for what is
+			// outstanding, then go on.
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(30 * time.Second):
+				return 0, fmt.Errorf("floor: publications stopped completing")
+			}
+			_, err = js.PublishAsync("fncall.bench.noop", payload)
+		}
+		if err != nil {
 			return 0, err
 		}
 	}
