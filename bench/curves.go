@@ -40,6 +40,8 @@ type curve struct {
 	load  string
 	notes []string
 	took  time.Duration
+	// failed says why the curve stopped short, if it did.
+	failed error
 }
 
 type column struct {
@@ -104,6 +106,7 @@ func measureCurves(ctx context.Context, cfg config, r *report) error {
 				return ctx.Err()
 			}
 			c.note("failed: %v", err)
+			c.failed = err
 		}
 		fmt.Printf("   (%s)\n", c.took.Round(time.Second))
 		r.curves = append(r.curves, c)
@@ -310,4 +313,15 @@ func sizes(cfg config, quick, full []int) []int {
 		return quick
 	}
 	return full
+}
+
+// failedCurves names the curves that stopped short, with why.
+func (r *report) failedCurves() error {
+	var errs []error
+	for _, c := range r.curves {
+		if c.failed != nil {
+			errs = append(errs, fmt.Errorf("curve %s: %w", c.name, c.failed))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -233,6 +233,9 @@ func run(ctx context.Context, cfg config) error {
 		}
 		fmt.Printf("\nwrote %s\n", path)
 	}
+	if err := r.failedCurves(); err != nil {
+		return err // after the report: what did run is written
+	}
 	if !ranBench {
 		return nil
 	}
