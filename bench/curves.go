@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"image/color"
@@ -324,4 +325,123 @@ func (r *report) failedCurves() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// The curves are also written as JSON (docs/scale.json), so that
+// docs/scale.md can be written again from the same figures with a new
+// analysis (-curves-from), without measuring again.
+
+type curveJSON struct {
+	Name, Title, Size, Load string
+	LogX                    bool
+	Cols                    []columnJSON
+	Rows                    []rowJSON
+	Notes                   []string
+	TookSeconds             float64
+	Failed                  string `json:",omitempty"`
+}
+
+type columnJSON struct {
+	Name string
+	Plot bool
+}
+
+type rowJSON struct {
+	Size  float64
+	Label string `json:",omitempty"`
+	V     []*float64
+}
+
+type curvesJSON struct {
+	Started        time.Time
+	Machine        string
+	ElapsedSeconds float64
+	Quick          bool
+	Curves         []curveJSON
+}
+
+func (r *report) curvesJSON() curvesJSON {
+	out := curvesJSON{Started: r.started, Machine: r.machine, ElapsedSeconds: r.elapsed.Seconds(), Quick: r.cfg.quick}
+	for _, c := range r.curves {
+		cj := curveJSON{Name: c.name, Title: c.title, Size: c.size, Load: c.load, LogX: c.logX, Notes: c.notes, TookSeconds: c.took.Seconds()}
+		if c.failed != nil {
+			cj.Failed = c.failed.Error()
+		}
+		for _, col := range c.cols {
+			cj.Cols = append(cj.Cols, columnJSON{col.name, col.plot})
+		}
+		for _, row := range c.rows {
+			rj := rowJSON{Size: row.size, Label: row.label}
+			for _, v := range row.v {
+				if math.IsNaN(v) {
+					rj.V = append(rj.V, nil)
+				} else {
+					rj.V = append(rj.V, &v)
+				}
+			}
+			cj.Rows = append(cj.Rows, rj)
+		}
+		out.Curves = append(out.Curves, cj)
+	}
+	return out
+}
+
+// loadCurves reads curves written by curvesJSON into r.
+func (r *report) loadCurves(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var in curvesJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	r.started, r.machine, r.elapsed, r.cfg.quick = in.Started, in.Machine, time.Duration(in.ElapsedSeconds*float64(time.Second)), in.Quick
+	for _, cj := range in.Curves {
+		c := &curve{name: cj.Name, title: cj.Title, size: cj.Size, load: cj.Load, logX: cj.LogX, notes: cj.Notes,
+			took: time.Duration(cj.TookSeconds * float64(time.Second))}
+		if cj.Failed != "" {
+			c.failed = errors.New(cj.Failed)
+		}
+		for _, col := range cj.Cols {
+			c.cols = append(c.cols, column{col.Name, col.Plot})
+		}
+		for _, rj := range cj.Rows {
+			row := curveRow{size: rj.Size, label: rj.Label}
+			for _, v := range rj.V {
+				if v == nil {
+					row.v = append(row.v, na)
+				} else {
+					row.v = append(row.v, *v)
+				}
+			}
+			c.rows = append(c.rows, row)
+		}
+		r.curves = append(r.curves, c)
+	}
+	return nil
+}
+
+// writeScale writes scale.md, scale.json and the curves' plots into dir.
+func (r *report) writeScale(dir string, measured bool) error {
+	for _, c := range r.curves {
+		if err := c.plot(dir); err != nil {
+			c.note("plot: %v", err)
+		}
+	}
+	if measured {
+		b, err := json.MarshalIndent(r.curvesJSON(), "", " ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "scale.json"), append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	path := filepath.Join(dir, "scale.md")
+	if err := os.WriteFile(path, []byte(r.scaleMarkdown()), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("\nwrote %s\n", path)
+	return nil
 }

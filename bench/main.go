@@ -76,6 +76,7 @@ func main() {
 	flag.DurationVar(&cfg.runTTL, "run-ttl", 0, "internal: the dispatcher child's run TTL")
 	curveSizes := flag.String("curve-sizes", "", "comma-separated sizes for the teams, functions and turns curves (with -curves naming one)")
 	flag.StringVar(&cfg.profileDir, "curve-profiles", "", "write CPU profiles of the open-turns curve's dispatcher and server here")
+	curvesFrom := flag.String("curves-from", "", "write scale.md and its plots again from this scale.json, without measuring")
 	flag.StringVar(&cfg.heapProfile, "heapprofile", "", "write the memory phase's dispatcher heap (live, at the largest count) to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")
@@ -156,6 +157,18 @@ func main() {
 	defer stop()
 
 	var err error
+	if *curvesFrom != "" {
+		r := &report{cfg: cfg}
+		if err := r.loadCurves(*curvesFrom); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		if err := r.writeScale(cfg.out, false); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	switch cfg.role {
 	case "executor":
 		err = runExecutorChild(ctx, cfg)
@@ -222,16 +235,9 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	if len(r.curves) > 0 {
-		for _, c := range r.curves {
-			if err := c.plot(cfg.out); err != nil {
-				c.note("plot: %v", err)
-			}
-		}
-		path := filepath.Join(cfg.out, "scale.md")
-		if err := os.WriteFile(path, []byte(r.scaleMarkdown()), 0o644); err != nil {
+		if err := r.writeScale(cfg.out, true); err != nil {
 			return err
 		}
-		fmt.Printf("\nwrote %s\n", path)
 	}
 	if err := r.failedCurves(); err != nil {
 		return err // after the report: what did run is written
