@@ -217,6 +217,7 @@ func (c *curve) plotted() bool {
 var palette = []color.RGBA{
 	{B: 200, A: 255}, {R: 200, A: 255}, {G: 150, A: 255}, {R: 200, G: 120, A: 255},
 	{R: 140, B: 160, A: 255}, {G: 150, B: 150, A: 255}, {R: 90, G: 90, B: 90, A: 255},
+	{R: 230, G: 100, B: 180, A: 255}, {R: 120, G: 80, B: 20, A: 255}, {G: 60, B: 90, A: 255}, {R: 150, G: 190, A: 255},
 }
 
 // plot draws each plotted column relative to its value at the smallest

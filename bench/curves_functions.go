@@ -32,7 +32,7 @@ func curveFunctions(ctx context.Context, cfg config, c *curve) error {
 		{"teams", false}, {"executor start-up to all declared (ms)", true}, {"registry and declarations (KiB)", true},
 		{"renewal messages/s", true}, {"renewal KiB/s", true}, {"idle CPU, dispatcher and executors (%)", true},
 		{"server RSS (MiB)", true}, {"Functions() (ms)", true}, {"GET /v1/functions (ms)", true},
-		{"MCP tools/list, all pages (ms)", true}, {"GET /v1/tools (ms)", true},
+		{"MCP tools/list, all pages (ms)", true}, {"GET /v1/tools (ms)", true}, {"served, as tools/list lists them (%)", false},
 	}
 	window := 3 * protocol.LeaseRenewal
 	if cfg.quick {
@@ -191,12 +191,15 @@ func functionsPoint(ctx context.Context, c *curve, n int, window time.Duration) 
 	if err != nil {
 		return err
 	}
-	if listed < n {
-		return fmt.Errorf("tools/list listed %d tools, want %d", listed, n)
-	}
 	c.add(float64(n), "", float64(teams), msf(started), float64(registryBytes)/1024,
 		float64(v1.InMsgs-v0.InMsgs)/secs, float64(v1.InBytes-v0.InBytes)/1024/secs, 100*cpu.Seconds()/secs,
-		float64(rss)/(1<<20), msf(listTook), msf(fnsTook), msf(mcpTook), msf(toolsTook))
+		float64(rss)/(1<<20), msf(listTook), msf(fnsTook), msf(mcpTook), msf(toolsTook), 100*float64(listed)/float64(n))
+	if listed < n {
+		// Declarations whose renewals fell behind lapsed: what the curve
+		// is there to find, so it is a figure, not a failure.
+		c.note("At %d functions, tools/list listed %d: the others' declarations had lapsed, their renewals not taken in within "+
+			"the lease (%s).", n, listed, protocol.LeaseTTL)
+	}
 	return nil
 }
 
