@@ -16,7 +16,7 @@ import (
 // the replicas and cluster curves drives.
 func replicaCalls(cfg config) int {
 	if cfg.quick {
-		return 1000
+		return 500
 	}
 	return 10000
 }

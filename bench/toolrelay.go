@@ -107,6 +107,8 @@ type stackOptions struct {
 	replicas       int
 	meters         []metric.MeterProvider
 	streamReplicas int
+	// execShutdown is the executors' ShutdownTimeout (0: their default).
+	execShutdown time.Duration
 }
 
 const benchTeam = "bench"
@@ -161,7 +163,8 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			s.stop()
 			return nil, err
 		}
-		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i), TracerProvider: o.tracer, Replicas: o.streamReplicas})
+		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i), TracerProvider: o.tracer, Replicas: o.streamReplicas,
+			ShutdownTimeout: o.execShutdown})
 		if err != nil {
 			s.stop()
 			return nil, err
