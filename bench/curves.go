@@ -35,8 +35,11 @@ type curve struct {
 	// size names the x axis; logX plots it on a log scale.
 	size string
 	logX bool
-	cols []column
-	rows []curveRow
+	// yLabel, when set, plots the columns' own values (all in this unit)
+	// on a linear scale rather than each relative to its first.
+	yLabel string
+	cols   []column
+	rows   []curveRow
 	// load is the load average when the curve started.
 	load  string
 	notes []string
@@ -228,11 +231,16 @@ func (c *curve) plot(dir string) error {
 		return nil
 	}
 	p := plot.New()
-	p.Title.Text = c.title + ": cost relative to the smallest size"
 	p.X.Label.Text = c.size
-	p.Y.Label.Text = "× the smallest size's (log)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	if c.yLabel != "" {
+		p.Title.Text = c.title
+		p.Y.Label.Text = c.yLabel
+	} else {
+		p.Title.Text = c.title + ": cost relative to the smallest size"
+		p.Y.Label.Text = "× the smallest size's (log)"
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	}
 	if c.logX {
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -250,11 +258,14 @@ func (c *curve) plot(dir string) error {
 		var pts plotter.XYs
 		base := na
 		for _, r := range c.rows {
-			if i >= len(r.v) || math.IsNaN(r.v[i]) || r.v[i] <= 0 {
+			if i >= len(r.v) || math.IsNaN(r.v[i]) || (r.v[i] <= 0 && c.yLabel == "") {
 				continue
 			}
 			if math.IsNaN(base) {
 				base = r.v[i]
+			}
+			if c.yLabel != "" {
+				base = 1
 			}
 			pts = append(pts, plotter.XY{X: r.size, Y: r.v[i] / base})
 		}
@@ -293,9 +304,9 @@ func (r *report) scaleMarkdown() string {
 		"memory, sizes and start-up times hardly move with the load; rates do, so each rate has the floor (the raw JetStream " +
 		"pipeline, bench/floor.go) or a baseline measured in the same run beside it. The JetStream server, and the dispatcher " +
 		"where its memory is measured, run each in a process of their own (bench/curves_child.go), with toolrelay's code as it ships; " +
-		"memory is the resident set after a garbage collection. Each plot shows every cost relative to its value at the smallest " +
-		"size, with the dashed line a cost proportional to the size would follow: a line steeper than it grows faster than " +
-		"linearly. The analysis after the curves (bench/scale_analysis.md) says what grows how, why, and what was done about it; " +
+		"memory is the resident set after a garbage collection. Each plot of a curve against a size shows every cost relative to " +
+		"its value at the smallest size, with the dashed line a cost proportional to the size would follow: a line steeper than it " +
+		"grows faster than linearly; the curves against time plot their values. The analysis after the curves (bench/scale_analysis.md) says what grows how, why, and what was done about it; " +
 		"[operations.md](operations.md#capacity-planning) turns the curves into sizes for a deployment.\n\n")
 	for _, c := range r.curves {
 		b.WriteString(c.markdown())
@@ -335,6 +346,7 @@ func (r *report) failedCurves() error {
 type curveJSON struct {
 	Name, Title, Size, Load string
 	LogX                    bool
+	YLabel                  string `json:",omitempty"`
 	Cols                    []columnJSON
 	Rows                    []rowJSON
 	Notes                   []string
@@ -364,7 +376,8 @@ type curvesJSON struct {
 func (r *report) curvesJSON() curvesJSON {
 	out := curvesJSON{Started: r.started, Machine: r.machine, ElapsedSeconds: r.elapsed.Seconds(), Quick: r.cfg.quick}
 	for _, c := range r.curves {
-		cj := curveJSON{Name: c.name, Title: c.title, Size: c.size, Load: c.load, LogX: c.logX, Notes: c.notes, TookSeconds: c.took.Seconds()}
+		cj := curveJSON{Name: c.name, Title: c.title, Size: c.size, Load: c.load, LogX: c.logX, YLabel: c.yLabel, Notes: c.notes,
+			TookSeconds: c.took.Seconds()}
 		if c.failed != nil {
 			cj.Failed = c.failed.Error()
 		}
@@ -399,7 +412,7 @@ func (r *report) loadCurves(path string) error {
 	}
 	r.started, r.machine, r.elapsed, r.cfg.quick = in.Started, in.Machine, time.Duration(in.ElapsedSeconds*float64(time.Second)), in.Quick
 	for _, cj := range in.Curves {
-		c := &curve{name: cj.Name, title: cj.Title, size: cj.Size, load: cj.Load, logX: cj.LogX, notes: cj.Notes,
+		c := &curve{name: cj.Name, title: cj.Title, size: cj.Size, load: cj.Load, logX: cj.LogX, yLabel: cj.YLabel, notes: cj.Notes,
 			took: time.Duration(cj.TookSeconds * float64(time.Second))}
 		if cj.Failed != "" {
 			c.failed = errors.New(cj.Failed)

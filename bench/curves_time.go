@@ -24,11 +24,11 @@ func curveTime(ctx context.Context, cfg config, c *curve) error {
 	if cfg.quick {
 		rate, duration, every = 300, 8*time.Second, 4*time.Second
 	}
-	c.title, c.size, c.logX = fmt.Sprintf("Time at a sustained rate (%d calls/s)", rate), "seconds", false
+	c.title, c.size, c.yLabel = fmt.Sprintf("Time at a sustained rate (%d calls/s)", rate), "seconds", "MiB"
 	c.cols = []column{
-		{"calls done", false}, {"server heap (MiB)", true}, {"server RSS (MiB)", false},
+		{"calls done", false}, {"server heap (MiB)", true}, {"server RSS (MiB)", true},
 		{"turn records (MiB)", true}, {"timers (MiB)", true}, {"results (MiB)", true}, {"calls (MiB)", false}, {"other streams (MiB)", false},
-		{"stored messages", true},
+		{"stored messages", false},
 	}
 	dir, err := os.MkdirTemp("", "toolrelay-curves-time-")
 	if err != nil {
@@ -217,8 +217,8 @@ func curveResultsFull(ctx context.Context, cfg config, c *curve) error {
 	if cfg.quick {
 		maxBytes, duration, every = 1<<20, 8*time.Second, 2*time.Second
 	}
-	c.title, c.size = fmt.Sprintf("A team's result stream filling (%d calls/s into %d MiB)", rate, maxBytes>>20), "seconds"
-	c.cols = []column{{"calls done", true}, {"results stored (MiB)", true}, {"calls waiting (MiB)", true}}
+	c.title, c.size, c.yLabel = fmt.Sprintf("A team's result stream filling (%d calls/s into %d MiB)", rate, maxBytes>>20), "seconds", "MiB"
+	c.cols = []column{{"calls done", false}, {"results stored (MiB)", true}, {"calls waiting (MiB)", true}}
 	dir, err := os.MkdirTemp("", "toolrelay-curves-results-")
 	if err != nil {
 		return err
