@@ -17,7 +17,7 @@ func curveOpenTurns(ctx context.Context, cfg config, c *curve) error {
 	c.cols = []column{
 		{"intake (turns/s)", false}, {"dispatcher RSS (B/turn)", false}, {"dispatcher heap (B/turn)", false}, {"server RSS (B/turn)", false},
 		{"dispatcher RSS (MiB)", true}, {"server RSS (MiB)", true}, {"open-turns gauge read (ms)", true},
-		{"sweep pass (ms)", true}, {"console list, first (ms)", true}, {"console list, then (ms)", true},
+		{"sweep pass (ms)", true}, {"next sweep pass (ms)", true}, {"console list, first (ms)", true}, {"console list, then (ms)", true},
 		{"restart to ready (ms)", true}, {"restart's sweep, re-arming all (ms)", true},
 	}
 	for _, n := range sizes(cfg, []int{1000}, []int{1000, 10000, 100000}) {
@@ -31,7 +31,8 @@ func curveOpenTurns(ctx context.Context, cfg config, c *curve) error {
 	c.note("Each turn is a single call to a function whose one executor takes a call and never answers, so every turn stays open " +
 		"(the dispatcher's run TTL is set to an hour so that none reaches its deadline meanwhile). Memory per turn is the growth from " +
 		"before the intake to after it, divided by the turns. The sweep pass is one sweep once every turn is older than its lease " +
-		"(15 s), the steady state of turns waiting on slow functions; the console's first list loads the inspection index, later ones " +
+		"(15 s), the steady state of turns waiting on slow functions, and the next pass the one after it (the first runs beside the " +
+		"re-checks of results that crossing the lease schedules for every turn); the console's first list loads the inspection index, later ones " +
 		"read it from memory. The restart kills the dispatcher (SIGKILL) and starts another on the same server: it is ready at once, " +
 		"and its first sweep re-arms every open turn it finds.")
 	return nil
@@ -122,9 +123,9 @@ func openTurnsPoint(ctx context.Context, c *curve, n int, sweep bool, profileDir
 		}
 		return f()
 	}
-	pass := time.Duration(-1)
+	pass, next := time.Duration(-1), time.Duration(-1)
 	if sweep {
-		if err := profiled("sweep", func() (err error) { pass, err = sweepPass(ctx, d, intakeEnd); return err }); err != nil {
+		if err := profiled("sweep", func() (err error) { pass, next, err = sweepPass(ctx, d, intakeEnd); return err }); err != nil {
 			return err
 		}
 	}
@@ -152,7 +153,7 @@ func openTurnsPoint(ctx context.Context, c *curve, n int, sweep bool, profileDir
 	}
 	per := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(n) }
 	c.add(float64(n), "", rate, per(drss0, drss1), per(dheap0, dheap1), per(srss0, srss1),
-		float64(drss1)/(1<<20), float64(srss1)/(1<<20), msf(gauge), nonNegative(msf(pass)),
+		float64(drss1)/(1<<20), float64(srss1)/(1<<20), msf(gauge), nonNegative(msf(pass)), nonNegative(msf(next)),
 		msf(time.Duration(first.Took)), msf(time.Duration(then.Took)), msf(d.ready), msf(rearm))
 	return nil
 }
@@ -202,27 +203,30 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // sweepPass is how long one sweep of the dispatcher child takes once
-// every turn it took in by intakeEnd is older than its lease.
-func sweepPass(ctx context.Context, d *child, intakeEnd time.Time) (time.Duration, error) {
+// every turn it took in by intakeEnd is older than its lease, and the one
+// after it: the first such pass runs beside the re-checks of results
+// that crossing the lease schedules for every turn at once.
+func sweepPass(ctx context.Context, d *child, intakeEnd time.Time) (pass, next time.Duration, err error) {
 	for time.Since(intakeEnd) < sweepAfterLease {
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	s0, err := d.ask(childReq{Op: "sweeps"})
+	s, err := d.ask(childReq{Op: "sweeps"})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	// The next sweep may have started before; the one after did not.
-	s1, err := nextSweep(ctx, d, s0.Sweeps+1)
-	if err != nil {
-		return 0, err
+	// The next sweep may have started before; the ones after did not.
+	var took []time.Duration
+	for range 3 {
+		n, err := nextSweep(ctx, d, s.Sweeps+1)
+		if err != nil {
+			return 0, 0, err
+		}
+		took = append(took, time.Duration((n.SweepNs-s.SweepNs)/int64(n.Sweeps-s.Sweeps)))
+		s = n
 	}
-	s2, err := nextSweep(ctx, d, s1.Sweeps+1)
-	if err != nil {
-		return 0, err
-	}
-	return time.Duration((s2.SweepNs - s1.SweepNs) / int64(s2.Sweeps-s1.Sweeps)), nil
+	return took[1], took[2], nil
 }
 
 // nonNegative is v, or "not measured" if v < 0.
