@@ -456,3 +456,17 @@ func profile(path string) error {
 	profileFile = f
 	return pprof.StartCPUProfile(f)
 }
+
+// freshServer starts the embedded server in a process of its own on a new
+// store; done stops it and removes the store.
+func freshServer(ctx context.Context, name string) (srv *child, env *natsEnv, done func(), err error) {
+	dir, err := os.MkdirTemp("", "toolrelay-curves-"+name+"-")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if srv, err = serverChild(ctx, dir, ""); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, nil, err
+	}
+	return srv, &natsEnv{url: srv.first.URL}, func() { srv.stop(); os.RemoveAll(dir) }, nil
+}

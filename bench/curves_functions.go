@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -56,17 +55,11 @@ func curveFunctions(ctx context.Context, cfg config, c *curve) error {
 }
 
 func functionsPoint(ctx context.Context, c *curve, n int, window time.Duration) error {
-	dir, err := os.MkdirTemp("", "toolrelay-curves-functions-")
+	srv, env, done, err := freshServer(ctx, "functions")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := serverChild(ctx, dir, "")
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	env := &natsEnv{url: srv.first.URL}
+	defer done()
 	s, err := newStack(ctx, env, 0, nil)
 	if err != nil {
 		return err

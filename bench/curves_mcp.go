@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,17 +26,12 @@ func curveMCP(ctx context.Context, cfg config, c *curve) error {
 	if cfg.quick {
 		window = 900 * time.Millisecond
 	}
-	dir, err := os.MkdirTemp("", "toolrelay-curves-mcp-")
+	_, env, done, err := freshServer(ctx, "mcp")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := serverChild(ctx, dir, "")
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	s, err := newStack(ctx, &natsEnv{url: srv.first.URL}, 1, noop)
+	defer done()
+	s, err := newStack(ctx, env, 1, noop)
 	if err != nil {
 		return err
 	}

@@ -29,17 +29,11 @@ func curveReplicas(ctx context.Context, cfg config, c *curve) error {
 		{"floor (calls/s)", false}, {"toolrelay (calls/s)", true}, {"toolrelay ÷ floor", true},
 		{"CPU per call, all processes (µs)", true}, {"turns passed on between replicas (%)", false}, {"turns taken over (%)", false},
 	}
-	dir, err := os.MkdirTemp("", "toolrelay-curves-replicas-")
+	srv, env, done, err := freshServer(ctx, "replicas")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := serverChild(ctx, dir, "")
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	env := &natsEnv{url: srv.first.URL}
+	defer done()
 	floorRate, err := floorOn(ctx, env, 1, replicaCalls(cfg), []*child{srv})
 	if err != nil {
 		return err

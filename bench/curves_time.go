@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -30,17 +29,11 @@ func curveTime(ctx context.Context, cfg config, c *curve) error {
 		{"turn records (MiB)", true}, {"timers (MiB)", true}, {"results (MiB)", true}, {"calls (MiB)", false}, {"other streams (MiB)", false},
 		{"stored messages", false},
 	}
-	dir, err := os.MkdirTemp("", "toolrelay-curves-time-")
+	srv, env, stopServer, err := freshServer(ctx, "time")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := serverChild(ctx, dir, "")
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	env := &natsEnv{url: srv.first.URL}
+	defer stopServer()
 
 	// The server's cost of a message ID in a duplicates window, from a
 	// stream of its own: the same messages with and without IDs.
@@ -219,17 +212,11 @@ func curveResultsFull(ctx context.Context, cfg config, c *curve) error {
 	}
 	c.title, c.size, c.yLabel = fmt.Sprintf("A team's result stream filling (%d calls/s into %d MiB)", rate, maxBytes>>20), "seconds", "MiB"
 	c.cols = []column{{"calls done", false}, {"results stored (MiB)", true}, {"calls waiting (MiB)", true}}
-	dir, err := os.MkdirTemp("", "toolrelay-curves-results-")
+	_, env, done, err := freshServer(ctx, "results")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := serverChild(ctx, dir, "")
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	env := &natsEnv{url: srv.first.URL}
+	defer done()
 	_, js, err := env.connect("curves-check")
 	if err != nil {
 		return err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -41,17 +40,11 @@ func curveOpenTurns(ctx context.Context, cfg config, c *curve) error {
 // openTurnsPoint measures n open turns; the sweep pass only if sweep
 // (it waits for the turns to pass their lease).
 func openTurnsPoint(ctx context.Context, c *curve, n int, sweep bool, profileDir string) error {
-	dir, err := os.MkdirTemp("", "toolrelay-curves-turns-")
+	srv, env, done, err := freshServer(ctx, "turns")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := serverChild(ctx, dir, "")
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	env := &natsEnv{url: srv.first.URL}
+	defer done()
 	stopHold, err := serveHold(ctx, env)
 	if err != nil {
 		return err
