@@ -169,6 +169,12 @@ func runMemoryChild(ctx context.Context, cfg config) error {
 	for !s.d.Ready() {
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The declaration of "hold" was sent before this dispatcher ran, and
+	// is sent again within a renewal: until it is in, every call would
+	// fail at once as unknown, and its turn close.
+	if err := waitDeclared(ctx, js, "hold"); err != nil {
+		return err
+	}
 	rss0, heap0 := memNow()
 	sem := make(chan struct{}, 256)
 	var wg sync.WaitGroup
@@ -254,40 +260,11 @@ func measureMemory(ctx context.Context, cfg config, r *report) error {
 }
 
 func memoryOnce(ctx context.Context, cfg config, env *natsEnv, self string, n, largest int) (memory, error) {
-	// The function is announced and has an executor that takes one call
-	// and never answers: it counts as served, and the rest wait in line.
-	_, js, err := env.connect("memory-setup")
+	stopHold, err := serveHold(ctx, env)
 	if err != nil {
 		return memory{}, err
 	}
-	defer js.Conn().Close()
-	st, err := provision.Stream(ctx, js, provision.CallStreamConfig(benchTeam, provision.Options{}))
-	if err != nil {
-		return memory{}, err
-	}
-	hold := protocol.FunctionSpec{Version: protocol.Version, Name: "hold", Team: benchTeam,
-		Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()}
-	keeper, err := lease.Declare(ctx, js.Conn(), benchTeam, []*protocol.Declaration{{Version: protocol.Version, Spec: hold,
-		Instance: "bench-hold", Executor: "bench", StartedAt: time.Now()}},
-		// Declared before the dispatcher (the child) runs: its "no
-		// dispatcher answered" until then is expected.
-		slog.New(slog.DiscardHandler))
-	if err != nil {
-		return memory{}, err
-	}
-	kctx, stopLease := context.WithCancel(ctx)
-	leased := make(chan struct{})
-	go func() { keeper.Run(kctx); close(leased) }()
-	defer func() { stopLease(); <-leased; _ = keeper.Withdraw(context.WithoutCancel(ctx)) }()
-	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "hold", FilterSubject: protocol.CallSubject(benchTeam, "hold"), AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		return memory{}, err
-	}
-	cc, err := cons.Consume(func(jetstream.Msg) {}, jetstream.PullMaxMessages(1))
-	if err != nil {
-		return memory{}, err
-	}
-	defer cc.Stop()
+	defer stopHold()
 
 	args := []string{"-role", "memory", "-nats", env.url, "-mem-calls", strconv.Itoa(n)}
 	if cfg.heapProfile != "" && n == largest {
@@ -304,4 +281,70 @@ func memoryOnce(ctx context.Context, cfg config, env *natsEnv, self string, n, l
 		return memory{}, fmt.Errorf("memory child said %q: %w", out, err)
 	}
 	return m, nil
+}
+
+// serveHold announces the function "hold" and gives it an executor that
+// takes one call and never answers: it counts as served, and the rest of
+// its calls wait in line, their turns open until their deadline.
+func serveHold(ctx context.Context, env *natsEnv) (stop func(), err error) {
+	_, js, err := env.connect("hold-setup")
+	if err != nil {
+		return nil, err
+	}
+	var undo []func()
+	stop = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	undo = append(undo, js.Conn().Close)
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	st, err := provision.Stream(ctx, js, provision.CallStreamConfig(benchTeam, provision.Options{}))
+	if err != nil {
+		return nil, err
+	}
+	hold := protocol.FunctionSpec{Version: protocol.Version, Name: "hold", Team: benchTeam,
+		Parameters: json.RawMessage(`{"type":"object"}`), UpdatedAt: time.Now()}
+	keeper, err := lease.Declare(ctx, js.Conn(), benchTeam, []*protocol.Declaration{{Version: protocol.Version, Spec: hold,
+		Instance: "bench-hold", Executor: "bench", StartedAt: time.Now()}},
+		// Declared before the dispatcher (a child) runs: its "no
+		// dispatcher answered" until then is expected.
+		slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	kctx, stopLease := context.WithCancel(ctx)
+	leased := make(chan struct{})
+	go func() { keeper.Run(kctx); close(leased) }()
+	undo = append(undo, func() { stopLease(); <-leased; _ = keeper.Withdraw(context.WithoutCancel(ctx)) })
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "hold", FilterSubject: protocol.CallSubject(benchTeam, "hold"), AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(func(jetstream.Msg) {}, jetstream.PullMaxMessages(1))
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, cc.Stop)
+	return stop, nil
+}
+
+// waitDeclared waits until the registry has fn.
+func waitDeclared(ctx context.Context, js jetstream.JetStream, fn string) error {
+	deadline := time.Now().Add(2 * protocol.LeaseTTL)
+	for time.Now().Before(deadline) {
+		if specs, err := dispatch.Functions(ctx, js); err == nil {
+			for _, s := range specs {
+				if s.Name == fn {
+					return nil
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s was not declared within %s", fn, 2*protocol.LeaseTTL)
 }

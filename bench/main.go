@@ -40,6 +40,19 @@ type config struct {
 	// largest count) once its calls are in flight.
 	heapProfile string
 	skip        map[string]bool
+	// The curves' children (curves_child.go): a server's store and
+	// configuration file, a dispatcher's NKEY seed, result stream size,
+	// sweep interval and replica name.
+	store, serverConfig, nkey, replicaName string
+	resultBytes                            int64
+	sweepInterval, runTTL                  time.Duration
+	// curveSizes overrides the sizes of the teams, functions and open-turns
+	// curves; profileDir takes CPU profiles of the open-turns curve's
+	// children.
+	curveSizes []int
+	profileDir string
+	// curves picks the curves the curves phase measures (none: all).
+	curves map[string]bool
 }
 
 func main() {
@@ -54,12 +67,23 @@ func main() {
 	flag.StringVar(&skip, "skip", "", "comma-separated phases to skip: asynq, micro, mcp, scale, memory, breakdown")
 	flag.StringVar(&cfg.role, "role", "", "internal: run as a child process (executor, memory)")
 	flag.IntVar(&cfg.memCalls, "mem-calls", 0, "internal: calls for the memory child")
+	flag.StringVar(&cfg.store, "store", "", "internal: the server child's store directory")
+	flag.StringVar(&cfg.serverConfig, "server-config", "", "internal: the server child's configuration file")
+	flag.StringVar(&cfg.nkey, "nkey", "", "internal: the dispatcher child's NKEY seed file")
+	flag.StringVar(&cfg.replicaName, "replica", "", "internal: the dispatcher child's replica name")
+	flag.Int64Var(&cfg.resultBytes, "result-bytes", 0, "internal: the dispatcher child's result stream size")
+	flag.DurationVar(&cfg.sweepInterval, "sweep", 0, "internal: the dispatcher child's sweep interval")
+	flag.DurationVar(&cfg.runTTL, "run-ttl", 0, "internal: the dispatcher child's run TTL")
+	curveSizes := flag.String("curve-sizes", "", "comma-separated sizes for the teams, functions and turns curves (with -curves naming one)")
+	flag.StringVar(&cfg.profileDir, "curve-profiles", "", "write CPU profiles of the open-turns curve's dispatcher and server here")
+	curvesFrom := flag.String("curves-from", "", "write scale.md and its plots again from this scale.json, without measuring")
 	flag.StringVar(&cfg.heapProfile, "heapprofile", "", "write the memory phase's dispatcher heap (live, at the largest count) to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write a profile of what the whole run allocated to this file")
 	flag.IntVar(&inflightCalls, "inflight", inflightCalls, "calls kept in flight in the saturation runs")
 	sizes := flag.String("sizes", "", "comma-separated turn sizes for the toolrelay phase (default 1,4,16)")
-	only := flag.String("only", "", "comma-separated phases to run (floor, writes, toolrelay, breakdown, parallel, scale, memory, micro, mcp, asynq); default all")
+	only := flag.String("only", "", "comma-separated phases to run (floor, writes, toolrelay, breakdown, parallel, scale, memory, micro, mcp, asynq, curves); default all but curves")
+	curves := flag.String("curves", "", "comma-separated curves of the curves phase (teams, functions, turns, time, replicas, cluster, mcp); default all")
 	flag.Parse()
 	// Tracing as the commands set it up with no exporter: spans that
 	// record nothing and keep their IDs (the breakdown records its own).
@@ -82,16 +106,32 @@ func main() {
 			turnSizes = append(turnSizes, n)
 		}
 	}
+	for _, s := range splitComma(*curveSizes) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			fmt.Fprintln(os.Stderr, "bench: -curve-sizes: bad size", s)
+			os.Exit(2)
+		}
+		cfg.curveSizes = append(cfg.curveSizes, n)
+	}
+	cfg.curves = map[string]bool{}
+	for _, s := range splitComma(*curves) {
+		cfg.curves[s] = true
+	}
 	if *only != "" {
 		keep := map[string]bool{}
 		for _, s := range splitComma(*only) {
 			keep[s] = true
 		}
-		for _, s := range []string{"floor", "writes", "toolrelay", "breakdown", "parallel", "scale", "memory", "micro", "mcp", "asynq"} {
+		for _, s := range phases {
 			if !keep[s] {
 				cfg.skip[s] = true
 			}
 		}
+	} else {
+		// The curves take a quarter hour and write docs/scale.md:
+		// only when asked for.
+		cfg.skip["curves"] = true
 	}
 	if *cpuprofile != "" && cfg.role == "" {
 		f, err := os.Create(*cpuprofile)
@@ -117,11 +157,27 @@ func main() {
 	defer stop()
 
 	var err error
+	if *curvesFrom != "" {
+		r := &report{cfg: cfg}
+		if err := r.loadCurves(*curvesFrom); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		if err := r.writeScale(cfg.out, false); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	switch cfg.role {
 	case "executor":
 		err = runExecutorChild(ctx, cfg)
 	case "memory":
 		err = runMemoryChild(ctx, cfg)
+	case "server":
+		err = runServerChild(cfg)
+	case "dispatcher":
+		err = runDispatcherChild(ctx, cfg)
 	case "":
 		err = run(ctx, cfg)
 	default:
@@ -154,13 +210,16 @@ func run(ctx context.Context, cfg config) error {
 		{"micro", measureMicro},
 		{"mcp", measureMCP},
 		{"asynq", measureAsynq},
+		{"curves", measureCurves},
 	}
+	ranBench := false // a phase of benchmarks.md ran
 	for _, s := range steps {
 		if cfg.skip[s.name] {
 			r.note("%s: skipped (-skip)", s.name)
 			continue
 		}
 		fmt.Printf("== %s\n", s.name)
+		ranBench = ranBench || s.name != "curves"
 		t := time.Now()
 		if err := s.f(ctx, cfg, r); err != nil {
 			if ctx.Err() != nil {
@@ -172,11 +231,22 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Printf("   (%s)\n", time.Since(t).Round(time.Second))
 	}
 	r.elapsed = time.Since(start)
-	fmt.Println()
-	fmt.Print(r.table())
 	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
 		return err
 	}
+	if len(r.curves) > 0 {
+		if err := r.writeScale(cfg.out, true); err != nil {
+			return err
+		}
+	}
+	if err := r.failedCurves(); err != nil {
+		return err // after the report: what did run is written
+	}
+	if !ranBench {
+		return nil
+	}
+	fmt.Println()
+	fmt.Print(r.table())
 	if err := r.plots(cfg.out); err != nil {
 		r.note("plots: %v", err)
 	}
@@ -187,6 +257,9 @@ func run(ctx context.Context, cfg config) error {
 	fmt.Printf("\nwrote %s\n", path)
 	return nil
 }
+
+// phases are the phases of the bench, in the order they run.
+var phases = []string{"floor", "writes", "toolrelay", "breakdown", "parallel", "scale", "memory", "micro", "mcp", "asynq", "curves"}
 
 func splitComma(s string) []string {
 	var out []string

@@ -61,6 +61,7 @@ type report struct {
 	mcpLat     latencies
 	asynqRate  float64
 	asynqLat   latencies
+	curves     []*curve
 }
 
 func (r *report) note(format string, args ...any) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
@@ -24,6 +25,11 @@ type sink struct {
 	mu      sync.Mutex
 	waiting map[protocol.TurnKey]chan struct{}
 	count   atomic.Int64
+	// failed counts submitted results that are failures (a curve's calls
+	// must all succeed to count).
+	failed atomic.Int64
+	// why is the first failure's message.
+	why atomic.Pointer[string]
 	// reached, when not nil, takes the turn and time of each traced
 	// submission that reached the platform, by its trace.
 	reached map[trace.TraceID]reach
@@ -42,9 +48,19 @@ func (*sink) Poll(context.Context, dispatch.Ref) (*dispatch.Observation, error) 
 	return &dispatch.Observation{State: dispatch.ObjectDone}, nil
 }
 
-func (s *sink) Submit(ctx context.Context, t *dispatch.Turn, _ []dispatch.Output) (*dispatch.Submission, error) {
+func (s *sink) Submit(ctx context.Context, t *dispatch.Turn, outs []dispatch.Output) (*dispatch.Submission, error) {
 	now := time.Now()
 	s.count.Add(1)
+	for _, o := range outs {
+		if o.Result == nil || !o.Result.OK() {
+			s.failed.Add(1)
+			why := "no result"
+			if o.Result != nil {
+				why = o.Result.Error.Message
+			}
+			s.why.CompareAndSwap(nil, &why)
+		}
+	}
 	s.mu.Lock()
 	if s.reached != nil {
 		s.reached[trace.SpanContextFromContext(ctx).TraceID()] = reach{t.Key, now}
@@ -70,7 +86,10 @@ func (s *sink) expect(key protocol.TurnKey) chan struct{} {
 // stack is toolrelay on one JetStream server: a dispatcher with the sink,
 // and executors serving fn, each on its own connection.
 type stack struct {
-	d    *dispatch.Dispatcher
+	d *dispatch.Dispatcher
+	// more are the other dispatcher replicas; drive takes turns in at
+	// each in turn.
+	more []*dispatch.Dispatcher
 	sink *sink
 	stop func()
 }
@@ -80,6 +99,16 @@ type stack struct {
 // the bench sets as the commands do when they export no traces).
 type stackOptions struct {
 	tracer trace.TracerProvider
+	// resultBytes is the dispatcher's ResultStreamBytes (0: its default).
+	resultBytes int64
+	// replicas is how many dispatchers run (0: one), each with the meter
+	// provider of its index in meters, if any; streamReplicas is the
+	// Replicas of the streams the dispatchers and executors create.
+	replicas       int
+	meters         []metric.MeterProvider
+	streamReplicas int
+	// execShutdown is the executors' ShutdownTimeout (0: their default).
+	execShutdown time.Duration
 }
 
 const benchTeam = "bench"
@@ -97,23 +126,35 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 	var dwg, ewg sync.WaitGroup
 	s := &stack{sink: newSink()}
 	s.stop = func() { stopExecutors(); ewg.Wait(); stopDispatcher(); dwg.Wait() }
-	_, djs, err := env.connect("dispatcher")
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	s.d, err = dispatch.New(djs, []dispatch.Platform{s.sink}, dispatch.Options{TracerProvider: o.tracer})
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	dwg.Go(func() { _ = s.d.Run(dctx); djs.Conn().Close() })
-	for !s.d.Ready() {
-		select {
-		case <-ctx.Done():
+	var djs jetstream.JetStream
+	for i := range max(o.replicas, 1) {
+		_, js, err := env.connect("dispatcher")
+		if err != nil {
 			s.stop()
-			return nil, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+			return nil, err
+		}
+		dopts := dispatch.Options{TracerProvider: o.tracer, ResultStreamBytes: o.resultBytes, Replicas: o.streamReplicas}
+		if i < len(o.meters) {
+			dopts.MeterProvider = o.meters[i]
+		}
+		d, err := dispatch.New(js, []dispatch.Platform{s.sink}, dopts)
+		if err != nil {
+			s.stop()
+			return nil, err
+		}
+		dwg.Go(func() { _ = d.Run(dctx); js.Conn().Close() })
+		for !d.Ready() {
+			select {
+			case <-ctx.Done():
+				s.stop()
+				return nil, ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		if i == 0 {
+			s.d, djs = d, js
+		} else {
+			s.more = append(s.more, d)
 		}
 	}
 	for i := range executors {
@@ -122,7 +163,8 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			s.stop()
 			return nil, err
 		}
-		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i), TracerProvider: o.tracer})
+		ex, err := exec.New(js, benchTeam, exec.Options{Name: "exec-" + strconv.Itoa(i), TracerProvider: o.tracer, Replicas: o.streamReplicas,
+			ShutdownTimeout: o.execShutdown})
 		if err != nil {
 			s.stop()
 			return nil, err
@@ -132,6 +174,9 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			return nil, err
 		}
 		ewg.Go(func() { _ = ex.Run(ectx); js.Conn().Close() })
+	}
+	if fn == nil { // no executors: the caller starts its own
+		return s, nil
 	}
 	if err := waitServed(ctx, djs, fn().Name, s.d); err != nil {
 		s.stop()
@@ -186,7 +231,9 @@ func (s *stack) drive(ctx context.Context, fn string, turns, calls, inflight int
 			fmt.Printf("   (the slowest turn took %s)\n", d.Round(time.Millisecond))
 		}
 	}()
-	for range turns {
+	ds := append([]*dispatch.Dispatcher{s.d}, s.more...)
+	for i := range turns {
+		d := ds[i%len(ds)]
 		sem <- struct{}{}
 		req := turn(fn, calls)
 		done := s.sink.expect(req.Key())
@@ -200,7 +247,7 @@ func (s *stack) drive(ctx context.Context, fn string, turns, calls, inflight int
 					}
 				}
 			}()
-			if _, err := s.d.Intake(ctx, req); err != nil {
+			if _, err := d.Intake(ctx, req); err != nil {
 				select {
 				case errs <- err:
 				default:

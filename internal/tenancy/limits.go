@@ -6,8 +6,12 @@ import "github.com/toolrelay/toolrelay/pkg/protocol"
 // docs/security.md, "Shared resources", for what each bounds and how an
 // operator sees it reached.
 const (
-	DefaultTeamMaxFile       = 1 << 30  // bytes of file storage per team
-	DefaultTeamMaxMemory     = 64 << 20 // bytes of memory storage per team
+	DefaultTeamMaxFile = 1 << 30 // bytes of file storage per team
+	// DefaultTeamMaxMemory is small: toolrelay stores nothing in memory,
+	// and the server reserves each account's limit whether it is used or
+	// not, refusing JetStream to every account once they add up to more
+	// than its max_memory_store (75% of the memory by default).
+	DefaultTeamMaxMemory     = 1 << 20 // bytes of memory storage per team
 	DefaultTeamMaxStreams    = 16
 	DefaultTeamMaxConsumers  = 1024
 	DefaultTeamMaxAckPending = 100000
@@ -53,7 +57,7 @@ type Limits struct {
 	// attempts). Default: DefaultTeamMaxFile (1 GiB).
 	MaxFile int64
 	// MaxMemory bounds its memory storage. Default: DefaultTeamMaxMemory
-	// (64 MiB).
+	// (1 MiB).
 	MaxMemory int64
 	// MaxStreams and MaxConsumers bound its streams and consumers.
 	// Defaults: 16 and 1024.

@@ -208,3 +208,42 @@ func start(t *testing.T, conf string) *server.Server {
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	return srv
 }
+
+// A server reserves every account's memory and file limits when it enables
+// JetStream for it, and refuses JetStream altogether when they add up to
+// more than its own max_memory_store or max_file_store (75% of the memory
+// and of the free disk by default). Nothing of toolrelay stores in memory,
+// so the teams' memory limits must not be what stops a server of ordinary
+// size from hosting 300 teams.
+func TestManyTeamsFitAServersMemory(t *testing.T) {
+	teams := make([]string, 300)
+	for i := range teams {
+		teams[i] = fmt.Sprintf("t%03d", i)
+	}
+	res, err := tenancy.Write(t.TempDir(), tenancy.Options{Teams: teams})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(res.Servers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A server with 1 GiB for memory storage; the disk is not what is
+	// looked at here.
+	opts.Port, opts.StoreDir, opts.NoLog, opts.NoSigs = -1, t.TempDir(), true, true
+	opts.JetStreamMaxMemory, opts.JetStreamMaxStore = 1<<30, 1<<50
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(30*time.Second) || !srv.JetStreamEnabled() {
+		t.Fatalf("the server did not start JetStream for 300 teams, which reserve %d MiB of memory storage", res.ReservedMemory>>20)
+	}
+	for _, team := range teams {
+		if acc, err := srv.LookupAccount(tenancy.TeamAccount(team)); err != nil || !acc.JetStreamEnabled() {
+			t.Fatalf("team %s: JetStream not enabled (%v)", team, err)
+		}
+	}
+}

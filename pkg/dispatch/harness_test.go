@@ -379,19 +379,42 @@ func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
 // attribute.
 func counterBy(t *testing.T, r *sdkmetric.ManualReader, name string, attr attribute.Key) map[string]int64 {
 	t.Helper()
+	out := map[string]int64{}
+	for _, m := range collected(t, r, name) {
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			v, _ := dp.Attributes.Value(attr)
+			out[v.AsString()] += dp.Value
+		}
+	}
+	return out
+}
+
+// histogramCountBy reads how many values the histogram name recorded, by
+// the value of attr.
+func histogramCountBy(t *testing.T, r *sdkmetric.ManualReader, name string, attr attribute.Key) map[string]uint64 {
+	t.Helper()
+	out := map[string]uint64{}
+	for _, m := range collected(t, r, name) {
+		for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+			v, _ := dp.Attributes.Value(attr)
+			out[v.Emit()] += dp.Count
+		}
+	}
+	return out
+}
+
+// collected is what r has of the instrument name.
+func collected(t *testing.T, r *sdkmetric.ManualReader, name string) []metricdata.Metrics {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int64{}
+	var out []metricdata.Metrics
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				v, _ := dp.Attributes.Value(attr)
-				out[v.AsString()] += dp.Value
+			if m.Name == name {
+				out = append(out, m)
 			}
 		}
 	}

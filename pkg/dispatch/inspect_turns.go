@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -257,10 +258,7 @@ func (d *Dispatcher) InspectTurns(ctx context.Context, caller Caller, q TurnQuer
 	}
 	in.mu.RUnlock()
 	list.OpenTotal = len(open)
-	slices.SortFunc(open, func(a, b *Turn) int { return cmp.Or(a.Deadline.Compare(b.Deadline), cmp.Compare(a.Key, b.Key)) })
-	if limit > 0 && len(open) > limit {
-		open = open[:limit]
-	}
+	open = nearestDeadline(open, limit)
 	for i, t := range open {
 		v := view(caller, t, now)
 		if i < stragglerTurns {
@@ -314,4 +312,47 @@ func (d *Dispatcher) InspectTurn(ctx context.Context, caller Caller, key protoco
 	v := view(caller, t, time.Now())
 	v.Calls = seenCalls(caller, d.callReports(ctx, t))
 	return &v, nil
+}
+
+// byDeadline orders turns nearest their deadline first, then by key.
+func byDeadline(a, b *Turn) int {
+	return cmp.Or(a.Deadline.Compare(b.Deadline), cmp.Compare(a.Key, b.Key))
+}
+
+// nearestDeadline returns the limit turns of open nearest their deadline
+// (all of them if limit is 0 or less), in that order; it reorders open.
+// With many open turns and a page of a few hundred, it keeps the page
+// found so far as a heap whose top is the farthest of it, so that most
+// turns cost one comparison with that top: sorting them all made a list
+// of 100,000 open turns take a third of a second.
+func nearestDeadline(open []*Turn, limit int) []*Turn {
+	if limit <= 0 || len(open) <= limit {
+		slices.SortFunc(open, byDeadline)
+		return open
+	}
+	h := turnHeap(open[:limit])
+	heap.Init(&h)
+	for _, t := range open[limit:] {
+		if byDeadline(t, h[0]) < 0 {
+			h[0] = t
+			heap.Fix(&h, 0)
+		}
+	}
+	slices.SortFunc(h, byDeadline)
+	return h
+}
+
+// turnHeap is a max-heap of turns by byDeadline: its top is the turn
+// farthest from its deadline.
+type turnHeap []*Turn
+
+func (h turnHeap) Len() int           { return len(h) }
+func (h turnHeap) Less(i, j int) bool { return byDeadline(h[i], h[j]) > 0 }
+func (h turnHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *turnHeap) Push(x any)        { *h = append(*h, x.(*Turn)) }
+func (h *turnHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
 }

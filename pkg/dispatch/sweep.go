@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
@@ -53,6 +54,10 @@ const (
 
 func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	now := time.Now()
+	defer func() {
+		d.tel.sweepDuration.Record(context.WithoutCancel(ctx), time.Since(now).Seconds(),
+			metric.WithAttributes(attrStartup.Bool(startup)))
+	}()
 	// A young turn this replica gathers for is swept as it is listed, and
 	// kept out of the set: under load most open turns are young, and the
 	// sweep's memory stays what the listing's page takes.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/toolrelay/toolrelay/internal/platformsim"
 	"github.com/toolrelay/toolrelay/internal/provision"
@@ -116,4 +117,25 @@ func TestTheSweepForgetsATurnClosedElsewhere(t *testing.T) {
 	// Once the turn is older than a stuck one would be (15 s), the sweep
 	// looks it up and forgets it.
 	testutil.WaitForWhat(t, 30*time.Second, "the sweep to forget the turn", func() bool { return !dispatch.Tracking(d, turn.Key) })
+}
+
+// Each sweep is timed in toolrelay.sweep.duration, the one at start marked
+// as such: an operator sizing a fleet's open turns reads the sweep's cost
+// there.
+func TestTheSweepReportsItsDuration(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reader := sdkmetric.NewManualReader()
+	e.dispatcher(dispatch.Options{SweepInterval: 50 * time.Millisecond,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	sweeps := func() map[string]uint64 {
+		return histogramCountBy(t, reader, "toolrelay.sweep.duration", "toolrelay.sweep.startup")
+	}
+	testutil.WaitForWhat(t, 20*time.Second, "the startup sweep and two more", func() bool {
+		got := sweeps()
+		return got["true"] == 1 && got["false"] >= 2
+	})
+	if got := sweeps(); got["true"] != 1 {
+		t.Errorf("startup sweeps: %d; want exactly 1", got["true"])
+	}
 }

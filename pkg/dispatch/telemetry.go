@@ -60,6 +60,7 @@ const (
 	attrFunction   = otelconv.Function
 	attrEventType  = attribute.Key("event_type")
 	attrChannel    = attribute.Key("channel")
+	attrStartup    = attribute.Key("toolrelay.sweep.startup")
 	attrItemType   = attribute.Key("item_type")
 )
 
@@ -90,6 +91,8 @@ type telemetry struct {
 	// definitionChanges counts changes of a served function's description
 	// or schema (definitions.go).
 	definitionChanges metric.Int64Counter
+	// sweepDuration is how long each sweep took (sweep.go).
+	sweepDuration metric.Float64Histogram
 
 	mu    sync.Mutex
 	spans map[protocol.TurnKey]trace.Span
@@ -153,6 +156,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many, tool_text, schema, too_large, busy): a team serving a name another owns or one that reads as it, over its quota of declarations or names, whose description or schema text breaks a bound, over a bound of bytes, or whose requests fill its queue at a replica (counted per request)."))
 	must(e)
 	t.definitionChanges, e = m.Int64Counter("toolrelay.registry.definition_changes", metric.WithDescription("Changes of a function's definition (its description or parameters' schema, what agents read), by team and function: an executor started serving it with another one."))
+	must(e)
+	t.sweepDuration, e = m.Float64Histogram("toolrelay.sweep.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long each sweep for stuck turns took on this replica; startup marks the one at start, which re-arms what a restart left open."),
+		metric.WithExplicitBucketBoundaries(seconds...))
 	must(e)
 	must(t.observe(m, fleet))
 	return t, err
