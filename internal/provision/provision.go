@@ -60,6 +60,13 @@ const (
 	// latest step, so that the step's remaining calls, seen again while
 	// their results are being submitted one by one, are not a new turn.
 	StepBucket = "toolrelay_steps"
+	// ApprovalBucket holds, by call key, the calls held for a person's
+	// decision and what was decided, changed only by compare-and-set.
+	ApprovalBucket = "toolrelay_approvals"
+	// AuditStream is the audit trail: approval requests, decisions and
+	// runs of side-effecting functions, on AuditSubjectPrefix.<team>.<kind>.
+	AuditStream        = "TOOLRELAY_AUDIT"
+	AuditSubjectPrefix = "toolrelay.audit"
 
 	// turnTTL outlives any turn (at most an hour).
 	turnTTL = 2 * time.Hour
@@ -240,6 +247,28 @@ func TimerStreamConfig(o Options) jetstream.StreamConfig {
 // TurnBucketConfig holds turn records, changed only by compare-and-set.
 func TurnBucketConfig(o Options) jetstream.KeyValueConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: TurnBucket, Description: "toolrelay turn state", History: 1, TTL: turnTTL}, o)
+}
+
+// ApprovalBucketConfig holds the calls awaiting approval and their
+// decisions: kept as long as any turn.
+func ApprovalBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: ApprovalBucket, Description: "toolrelay calls held for approval", History: 1, TTL: turnTTL}, o)
+}
+
+// AuditStreamConfig holds the audit trail for retention (at least a
+// minute), one subject per team and kind of entry.
+func AuditStreamConfig(retention time.Duration, o Options) jetstream.StreamConfig {
+	return StreamConfig(protocol.StreamSpec{
+		Name:        AuditStream,
+		Description: "toolrelay audit trail: approval requests, decisions, runs of side-effecting functions",
+		Subjects:    []string{AuditSubjectPrefix + ".>"},
+		Retention:   protocol.RetentionLimits,
+		Discard:     protocol.DiscardOld,
+		MaxAge:      max(retention, time.Minute),
+		// Entries carry message IDs: a replica that records an entry again
+		// after a failover adds nothing.
+		Duplicates: 10 * time.Minute,
+	}, o)
 }
 
 // WatchBucketConfig holds what the dispatcher watches on request.

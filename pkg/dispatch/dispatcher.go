@@ -137,6 +137,10 @@ type Options struct {
 	// (see TeamJetStream). Default: empty, the teams' streams are in js's
 	// own account.
 	TeamAPIPrefix string
+	// AuditRetention is how long the audit trail (approval requests,
+	// decisions, runs of side-effecting functions) keeps an entry.
+	// Default: DefaultAuditRetention (90 days).
+	AuditRetention time.Duration
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -184,14 +188,18 @@ type Dispatcher struct {
 	// webhooksSeen backs the webhook intake.
 	webhooksSeen jetstream.KeyValue
 	// steps backs stepOf (Agents sessions).
-	steps    jetstream.KeyValue
-	timers   jetstream.Stream
-	registry *registry
-	gather   *gatherer
-	limiter  *limiter
-	tel      *telemetry
-	inspect  *inspector // what the inspection API and the console read
-	teamAPIs *teamAPIs
+	steps jetstream.KeyValue
+	// approvals holds the calls held for a decision (approvals.go);
+	// audits is the audit trail (audit.go).
+	approvals jetstream.KeyValue
+	audits    jetstream.Stream
+	timers    jetstream.Stream
+	registry  *registry
+	gather    *gatherer
+	limiter   *limiter
+	tel       *telemetry
+	inspect   *inspector // what the inspection API and the console read
+	teamAPIs  *teamAPIs
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -255,6 +263,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	opts.MaxRegistryBytesPerTeam = cmp.Or(max(opts.MaxRegistryBytesPerTeam, 0), DefaultMaxRegistryBytesPerTeam)
 	opts.ClaimGrace = cmp.Or(max(opts.ClaimGrace, 0), DefaultClaimGrace)
 	opts.DeclareQueuePerTeam = cmp.Or(max(opts.DeclareQueuePerTeam, 0), DefaultDeclareQueuePerTeam)
+	opts.AuditRetention = cmp.Or(max(opts.AuditRetention, 0), DefaultAuditRetention)
 	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
@@ -375,6 +384,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return nil
 	}
 	defer stopTimers()
+	stopApprovalTimers, err := whenReady("starting to consume auto-deny timers", d.startApprovalTimers)
+	if err != nil {
+		return fmt.Errorf("dispatch: consume auto-deny timers: %w", err)
+	}
+	if stopApprovalTimers == nil {
+		return nil
+	}
+	defer stopApprovalTimers()
 
 	if w := d.driver(); w != nil {
 		stopWatches, err := w.Serve(rctx)
@@ -443,6 +460,12 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 		return err
 	}
 	if d.steps, err = provision.KeyValue(ctx, d.js, provision.StepBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.approvals, err = provision.KeyValue(ctx, d.js, provision.ApprovalBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.audits, err = provisionAudit(ctx, d.js, d.opts.AuditRetention, popts); err != nil {
 		return err
 	}
 	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {
@@ -571,7 +594,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
 		d.answerSearches(ctx, t, recorded)
-		d.publishCalls(ctx, t, recorded, nil)
+		d.publishCalls(ctx, t, d.settleHeld(ctx, t, recorded), nil)
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:
 		// The replica that owned it may have died mid-submission: the

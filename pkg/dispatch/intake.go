@@ -55,7 +55,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		return existing, err // the rest of a step taken in already, or unknown yet
 	}
 	// Resolve every call first: the record must say which team owns each.
-	failures, checked, err := d.resolveCalls(ctx, t, req.Calls)
+	failures, checked, holds, err := d.resolveCalls(ctx, t, req.Calls)
 	if err != nil {
 		return nil, err
 	}
@@ -74,6 +74,14 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	// submits it with no write between its last result and its platform.
 	t.lease = d.engine.IntakeLease(t.CreatedAt, t.Deadline)
 	tctx, span := d.tel.startTurn(ctx, t)
+	var held map[protocol.CallKey]bool // most turns hold no call
+	if holds != nil {
+		if held, err = d.holdCalls(tctx, t, holds); err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.End()
+			return nil, err
+		}
+	}
 	rev, err := d.record(ctx, t)
 	if errors.Is(err, errConflict) {
 		span.SetAttributes(attrOutcome.String("duplicate"))
@@ -120,7 +128,10 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		d.recordFailure(ctx, t, c, cerr)
 	}
 	d.answerSearches(ctx, t, nil)
-	d.publishCalls(ctx, t, nil, checked)
+	if held != nil {
+		d.announceHolds(ctx, t, held)
+	}
+	d.publishCalls(ctx, t, held, checked)
 	crashpoint.Reached(crashpoint.Fanout, d.opts.Name, string(key))
 	return t, nil
 }
@@ -146,21 +157,23 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 		return
 	}
 	d.answerSearches(ctx, t, recorded)
-	d.publishCalls(ctx, t, recorded, nil)
+	d.publishCalls(ctx, t, d.settleHeld(ctx, t, recorded), nil)
 }
 
 // resolveCalls adds req's calls to t, each with the team that owns it, and
-// returns the failures of those that cannot work (marked Rejected) and,
-// in the order of t.Calls, the digest of the schema each other call's
-// arguments were checked against.
-func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, []string, error) {
+// returns the failures of those that cannot work (marked Rejected), in
+// the order of t.Calls the digest of the schema each other call's
+// arguments were checked against, and the holds of the calls their
+// function's approval policy holds.
+func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, []string, map[protocol.CallKey]*hold, error) {
 	var failures map[protocol.CallKey]*protocol.CallError // most turns have none
+	var holds map[protocol.CallKey]*hold                  // nor holds
 	checked := make([]string, len(calls))
 	t.Calls = make([]TurnCall, 0, len(calls))
 	budget := turnArgumentsBudget
 	for i, c := range calls {
 		if slices.ContainsFunc(calls[:i], func(o CallRequest) bool { return o.ID == c.ID }) {
-			return nil, nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
+			return nil, nil, nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
 		}
 		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments, Custom: c.Custom}
 		stored := tc.Arguments // as the record keeps them
@@ -179,7 +192,13 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 				tc.Name = "tool_search"
 			}
 		default:
-			checked[i], cerr = d.resolve(ctx, &tc, d.opts.ServeGrace)
+			var h *hold
+			if checked[i], h, cerr = d.resolve(ctx, &tc, d.opts.ServeGrace); h != nil {
+				if holds == nil {
+					holds = map[protocol.CallKey]*hold{}
+				}
+				holds[tc.Key] = h
+			}
 		}
 		if cerr != nil {
 			if failures == nil {
@@ -193,7 +212,7 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 		tc.Arguments = stored
 		t.Calls = append(t.Calls, tc)
 	}
-	return failures, checked, nil
+	return failures, checked, holds, nil
 }
 
 // The turn record carries every call's arguments (a replica that resumes

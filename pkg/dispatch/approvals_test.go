@@ -1,0 +1,273 @@
+package dispatch_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/toolrelay/toolrelay/internal/apiauth"
+	"github.com/toolrelay/toolrelay/internal/lease"
+	"github.com/toolrelay/toolrelay/internal/platformsim"
+	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
+	"github.com/toolrelay/toolrelay/pkg/protocol"
+)
+
+const refundSchema = `{"type":"object","properties":{"order":{"type":"string"},"amount":{"type":"number"}},"required":["order","amount"]}`
+
+// refundSpec is a side-effecting refund whose calls over 100 wait for the
+// billing team or an admin.
+func refundSpec(timeout time.Duration) protocol.FunctionSpec {
+	return protocol.FunctionSpec{Version: protocol.Version, Name: "refund", Team: "billing", Parameters: json.RawMessage(refundSchema),
+		Timeout: protocol.Duration(timeout), SideEffects: true, UpdatedAt: time.Now(),
+		Approval: &protocol.ApprovalPolicy{When: "args.amount > 100"}}
+}
+
+// apiOf serves d's HTTP API with the tokens file at path.
+func apiOf(t *testing.T, d *dispatch.Dispatcher, path string) *httptest.Server {
+	t.Helper()
+	file, err := apiauth.Open(path, apiauth.Options{Logger: slog.New(slog.DiscardHandler), Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(httpapi.New(d, httpapi.Options{Authenticator: file}))
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+// decide posts a decision on key with token; it returns the status and
+// the body.
+func decide(t *testing.T, base, token string, key protocol.CallKey, verb, reason string) (int, []byte) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"reason": reason})
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/approvals/"+string(key)+"/"+verb, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// awaiting lists the held calls token sees awaiting a decision.
+func awaiting(t *testing.T, base, token string) []httpapi.ApprovalView {
+	t.Helper()
+	got := do(t, http.MethodGet, base+"/v1/approvals", token, "")
+	var list struct{ Approvals []httpapi.ApprovalView }
+	if got.status != http.StatusOK || json.Unmarshal(got.body, &list) != nil {
+		t.Fatalf("GET /v1/approvals: %d %s", got.status, got.body)
+	}
+	return list.Approvals
+}
+
+// A conversation asks for four refunds; the policy holds the three over
+// 100 while the small one runs. The replica that took the turn in stops;
+// on the other, the billing team approves one (it runs), denies one (the
+// model reads who and why) and leaves one, which is denied automatically
+// before the run's deadline; a token of another team can neither see nor
+// decide them. The turn is submitted before the run expires, and the audit
+// trail holds the requests, the decisions and the side-effecting runs.
+func TestApprovalsApproveDenyAndTimeOutAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, platformsim.Scenario{Name: "refunds", Prompt: "refund four orders",
+		Steps: []platformsim.Step{{
+			{Name: "refund", As: "approved", Arguments: `{"order":"o-1","amount":500}`},
+			{Name: "refund", As: "denied", Arguments: `{"order":"o-2","amount":700}`},
+			{Name: "refund", As: "undecided", Arguments: `{"order":"o-3","amount":900}`},
+			{Name: "refund", As: "small", Arguments: `{"order":"o-4","amount":5}`},
+		}},
+		Answer: `approved: {{out "approved"}} | denied: {{out "denied"}} | undecided: {{out "undecided"}} | small: {{out "small"}}`})
+	// Its run expires in 40 s: deadline 10 s before; the refund's timeout
+	// of 20 s puts the auto-deny 10 s after intake.
+	e.declareSpec(refundSpec(20*time.Second), "billing-exec", "b1")
+	ranFor := make(chan string, 8)
+	e.serve("billing", []string{"refund"}, func(c *protocol.Call) (string, bool) {
+		var args struct{ Order string }
+		_ = json.Unmarshal(c.Arguments, &args)
+		ranFor <- args.Order
+		return `"refunded ` + args.Order + `"`, false
+	})
+	path := filepath.Join(t.TempDir(), "tokens.txt")
+	tokens := tokensFile(t, path, "admin", "billing", "orders")
+	announced, err := e.js.Conn().SubscribeSync(dispatch.ApprovalRequestedSubject + ".billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	d1, stop1 := e.dispatcher(dispatch.Options{Name: "d1", TracerProvider: tp})
+	d2, _ := e.dispatcher(dispatch.Options{Name: "d2", TracerProvider: tp})
+	api2 := apiOf(t, d2, path)
+	ref := e.assistantsRun("refund four orders", map[string]string{platformsim.SimTTLMetadataKey: "40s"})
+	w, err := d1.Watch(t.Context(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var held []httpapi.ApprovalView
+	testutil.WaitForWhat(t, 10*time.Second, "three refunds awaiting approval", func() bool {
+		held = awaiting(t, api2.URL, tokens["billing"])
+		return len(held) == 3
+	})
+	nextRun := func(what string) string {
+		t.Helper()
+		select {
+		case got := <-ranFor:
+			return got
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no refund ran in 10 s; want %s", what)
+			return ""
+		}
+	}
+	if got := nextRun("o-4"); got != "o-4" {
+		t.Fatalf("ran %s first; want only o-4 (5, under the condition) to run unapproved", got)
+	}
+	byOrder := map[string]httpapi.ApprovalView{}
+	for _, h := range held {
+		var args struct{ Order string }
+		_ = json.Unmarshal(h.Arguments, &args)
+		byOrder[args.Order] = h
+		if h.State != dispatch.ApprovalAwaiting || h.Team != "billing" || h.Condition != "args.amount > 100" ||
+			h.TimeLeftMS <= 0 || !h.AutoDenyAt.Before(h.Deadline) || !slices.Equal(h.Approvers, []string{"admin", "team"}) {
+			t.Errorf("held call %+v", h)
+		}
+	}
+	if msg, err := announced.NextMsg(5 * time.Second); err != nil || !bytes.Contains(msg.Data, []byte(`"awaiting_approval"`)) {
+		t.Errorf("announcement on %s: %v %v", dispatch.ApprovalRequestedSubject+".billing", msg, err)
+	}
+	if got := awaiting(t, api2.URL, tokens["orders"]); len(got) != 0 {
+		t.Errorf("the orders team sees %d of billing's held calls", len(got))
+	}
+
+	// The replica that took the turn in goes; the other decides.
+	stop1()
+	approved, denied := byOrder["o-1"].CallKey, byOrder["o-2"].CallKey
+	if status, body := decide(t, api2.URL, tokens["orders"], approved, "approve", ""); status != http.StatusNotFound {
+		t.Errorf("the orders team approving billing's call: %d %s, want 404", status, body)
+	}
+	if status, body := decide(t, api2.URL, tokens["billing"], approved, "approve", "checked with the customer"); status != http.StatusOK {
+		t.Fatalf("approve: %d %s", status, body)
+	}
+	if status, body := decide(t, api2.URL, tokens["billing"], denied, "deny", "over the refund limit"); status != http.StatusOK {
+		t.Fatalf("deny: %d %s", status, body)
+	}
+	// A second decision loses to the first, and says how it went.
+	if status, body := decide(t, api2.URL, tokens["admin"], denied, "approve", ""); status != http.StatusConflict || !strings.Contains(string(body), "denied by billing") {
+		t.Errorf("a second decision: %d %s, want 409 naming the first", status, body)
+	}
+	if got := nextRun("o-1"); got != "o-1" {
+		t.Fatalf("ran %s after the approval, want o-1", got)
+	}
+
+	testutil.WaitForWhat(t, 40*time.Second, "the watch to end", func() bool {
+		w, err = d2.WatchStatus(t.Context(), w.ID)
+		return err == nil && w.State != dispatch.WatchActive
+	})
+	if w.State != dispatch.WatchCompleted {
+		t.Fatalf("watch %s (%s), want completed before the run expired", w.State, w.Error)
+	}
+	for _, want := range []string{`approved: "refunded o-1"`, `billing denied it: over the refund limit`,
+		`undecided: {"error":{"type":"denied","message":"refund was not run: it needs a person's approval, and nobody approved it in time.`,
+		`small: "refunded o-4"`} {
+		if !strings.Contains(w.Answer, want) {
+			t.Errorf("answer %q lacks %q", w.Answer, want)
+		}
+	}
+	select {
+	case got := <-ranFor:
+		t.Errorf("ran %s, which nobody approved", got)
+	default:
+	}
+
+	// The audit trail, read as the billing team: every request, decision
+	// and run of the side-effecting refund; none of it for another team.
+	kinds := map[string]int{}
+	var runs []dispatch.AuditEntry
+	testutil.WaitForWhat(t, 5*time.Second, "the audit trail to hold three requests, three decisions and two runs", func() bool {
+		clear(kinds)
+		runs = runs[:0]
+		got := do(t, http.MethodGet, api2.URL+"/v1/audit?team=billing", tokens["billing"], "")
+		sc := bufio.NewScanner(bytes.NewReader(got.body))
+		for sc.Scan() {
+			var en dispatch.AuditEntry
+			if err := json.Unmarshal(sc.Bytes(), &en); err != nil {
+				t.Fatalf("audit line %q: %v", sc.Text(), err)
+			}
+			kinds[en.Kind]++
+			if en.Kind == "run" {
+				runs = append(runs, en)
+			}
+		}
+		return kinds["requested"] == 3 && kinds["approved"] == 1 && kinds["denied"] == 1 && kinds["expired"] == 1 && kinds["run"] == 2
+	})
+	for _, r := range runs {
+		if r.Outcome != "ok" || r.Function != "refund" || r.CallKey == "" || r.TraceID == "" {
+			t.Errorf("run entry %+v", r)
+		}
+	}
+	if got := do(t, http.MethodGet, api2.URL+"/v1/audit?team=billing", tokens["orders"], ""); got.status != http.StatusForbidden {
+		t.Errorf("the orders team reading billing's audit trail: %d, want 403", got.status)
+	}
+	if got := do(t, http.MethodGet, api2.URL+"/v1/audit", tokens["orders"], ""); got.status != http.StatusOK || len(got.body) != 0 {
+		t.Errorf("the orders team's own audit trail: %d %q, want empty", got.status, got.body)
+	}
+}
+
+// A call held when its turn's deadline leaves no time to ask is denied at
+// once, without waiting for anyone.
+func TestApprovalWithNoTimeToAskIsDeniedAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, platformsim.Scenario{Name: "late refund", Prompt: "refund late",
+		Steps:  []platformsim.Step{{{Name: "refund", Arguments: `{"order":"o-9","amount":500}`}}},
+		Answer: `{{out "refund"}}`})
+	e.declareSpec(refundSpec(time.Minute), "billing-exec", "b1") // a minute to run, in a 40 s run
+	ran := e.serve("billing", []string{"refund"}, func(*protocol.Call) (string, bool) { return `"refunded"`, false })
+	d, _ := e.dispatcher(dispatch.Options{})
+	start := time.Now()
+	w := finish(t, d, e.assistantsRun("refund late", map[string]string{platformsim.SimTTLMetadataKey: "40s"}), 20*time.Second)
+	if w.State != dispatch.WatchCompleted || !strings.Contains(w.Answer, "nobody approved it in time") || time.Since(start) > 10*time.Second {
+		t.Errorf("watch %s %q after %s; want it denied at once", w.State, w.Answer, time.Since(start))
+	}
+	if ran.Load() != 0 {
+		t.Errorf("the refund ran %d times", ran.Load())
+	}
+}
+
+// A declaration whose condition does not compile is refused by the
+// dispatcher, naming the function and the condition, whatever library sent
+// it, and claims no name.
+func TestDispatcherRefusesABadApprovalCondition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.dispatcher(dispatch.Options{})
+	spec := refundSpec(0)
+	spec.Approval.When = "args.amount >"
+	_, err := lease.Declare(t.Context(), e.js.Conn(), "billing", []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
+		Instance: "b1", Executor: "ts-exec", StartedAt: time.Now()}}, testutil.Logger(t))
+	var refused *lease.RefusedError
+	if !errors.As(err, &refused) || !strings.Contains(err.Error(), "function refund: approval: when") {
+		t.Fatalf("declaring a bad condition: %v, want a refusal naming refund's condition", err)
+	}
+	fns, err := dispatch.Registry(t.Context(), e.js)
+	if err != nil || len(fns) != 0 {
+		t.Fatalf("registry %+v (%v), want empty", fns, err)
+	}
+}
