@@ -256,8 +256,9 @@ func ApprovalBucketConfig(o Options) jetstream.KeyValueConfig {
 }
 
 // AuditStreamConfig holds the audit trail for retention (at least a
-// minute), one subject per team and kind of entry.
-func AuditStreamConfig(retention time.Duration, o Options) jetstream.StreamConfig {
+// minute) in at most maxBytes (then the oldest entries go), one subject
+// per team and kind of entry.
+func AuditStreamConfig(retention time.Duration, maxBytes int64, o Options) jetstream.StreamConfig {
 	return StreamConfig(protocol.StreamSpec{
 		Name:        AuditStream,
 		Description: "toolrelay audit trail: approval requests, decisions, runs of side-effecting functions",
@@ -265,6 +266,7 @@ func AuditStreamConfig(retention time.Duration, o Options) jetstream.StreamConfi
 		Retention:   protocol.RetentionLimits,
 		Discard:     protocol.DiscardOld,
 		MaxAge:      max(retention, time.Minute),
+		MaxBytes:    maxBytes,
 		// Entries carry message IDs: a replica that records an entry again
 		// after a failover adds nothing.
 		Duplicates: 10 * time.Minute,

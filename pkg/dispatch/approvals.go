@@ -21,7 +21,7 @@ import (
 // Approvals. A call whose function's policy (package approval) wants a
 // person's decision is held at intake: not published, but recorded in
 // the approval bucket as awaiting_approval, announced on
-// ApprovalRequestedSubject and given an auto-deny timer. The decision is
+// protocol.ApprovalRequestedSubject and given an auto-deny timer. The decision is
 // a compare-and-set on that record, so of two deciders (two replicas, two
 // people) exactly one wins, and it flows into the turn as the events the
 // turn engine already has: approved, the call is published as intake
@@ -75,14 +75,6 @@ type Approval struct {
 // before its turn's deadline, for a function that declares no timeout:
 // its auto-deny time is at least this long before the deadline.
 const MinApprovalRunWindow = 10 * time.Second
-
-// Subjects the dispatcher announces approvals on (core NATS, in its own
-// account): a request when a call is held, a decision when one is made.
-// The last token is the owning team.
-const (
-	ApprovalRequestedSubject = "toolrelay.approval.requested"
-	ApprovalDecidedSubject   = "toolrelay.approval.decided"
-)
 
 // Errors of a decision.
 var (
@@ -164,7 +156,7 @@ func (d *Dispatcher) announceHolds(ctx context.Context, t *Turn, held map[protoc
 		}
 		switch a.State {
 		case ApprovalAwaiting:
-			d.announce(ApprovalRequestedSubject, a)
+			d.announce(protocol.ApprovalRequestedSubject(a.Team), a)
 			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
 		case ApprovalExpired, ApprovalDenied:
 			d.settleDenied(ctx, t, a)
@@ -320,7 +312,7 @@ func (d *Dispatcher) afterDecision(ctx context.Context, t *Turn, a *Approval) {
 	d.log.InfoContext(ctx, "a held call was decided", "call_key", a.CallKey, "fn", a.Function, "team", a.Team, "state", a.State, "by", a.DecidedBy)
 	kind := map[ApprovalState]auditKind{ApprovalApproved: auditApproved, ApprovalDenied: auditDenied, ApprovalExpired: auditExpired}[a.State]
 	d.audit(ctx, kind, a.Team, a.CallKey, "", auditEntryOf(a, kind))
-	d.announce(ApprovalDecidedSubject, a)
+	d.announce(protocol.ApprovalDecidedSubject(a.Team), a)
 	if a.State == ApprovalApproved {
 		d.publishApproved(ctx, t, a.CallKey)
 		return
@@ -374,11 +366,11 @@ func (d *Dispatcher) expire(ctx context.Context, t *Turn, a *Approval) (*Approva
 	return a, nil
 }
 
-// announce publishes a on subject.<team>, for chat bots and the like:
-// best effort (the approval API lists what an announcement missed).
+// announce publishes a on subject, for chat bots and the like: best
+// effort (the approval API lists what an announcement missed).
 func (d *Dispatcher) announce(subject string, a *Approval) {
 	b, _ := json.Marshal(a)
-	if err := d.js.Conn().Publish(subject+"."+a.Team, b); err != nil {
+	if err := d.js.Conn().Publish(subject, b); err != nil {
 		d.log.Warn("announcing an approval failed", "call_key", a.CallKey, "err", err)
 	}
 }

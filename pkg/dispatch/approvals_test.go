@@ -106,7 +106,7 @@ func TestApprovalsApproveDenyAndTimeOutAcrossReplicas(t *testing.T) {
 	})
 	path := filepath.Join(t.TempDir(), "tokens.txt")
 	tokens := tokensFile(t, path, "admin", "billing", "orders")
-	announced, err := e.js.Conn().SubscribeSync(dispatch.ApprovalRequestedSubject + ".billing")
+	announced, err := e.js.Conn().SubscribeSync(protocol.ApprovalRequestedSubject("billing"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestApprovalsApproveDenyAndTimeOutAcrossReplicas(t *testing.T) {
 		}
 	}
 	if msg, err := announced.NextMsg(5 * time.Second); err != nil || !bytes.Contains(msg.Data, []byte(`"awaiting_approval"`)) {
-		t.Errorf("announcement on %s: %v %v", dispatch.ApprovalRequestedSubject+".billing", msg, err)
+		t.Errorf("announcement on %s: %v %v", protocol.ApprovalRequestedSubject("billing"), msg, err)
 	}
 	if got := awaiting(t, api2.URL, tokens["orders"]); len(got) != 0 {
 		t.Errorf("the orders team sees %d of billing's held calls", len(got))

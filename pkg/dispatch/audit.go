@@ -22,8 +22,12 @@ import (
 // outcome, attempt and trace). Entries are on
 // toolrelay.audit.<team>.<kind>, so a caller reads its teams' alone.
 
-// DefaultAuditRetention is how long the audit trail keeps an entry.
-const DefaultAuditRetention = 90 * 24 * time.Hour
+// Defaults of the audit trail: how long it keeps an entry, and the bytes
+// it may take (then the oldest entries go first).
+const (
+	DefaultAuditRetention = 90 * 24 * time.Hour
+	DefaultAuditBytes     = 1 << 30
+)
 
 // auditKind is the kind of an audit entry, the last token of its subject.
 type auditKind string
@@ -113,16 +117,16 @@ func (d *Dispatcher) auditRun(ctx context.Context, t *Turn, c *TurnCall, res *pr
 // provisionAudit creates or checks the audit stream, and gives an
 // existing one the retention asked for: an operator changes it by the
 // setting, not by hand.
-func provisionAudit(ctx context.Context, js jetstream.JetStream, retention time.Duration, o provision.Options) (jetstream.Stream, error) {
-	want := provision.AuditStreamConfig(retention, o)
+func provisionAudit(ctx context.Context, js jetstream.JetStream, retention time.Duration, maxBytes int64, o provision.Options) (jetstream.Stream, error) {
+	want := provision.AuditStreamConfig(retention, maxBytes, o)
 	s, err := provision.Stream(ctx, js, want)
 	if err != nil {
 		return nil, err
 	}
-	if have := s.CachedInfo().Config; have.MaxAge != want.MaxAge {
-		have.MaxAge = want.MaxAge
+	if have := s.CachedInfo().Config; have.MaxAge != want.MaxAge || have.MaxBytes != want.MaxBytes {
+		have.MaxAge, have.MaxBytes = want.MaxAge, want.MaxBytes
 		if s, err = js.UpdateStream(ctx, have); err != nil {
-			return nil, fmt.Errorf("dispatch: set the audit trail's retention to %s: %w", want.MaxAge, err)
+			return nil, fmt.Errorf("dispatch: set the audit trail's retention to %s and %d bytes: %w", want.MaxAge, want.MaxBytes, err)
 		}
 	}
 	return s, nil

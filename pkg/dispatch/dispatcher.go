@@ -141,6 +141,9 @@ type Options struct {
 	// decisions, runs of side-effecting functions) keeps an entry.
 	// Default: DefaultAuditRetention (90 days).
 	AuditRetention time.Duration
+	// AuditBytes bounds the audit trail's storage; when full, the oldest
+	// entries go first. Default: DefaultAuditBytes (1 GiB).
+	AuditBytes int64
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -264,6 +267,7 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	opts.ClaimGrace = cmp.Or(max(opts.ClaimGrace, 0), DefaultClaimGrace)
 	opts.DeclareQueuePerTeam = cmp.Or(max(opts.DeclareQueuePerTeam, 0), DefaultDeclareQueuePerTeam)
 	opts.AuditRetention = cmp.Or(max(opts.AuditRetention, 0), DefaultAuditRetention)
+	opts.AuditBytes = cmp.Or(max(opts.AuditBytes, 0), DefaultAuditBytes)
 	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
@@ -465,7 +469,7 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 	if d.approvals, err = provision.KeyValue(ctx, d.js, provision.ApprovalBucketConfig(popts)); err != nil {
 		return err
 	}
-	if d.audits, err = provisionAudit(ctx, d.js, d.opts.AuditRetention, popts); err != nil {
+	if d.audits, err = provisionAudit(ctx, d.js, d.opts.AuditRetention, d.opts.AuditBytes, popts); err != nil {
 		return err
 	}
 	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {

@@ -74,3 +74,19 @@ func validPrincipal(s string) bool {
 	}
 	return true
 }
+
+// ApprovalSubjectPrefix starts the subjects the dispatchers announce held
+// calls on, in their own account: <prefix>.requested.<team> when a call is
+// held, <prefix>.decided.<team> when it is decided, each carrying the
+// held call's record as JSON. A deployment with an account per team
+// (dispatcher nats-config) lets each team subscribe to its own.
+const ApprovalSubjectPrefix = "toolrelay.approval"
+
+// ApprovalRequestedSubject is where team's held calls are announced.
+func ApprovalRequestedSubject(team string) string {
+	return ApprovalSubjectPrefix + ".requested." + team
+}
+
+// ApprovalDecidedSubject is where decisions on team's held calls are
+// announced.
+func ApprovalDecidedSubject(team string) string { return ApprovalSubjectPrefix + ".decided." + team }
