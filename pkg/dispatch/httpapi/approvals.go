@@ -49,7 +49,8 @@ type ApprovalView struct {
 	TimeLeftMS int64 `json:"time_left_ms"`
 }
 
-func viewOf(ap *dispatch.Approval, now time.Time) ApprovalView {
+// ViewOf is ap as the API shows it at now.
+func ViewOf(ap *dispatch.Approval, now time.Time) ApprovalView {
 	v := ApprovalView{Approval: ap}
 	if ap.State == dispatch.ApprovalAwaiting {
 		v.TimeLeftMS = max(ap.AutoDenyAt.Sub(now).Milliseconds(), 0)
@@ -75,7 +76,7 @@ func (a *Handler) getApprovals(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	views := make([]ApprovalView, len(list))
 	for i, ap := range list {
-		views[i] = viewOf(ap, now)
+		views[i] = ViewOf(ap, now)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"approvals": views, "now": now.UTC()})
 }
@@ -91,7 +92,7 @@ func (a *Handler) getApproval(w http.ResponseWriter, r *http.Request) {
 		writeDecisionError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, viewOf(ap, time.Now()))
+	writeJSON(w, http.StatusOK, ViewOf(ap, time.Now()))
 }
 
 func (a *Handler) postDecision(approve bool) http.HandlerFunc {
@@ -118,13 +119,13 @@ func (a *Handler) postDecision(approve bool) http.HandlerFunc {
 		ap, err := a.d.Decide(r.Context(), CallerOf(r), key, dispatch.Decision{Approve: approve, Reason: strings.TrimSpace(body.Reason)})
 		if err != nil {
 			if errors.Is(err, dispatch.ErrDecided) && ap != nil {
-				writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{"message": strings.TrimPrefix(err.Error(), "dispatch: ")}, "approval": viewOf(ap, time.Now())})
+				writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{"message": strings.TrimPrefix(err.Error(), "dispatch: ")}, "approval": ViewOf(ap, time.Now())})
 				return
 			}
 			writeDecisionError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, viewOf(ap, time.Now()))
+		writeJSON(w, http.StatusOK, ViewOf(ap, time.Now()))
 	}
 }
 
