@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -67,10 +68,11 @@ func decideCmd(verb string) func(context.Context, []string, io.Writer, io.Writer
 	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs, c, asJSON := inspectFlags(verb, verb+" [-reason R] [-json] [-addr URL] <call key>", stderr)
 		reason := fs.String("reason", "", "why; the model reads it when the call is denied")
-		if err := fs.Parse(args); err != nil {
+		keys, err := parseAround(fs, args)
+		if err != nil {
 			return err
 		}
-		if fs.NArg() != 1 {
+		if len(keys) != 1 {
 			fs.Usage()
 			return fmt.Errorf("%s: give one call key (dispatcher approvals lists them)", verb)
 		}
@@ -78,7 +80,7 @@ func decideCmd(verb string) func(context.Context, []string, io.Writer, io.Writer
 			return errors.New("deny: give a -reason: the model reads it, and acts on it")
 		}
 		body, _ := json.Marshal(map[string]string{"reason": *reason})
-		answer, err := c.do(ctx, http.MethodPost, "/v1/approvals/"+url.PathEscape(fs.Arg(0))+"/"+verb, nil, body)
+		answer, err := c.do(ctx, http.MethodPost, "/v1/approvals/"+url.PathEscape(keys[0])+"/"+verb, nil, body)
 		if err != nil {
 			return err
 		}
@@ -143,6 +145,22 @@ func auditCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			dash(e.By), dash(e.Outcome), clip(detail, 80))
 	}
 	return tw.Flush()
+}
+
+// parseAround parses args with fs, flags before or after the positional
+// arguments (deny KEY -reason R reads as it is written), and returns the
+// positional ones.
+func parseAround(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return rest, nil
+		}
+		rest, args = append(rest, fs.Arg(0)), fs.Args()[1:]
+	}
 }
 
 // clip shortens s to n bytes for a table, marking the cut.

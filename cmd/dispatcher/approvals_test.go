@@ -84,7 +84,7 @@ func TestApprovalCommands(t *testing.T) {
 	if out := inspect(t, "approve", string(first.CallKey)); !strings.Contains(out, "approved by ops-oncall") {
 		t.Errorf("approve: %s", out)
 	}
-	if out := inspect(t, "deny", "-reason", "d-2 holds the backups", string(second.CallKey)); !strings.Contains(out, "denied by ops-oncall") {
+	if out := inspect(t, "deny", string(second.CallKey), "-reason", "d-2 holds the backups"); !strings.Contains(out, "denied by ops-oncall") {
 		t.Errorf("deny: %s", out)
 	}
 	testutil.WaitForWhat(t, 30*time.Second, "the run to complete", func() bool { return w.runStatus(thread, runID) == "completed" })

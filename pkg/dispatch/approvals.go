@@ -266,8 +266,9 @@ const maxReason = 1 << 10
 // call is published to its function's executors; denied, it fails with
 // the decider's name and reason, which the model reads. It returns the
 // record as decided. Errors: ErrNotFound (no such held call, or not in
-// caller's scope), ErrNotApprover, ErrDecided (with the decision that
-// came first, which stands), and JetStream failures.
+// caller's scope), ErrNotApprover, ErrDecided (with the record of the
+// decision that came first, which stands; an approval after the call's
+// auto-deny time denies it, and is refused so), and JetStream failures.
 func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.CallKey, dec Decision) (*Approval, error) {
 	if len(dec.Reason) > maxReason {
 		return nil, &FieldError{Field: "reason", Message: fmt.Sprintf("the reason is %d bytes; at most %d", len(dec.Reason), maxReason)}
@@ -295,7 +296,12 @@ func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.Cal
 		state = ApprovalApproved
 		if !t.Open() || time.Now().After(a.AutoDenyAt) {
 			// Too late to run: the auto-deny is due, or the turn closed.
-			return d.expire(ctx, t, a)
+			// It is denied now, and the approval refused as one that came
+			// after that decision.
+			if a, err = d.expire(ctx, t, a); err != nil {
+				return a, err
+			}
+			return a, fmt.Errorf("%w: too late to approve: it could no longer run before its run's deadline, and was denied automatically", ErrDecided)
 		}
 	}
 	a, err = d.decide(ctx, a, state, caller.Name, dec.Reason)

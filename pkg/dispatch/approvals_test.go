@@ -196,6 +196,11 @@ func TestApprovalsApproveDenyAndTimeOutAcrossReplicas(t *testing.T) {
 		t.Errorf("ran %s, which nobody approved", got)
 	default:
 	}
+	// An approval after the automatic denial changes nothing.
+	if status, body := decide(t, api2.URL, tokens["billing"], byOrder["o-3"].CallKey, "approve", ""); status != http.StatusConflict ||
+		!strings.Contains(string(body), "not approved in time") {
+		t.Errorf("approving after the auto-deny: %d %s, want 409 saying it was not approved in time", status, body)
+	}
 
 	// The audit trail, read as the billing team: every request, decision
 	// and run of the side-effecting refund; none of it for another team.
