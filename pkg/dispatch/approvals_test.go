@@ -276,3 +276,70 @@ func TestDispatcherRefusesABadApprovalCondition(t *testing.T) {
 		t.Fatalf("registry %+v (%v), want empty", fns, err)
 	}
 }
+
+// A held call waits and runs once approved on every platform the
+// dispatcher drives, and on MCP's direct calls.
+func TestApprovalOnEachPlatform(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, platformsim.Scenario{Name: "one refund", Prompt: "refund one order",
+		Steps:  []platformsim.Step{{{Name: "refund", Arguments: `{"order":"o-7","amount":250}`}}},
+		Answer: `{{out "refund"}}`})
+	e.declareSpec(refundSpec(5*time.Second), "billing-exec", "b1")
+	e.serve("billing", []string{"refund"}, func(c *protocol.Call) (string, bool) { return `"refunded o-7"`, false })
+	d, _ := e.dispatcher(dispatch.Options{})
+	billing := dispatch.Caller{Name: "billing-oncall", Teams: []string{"billing"}}
+	approveNext := func(t *testing.T) {
+		t.Helper()
+		var held []*dispatch.Approval
+		testutil.WaitForWhat(t, 10*time.Second, "the refund to await approval", func() bool {
+			var err error
+			held, err = d.Approvals(t.Context(), billing, dispatch.ApprovalQuery{})
+			return err == nil && len(held) == 1
+		})
+		if _, err := d.Decide(t.Context(), billing, held[0].CallKey, dispatch.Decision{Approve: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		ref  func() dispatch.Ref
+	}{
+		{"agents", func() dispatch.Ref { return e.session("refund one order") }},
+		{"assistants", func() dispatch.Ref { return e.assistantsRun("refund one order", nil) }},
+		{"responses", func() dispatch.Ref { return e.response("refund one order") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := d.Watch(t.Context(), tc.ref())
+			if err != nil {
+				t.Fatal(err)
+			}
+			approveNext(t)
+			testutil.WaitForWhat(t, 20*time.Second, "the watch to end", func() bool {
+				w, err = d.WatchStatus(t.Context(), w.ID)
+				return err == nil && w.State != dispatch.WatchActive
+			})
+			if w.State != dispatch.WatchCompleted || !strings.Contains(w.Answer, "refunded o-7") {
+				t.Errorf("watch %s %q (%s), want the approved refund's answer", w.State, w.Answer, w.Error)
+			}
+		})
+	}
+	t.Run("mcp", func(t *testing.T) {
+		done := make(chan *protocol.Result, 1)
+		go func() {
+			r, err := d.Call(t.Context(), dispatch.DirectCall{Function: "refund", Arguments: json.RawMessage(`{"order":"o-7","amount":250}`), Timeout: time.Minute})
+			if err != nil {
+				t.Error(err)
+			}
+			done <- r
+		}()
+		approveNext(t)
+		select {
+		case r := <-done:
+			if r == nil || r.Output != `"refunded o-7"` {
+				t.Errorf("direct call: %+v, want the refund's output", r)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the approved direct call did not return in 20 s")
+		}
+	})
+}
