@@ -158,7 +158,9 @@ func (d *Dispatcher) announceHolds(ctx context.Context, t *Turn, held map[protoc
 		case ApprovalAwaiting:
 			d.announce(protocol.ApprovalRequestedSubject(a.Team), a)
 			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
-		case ApprovalExpired, ApprovalDenied:
+		case ApprovalExpired, ApprovalDenied: // no time to ask, or decided before this repeat
+			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
+			d.audit(ctx, decisionKind[a.State], a.Team, a.CallKey, "", auditEntryOf(a, decisionKind[a.State]))
 			d.settleDenied(ctx, t, a)
 		}
 	}
@@ -316,8 +318,7 @@ func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.Cal
 // appends it to the audit trail.
 func (d *Dispatcher) afterDecision(ctx context.Context, t *Turn, a *Approval) {
 	d.log.InfoContext(ctx, "a held call was decided", "call_key", a.CallKey, "fn", a.Function, "team", a.Team, "state", a.State, "by", a.DecidedBy)
-	kind := map[ApprovalState]auditKind{ApprovalApproved: auditApproved, ApprovalDenied: auditDenied, ApprovalExpired: auditExpired}[a.State]
-	d.audit(ctx, kind, a.Team, a.CallKey, "", auditEntryOf(a, kind))
+	d.audit(ctx, decisionKind[a.State], a.Team, a.CallKey, "", auditEntryOf(a, decisionKind[a.State]))
 	d.announce(protocol.ApprovalDecidedSubject(a.Team), a)
 	if a.State == ApprovalApproved {
 		d.publishApproved(ctx, t, a.CallKey)

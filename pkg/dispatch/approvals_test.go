@@ -254,6 +254,14 @@ func TestApprovalWithNoTimeToAskIsDeniedAtOnce(t *testing.T) {
 	if ran.Load() != 0 {
 		t.Errorf("the refund ran %d times", ran.Load())
 	}
+	entries, err := d.Audit(t.Context(), dispatch.Caller{Name: "ops", Admin: true}, dispatch.AuditQuery{Team: "billing"})
+	var kinds []string
+	for _, en := range entries {
+		kinds = append(kinds, en.Kind)
+	}
+	if err != nil || !slices.Equal(kinds, []string{"requested", "expired"}) {
+		t.Errorf("audit trail %v (%v), want the request and its automatic denial", kinds, err)
+	}
 }
 
 // A declaration whose condition does not compile is refused by the

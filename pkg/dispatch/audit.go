@@ -40,6 +40,9 @@ const (
 	auditRun       auditKind = "run"
 )
 
+// decisionKind is the audit entry of each decided state.
+var decisionKind = map[ApprovalState]auditKind{ApprovalApproved: auditApproved, ApprovalDenied: auditDenied, ApprovalExpired: auditExpired}
+
 // AuditEntry is one entry of the audit trail.
 type AuditEntry struct {
 	// Kind is requested, approved, denied, expired (denied automatically,
