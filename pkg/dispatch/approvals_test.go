@@ -6,12 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -352,4 +354,65 @@ func TestApprovalOnEachPlatform(t *testing.T) {
 			t.Fatal("the approved direct call did not return in 20 s")
 		}
 	})
+}
+
+// Deciders racing on one held call, on two replicas: exactly one decision
+// wins, every other gets ErrDecided naming it, and the call runs or fails
+// once, as the winner said.
+func TestConcurrentDecisionsYieldOneOutcome(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declareSpec(refundSpec(5*time.Second), "billing-exec", "b1")
+	ran := e.serve("billing", []string{"refund"}, func(c *protocol.Call) (string, bool) { return `"refunded"`, false })
+	d1, _ := e.dispatcher(dispatch.Options{Name: "d1"})
+	d2, _ := e.dispatcher(dispatch.Options{Name: "d2"})
+	started, err := d1.StartCall(t.Context(), "race", dispatch.DirectCall{Function: "refund",
+		Arguments: json.RawMessage(`{"order":"o-1","amount":500}`), Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := dispatch.Caller{Name: "ops", Admin: true}
+	var held []*dispatch.Approval
+	testutil.WaitForWhat(t, 10*time.Second, "the refund to await approval", func() bool {
+		held, err = d2.Approvals(t.Context(), admin, dispatch.ApprovalQuery{})
+		return err == nil && len(held) == 1
+	})
+	const deciders = 8
+	type outcome struct {
+		a   *dispatch.Approval
+		err error
+	}
+	outcomes := make(chan outcome, deciders)
+	for i := range deciders {
+		d := []*dispatch.Dispatcher{d1, d2}[i%2]
+		go func() {
+			a, err := d.Decide(context.Background(), dispatch.Caller{Name: fmt.Sprintf("person-%d", i), Admin: true}, held[0].CallKey,
+				dispatch.Decision{Approve: i%3 != 0, Reason: "decider " + strconv.Itoa(i)})
+			outcomes <- outcome{a, err}
+		}()
+	}
+	var won *dispatch.Approval
+	for range deciders {
+		o := <-outcomes
+		switch {
+		case o.err == nil && won == nil:
+			won = o.a
+		case o.err == nil:
+			t.Fatalf("two decisions won: %s and %s", won.DecidedBy, o.a.DecidedBy)
+		case !errors.Is(o.err, dispatch.ErrDecided):
+			t.Fatalf("a losing decision: %v, want ErrDecided", o.err)
+		}
+	}
+	if won == nil {
+		t.Fatal("no decision won")
+	}
+	wctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	res, err := d2.StartedCall(wctx, "race", started.Key, true)
+	if err != nil || res.Result == nil {
+		t.Fatalf("the call's outcome: %+v, %v", res, err)
+	}
+	if approved := won.State == dispatch.ApprovalApproved; approved != res.Result.OK() || (approved && ran.Load() != 1) || (!approved && ran.Load() != 0) {
+		t.Errorf("%s by %s, but the call's result is %+v after %d runs", won.State, won.DecidedBy, res.Result, ran.Load())
+	}
 }
