@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
@@ -156,6 +157,7 @@ func (d *Dispatcher) announceHolds(ctx context.Context, t *Turn, held map[protoc
 		}
 		switch a.State {
 		case ApprovalAwaiting:
+			d.countApproval(ctx, a, "requested")
 			d.announce(protocol.ApprovalRequestedSubject(a.Team), a)
 			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
 		case ApprovalExpired, ApprovalDenied: // no time to ask, or decided before this repeat
@@ -318,6 +320,7 @@ func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.Cal
 // appends it to the audit trail.
 func (d *Dispatcher) afterDecision(ctx context.Context, t *Turn, a *Approval) {
 	d.log.InfoContext(ctx, "a held call was decided", "call_key", a.CallKey, "fn", a.Function, "team", a.Team, "state", a.State, "by", a.DecidedBy)
+	d.countApproval(ctx, a, string(a.State))
 	d.audit(ctx, decisionKind[a.State], a.Team, a.CallKey, "", auditEntryOf(a, decisionKind[a.State]))
 	d.announce(protocol.ApprovalDecidedSubject(a.Team), a)
 	if a.State == ApprovalApproved {
@@ -325,6 +328,11 @@ func (d *Dispatcher) afterDecision(ctx context.Context, t *Turn, a *Approval) {
 		return
 	}
 	d.settleDenied(ctx, t, a)
+}
+
+// countApproval counts a held call's step: requested, or its decision.
+func (d *Dispatcher) countApproval(ctx context.Context, a *Approval, outcome string) {
+	d.tel.approvals.Add(ctx, 1, metric.WithAttributes(attrTeam.String(a.Team), attrFunction.String(a.Function), attrOutcome.String(outcome)))
 }
 
 // publishApproved publishes the approved call key of t, as intake would

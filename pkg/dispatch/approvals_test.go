@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/toolrelay/toolrelay/internal/apiauth"
@@ -364,8 +367,10 @@ func TestConcurrentDecisionsYieldOneOutcome(t *testing.T) {
 	e := newEnv(t)
 	e.declareSpec(refundSpec(5*time.Second), "billing-exec", "b1")
 	ran := e.serve("billing", []string{"refund"}, func(c *protocol.Call) (string, bool) { return `"refunded"`, false })
-	d1, _ := e.dispatcher(dispatch.Options{Name: "d1"})
-	d2, _ := e.dispatcher(dispatch.Options{Name: "d2"})
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	d1, _ := e.dispatcher(dispatch.Options{Name: "d1", MeterProvider: mp})
+	d2, _ := e.dispatcher(dispatch.Options{Name: "d2", MeterProvider: mp})
 	started, err := d1.StartCall(t.Context(), "race", dispatch.DirectCall{Function: "refund",
 		Arguments: json.RawMessage(`{"order":"o-1","amount":500}`), Timeout: time.Minute})
 	if err != nil {
@@ -414,5 +419,9 @@ func TestConcurrentDecisionsYieldOneOutcome(t *testing.T) {
 	}
 	if approved := won.State == dispatch.ApprovalApproved; approved != res.Result.OK() || (approved && ran.Load() != 1) || (!approved && ran.Load() != 0) {
 		t.Errorf("%s by %s, but the call's result is %+v after %d runs", won.State, won.DecidedBy, res.Result, ran.Load())
+	}
+	counted := counterBy(t, reader, "toolrelay.approvals", attribute.Key("toolrelay.outcome"))
+	if want := map[string]int64{"requested": 1, string(won.State): 1}; !maps.Equal(counted, want) {
+		t.Errorf("toolrelay.approvals by outcome %v, want %v", counted, want)
 	}
 }

@@ -90,6 +90,9 @@ type telemetry struct {
 	// definitionChanges counts changes of a served function's description
 	// or schema (definitions.go).
 	definitionChanges metric.Int64Counter
+	// approvals counts held calls as they are held and decided
+	// (approvals.go).
+	approvals metric.Int64Counter
 
 	mu    sync.Mutex
 	spans map[protocol.TurnKey]trace.Span
@@ -153,6 +156,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	t.refused, e = m.Int64Counter("toolrelay.registry.refused", metric.WithDescription("Declarations refused, by team and reason (owned_by_other_team, too_many, tool_text, schema, too_large, busy): a team serving a name another owns or one that reads as it, over its quota of declarations or names, whose description or schema text breaks a bound, over a bound of bytes, or whose requests fill its queue at a replica (counted per request)."))
 	must(e)
 	t.definitionChanges, e = m.Int64Counter("toolrelay.registry.definition_changes", metric.WithDescription("Changes of a function's definition (its description or parameters' schema, what agents read), by team and function: an executor started serving it with another one."))
+	must(e)
+	t.approvals, e = m.Int64Counter("toolrelay.approvals", metric.WithDescription("Calls held for a person's approval, by team, function and outcome: requested when held, then approved, denied or expired (denied automatically, not decided in time)."))
 	must(e)
 	must(t.observe(m, fleet))
 	return t, err
