@@ -132,8 +132,13 @@ func (d *Dispatcher) holdCalls(ctx context.Context, t *Turn, holds map[protocol.
 			a.Reason = "the run's deadline left no time to ask"
 		}
 		b, _ := json.Marshal(a)
-		if _, err := d.approvals.Create(ctx, string(key), b); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		_, err := d.approvals.Create(ctx, string(key), b)
+		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("dispatch: hold call %s for approval: %w", key, err)
+		}
+		if err == nil && a.State == ApprovalExpired { // decided here, and counted once
+			d.countApproval(ctx, a, "requested")
+			d.countApproval(ctx, a, string(ApprovalExpired))
 		}
 		if a.State == ApprovalAwaiting {
 			if _, err := jspub.Publish(ctx, d.js.Conn(), approvalTimerMsg(a)); err != nil {
