@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -65,44 +66,62 @@ type apiClient struct {
 // get decodes the JSON body of GET path?query into v; an answer other
 // than 200 is an error carrying the API's message.
 func (c *apiClient) get(ctx context.Context, path string, query url.Values, v any) error {
+	body, err := c.do(ctx, http.MethodGet, path, query, nil)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("GET %s: decode the answer: %w", path, err)
+	}
+	return nil
+}
+
+// do sends method path?query with body (JSON, if any) and returns the
+// answer's body; an answer other than 200 is an error carrying the API's
+// message.
+func (c *apiClient) do(ctx context.Context, method, path string, query url.Values, body []byte) ([]byte, error) {
 	u := apiBase(c.base) + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
 	ctx, cancel := context.WithTimeout(ctx, apiRequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
-		return fmt.Errorf("-addr %s: %w", c.base, err)
+		return nil, fmt.Errorf("-addr %s: %w", c.base, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("GET %s: %w (is the dispatcher running there? see -addr)", path, err)
+		return nil, fmt.Errorf("%s %s: %w (is the dispatcher running there? see -addr)", method, path, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", path, err)
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct{ Error struct{ Message string } }
-		msg := strings.TrimSpace(string(body))
-		if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		msg := strings.TrimSpace(string(answer))
+		if json.Unmarshal(answer, &e) == nil && e.Error.Message != "" {
 			msg = e.Error.Message
 		}
 		hint := ""
 		if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
 			hint = " (set " + APITokenEnv + ")"
 		}
-		return fmt.Errorf("GET %s: %s: %s%s", path, resp.Status, msg, hint)
+		return nil, fmt.Errorf("%s %s: %s: %s%s", method, path, resp.Status, msg, hint)
 	}
-	if err := json.Unmarshal(body, v); err != nil {
-		return fmt.Errorf("GET %s: decode the answer: %w", path, err)
-	}
-	return nil
+	return answer, nil
 }
 
 // inspectFlags are the flags every inspection command has.

@@ -40,14 +40,7 @@ func inspectErr(t *testing.T, args ...string) (string, error) {
 func TestInspectionCommands(t *testing.T) {
 	w := newWorld(t, platformsim.FavoriteCityScenario)
 	tokens := filepath.Join(w.dir, "tokens.txt")
-	token := func(args ...string) string {
-		t.Helper()
-		var out, errOut bytes.Buffer
-		if err := run(t.Context(), append([]string{"token", "-file", tokens}, args...), &out, &errOut); err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(out.String())
-	}
+	token := func(args ...string) string { t.Helper(); return newToken(t, tokens, args...) }
 	admin, shipping := token("-name", "ops", "-admin"), token("-name", "shipping", "-teams", "shipping")
 	// The dispatcher first: executors declare their functions through it.
 	d := w.dispatcher("dispatcher", "TOOLRELAY_API_TOKENS_FILE="+tokens)

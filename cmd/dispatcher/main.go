@@ -85,6 +85,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return watchesCmd(ctx, args, stdout, stderr)
 	case "conformance":
 		return conformanceCmd(ctx, args, stdout, stderr)
+	case "approvals":
+		return approvalsCmd(ctx, args, stdout, stderr)
+	case "approve", "deny":
+		return decideCmd(cmd)(ctx, args, stdout, stderr)
+	case "audit":
+		return auditCmd(ctx, args, stdout, stderr)
 	case "help":
 		usage(stdout)
 		fmt.Fprintln(stdout, "\nSettings of serve (environment variables):")
@@ -96,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: dispatcher [serve|demo|dev|call|simulator|tools|token|nats-config|conformance|turns|turn|functions|watches] [flags]
+	fmt.Fprint(w, `usage: dispatcher [serve|demo|dev|call|simulator|tools|token|nats-config|conformance|turns|turn|functions|watches|approvals|approve|deny|audit] [flags]
 
   serve       run the dispatcher service (the default); settings come from the environment,
               see "dispatcher serve -h"
@@ -121,6 +127,13 @@ the bearer token from TOOLRELAY_API_TOKEN; -json prints the API's JSON):
   functions   functions: owner, version, executors, concurrency cap, queue, rate, errors,
               p50/p99, schema disagreement; functions reserve|transfer|release NAME: who owns a name
   watches     active and recently ended watches: state, steps, answer
+
+Deciding calls held for approval, and reading the audit trail (docs/approvals.md):
+  approvals   calls awaiting a decision, soonest auto-deny first [-team T] [-all]
+  approve     approve a held call: it runs           approve [-reason R] <call key>
+  deny        deny a held call: the model reads why  deny -reason R <call key>
+  audit       approval requests, decisions and side-effecting runs [-team T] [-since 24h];
+              -json prints JSON lines
 
 "dispatcher <command> -h" lists a command's flags and settings.
 `)

@@ -51,6 +51,8 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_MAX_REGISTRY_BYTES_PER_TEAM", cfg.MaxRegBytes, dispatch.DefaultMaxRegistryBytesPerTeam},
 		{"TOOLRELAY_CLAIM_GRACE", cfg.ClaimGrace, dispatch.DefaultClaimGrace},
 		{"TOOLRELAY_DECLARE_QUEUE_PER_TEAM", cfg.DeclareQueue, dispatch.DefaultDeclareQueuePerTeam},
+		{"TOOLRELAY_AUDIT_RETENTION", cfg.AuditKeep, dispatch.DefaultAuditRetention},
+		{"TOOLRELAY_AUDIT_MAX_BYTES", cfg.AuditBytes, dispatch.DefaultAuditBytes},
 		{"TOOLRELAY_HTTP_READ_TIMEOUT", cfg.ReadTimeout, httpapi.DefaultReadTimeout},
 		{"TOOLRELAY_HTTP_WRITE_TIMEOUT", cfg.WriteTimeout, httpapi.DefaultWriteTimeout},
 		{"TOOLRELAY_HTTP_IDLE_TIMEOUT", cfg.IdleTimeout, httpapi.DefaultIdleTimeout},

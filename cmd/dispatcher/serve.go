@@ -66,6 +66,8 @@ type config struct {
 	ClaimGrace    time.Duration `envconfig:"TOOLRELAY_CLAIM_GRACE" default:"1h" desc:"how long a team keeps a function name after its last executor of it stops; then the name is free"`
 	DeclareQueue  int           `envconfig:"TOOLRELAY_DECLARE_QUEUE_PER_TEAM" default:"64" desc:"declare requests of one team waiting at a replica; more are answered busy and sent again by the executor"`
 	DefApproval   bool          `envconfig:"TOOLRELAY_DEFINITION_APPROVAL" default:"false" desc:"hold a changed description or schema of a served function back from agents until an admin accepts it (POST /v1/functions/{name}/accept); false: a change reaches agents at once, logged and counted"`
+	AuditKeep     time.Duration `envconfig:"TOOLRELAY_AUDIT_RETENTION" default:"2160h" desc:"how long the audit trail (approval requests and decisions, runs of side-effecting functions) keeps an entry; 2160h is 90 days"`
+	AuditBytes    int64         `envconfig:"TOOLRELAY_AUDIT_MAX_BYTES" default:"1073741824" desc:"storage the audit trail may take; when full, its oldest entries go first"`
 	TeamAPIPrefix string        `envconfig:"TOOLRELAY_TEAM_API_PREFIX" desc:"where each team's account's JetStream API is reached, {team} for the team: $JS.team.{team}.API under dispatcher nats-config (dispatcher.env sets it), read-only, for queue figures and dead letters; empty: one shared account"`
 	Shutdown      time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"after SIGTERM, how long submissions in progress may finish before they are left to another replica or the restart"`
 	OpenAIAPIKey  secret        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
@@ -176,7 +178,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxInFlightPublishes: cfg.MaxInFlight, MaxInFlightPerTeam: cfg.MaxPerTeam, ShutdownTimeout: cfg.Shutdown,
 		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls, TeamAPIPrefix: cfg.TeamAPIPrefix,
 		MaxRegistryBytesPerTeam: cfg.MaxRegBytes, ClaimGrace: cfg.ClaimGrace, DeclareQueuePerTeam: cfg.DeclareQueue,
-		DefinitionApproval: cfg.DefApproval,
+		DefinitionApproval: cfg.DefApproval, AuditRetention: cfg.AuditKeep, AuditBytes: cfg.AuditBytes,
 	}
 	if cfg.WebhookSecret != "" {
 		dopts.Webhooks = openaiplatform.Webhooks(string(cfg.WebhookSecret))

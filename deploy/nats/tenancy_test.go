@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,7 @@ const (
 	secretOutput   = "billing-secret-7f3a"
 	horoscopeParam = `{"type":"object","properties":{"sign":{"type":"string"}},"required":["sign"]}`
 	resultBytes    = 256 << 10 // each team's result stream, small so a flood hits it quickly
+	auditBytes     = 1 << 20   // the audit trail, reserved in the control account's storage
 	teamMaxFile    = 8 << 20
 	maxDecls       = 8
 )
@@ -129,7 +131,7 @@ func deploy(t *testing.T, tune ...func(*tenancy.Options)) *deployment {
 
 	_, x.djs = x.connect("dispatcher")
 	x.d, err = dispatch.New(x.djs, openaiplatform.New(x.client), dispatch.Options{Logger: testutil.Logger(t),
-		ResultStreamBytes: resultBytes, MaxDeclarationsPerTeam: maxDecls, TeamAPIPrefix: x.setting("dispatcher", "TOOLRELAY_TEAM_API_PREFIX")})
+		ResultStreamBytes: resultBytes, AuditBytes: auditBytes, MaxDeclarationsPerTeam: maxDecls, TeamAPIPrefix: x.setting("dispatcher", "TOOLRELAY_TEAM_API_PREFIX")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +240,7 @@ func (x *deployment) serve(ctx context.Context, wg *sync.WaitGroup, js jetstream
 		served := 0
 		registered, _ := dispatch.Registry(context.Background(), x.djs)
 		for _, f := range registered {
-			if f.Spec.Team == team && f.Served() {
+			if f.Spec.Team == team && f.Served() && slices.ContainsFunc(fns, func(fn exec.Function) bool { return fn.Name == f.Spec.Name }) {
 				served++
 			}
 		}

@@ -1,10 +1,12 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/toolrelay/toolrelay/pkg/dispatch"
 	"github.com/toolrelay/toolrelay/pkg/dispatch/httpapi"
@@ -29,6 +31,9 @@ type turnsData struct {
 	Teams   []string
 	Funcs   []string
 	Outcome []string
+	// Held are the calls awaiting approval the caller sees: first on the
+	// page, for they wait on a person.
+	Held []httpapi.ApprovalView
 }
 
 func (c *Console) turnsPage(w http.ResponseWriter, r *http.Request) {
@@ -59,7 +64,7 @@ func (c *Console) turnsPage(w http.ResponseWriter, r *http.Request) {
 	stream.Del("outcome")
 	stream.Set("limit", strconv.Itoa(pageOpenTurns))
 	data := turnsData{Query: q, Stream: stream.Encode(), List: list, Limit: pageOpenTurns, Hidden: list.OpenTotal - len(list.Open),
-		Outcome: []string{"open", "submitted", "cut_off", "failed"}}
+		Outcome: []string{"open", "submitted", "cut_off", "failed"}, Held: c.held(ctx, caller, q.Team)}
 	for _, f := range c.d.InspectFunctions(ctx, caller) {
 		if !slices.Contains(data.Teams, f.Team) {
 			data.Teams = append(data.Teams, f.Team)
@@ -101,4 +106,35 @@ func (c *Console) watchesPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, http.StatusOK, "watches", page{Title: "Watches", Nav: "watches", Data: ws})
+}
+
+// held returns the calls awaiting approval caller sees (of team, if set),
+// as the approval API shows them; none if they cannot be read, which the
+// log says.
+func (c *Console) held(ctx context.Context, caller dispatch.Caller, team string) []httpapi.ApprovalView {
+	list, err := c.d.Approvals(ctx, caller, dispatch.ApprovalQuery{Team: team})
+	if err != nil {
+		c.log.WarnContext(ctx, "reading the calls awaiting approval failed", "err", err)
+		return nil
+	}
+	now := time.Now()
+	views := make([]httpapi.ApprovalView, len(list))
+	for i, a := range list {
+		views[i] = httpapi.ViewOf(a, now)
+	}
+	return views
+}
+
+// approvalsData is the approvals page.
+type approvalsData struct {
+	Team string
+	Held []httpapi.ApprovalView
+}
+
+func (c *Console) approvalsPage(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	team := r.URL.Query().Get("team")
+	c.render(w, r, http.StatusOK, "approvals", page{Title: "Approvals", Nav: "approvals",
+		Data: approvalsData{Team: team, Held: c.held(ctx, httpapi.CallerOf(r), team)}})
 }

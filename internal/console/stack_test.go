@@ -42,7 +42,8 @@ const reportsTeam = "reports"
 //
 // The reports team serves slow_report, which answers only once release
 // is closed (turns stay open as long as a test wants), and flaky_export,
-// which fails for good (a dead letter) until fixed is set. The demo team
+// which fails for good (a dead letter) until fixed is set, and
+// purge_report, whose calls wait for approval. The demo team
 // serves the seed functions.
 type stack struct {
 	url     string
@@ -123,6 +124,11 @@ func newStack(t *testing.T) *stack {
 					return nil, errors.New("the export bucket is not writable")
 				}
 				return []byte(`"exported 42 rows"`), nil
+			})},
+		exec.Function{Name: "purge_report", Description: "Deletes a month's report.", Parameters: obj, SideEffects: true,
+			Approval: &protocol.ApprovalPolicy{Required: true},
+			Handler: exec.HandlerFunc(func(ctx context.Context, inv *exec.Invocation) ([]byte, error) {
+				return []byte(`"purged"`), nil
 			})})
 	serve(demo.Team, "demo-exec-1", demo.Functions()...)
 
@@ -175,7 +181,7 @@ func newStack(t *testing.T) *stack {
 				return false
 			}
 		}
-		return len(fns) == 2+len(demo.Functions())
+		return len(fns) == 3+len(demo.Functions())
 	})
 	return s
 }

@@ -38,6 +38,8 @@ type functionConfig struct {
 	Title        string         `yaml:"title"`
 	Icons        []iconConfig   `yaml:"icons"`
 	OutputSchema map[string]any `yaml:"output_schema"`
+	// Approval holds calls for a person's decision before they run.
+	Approval *approvalConfig `yaml:"approval"`
 	// Format "text", or a Grammar, makes the function a custom tool that
 	// takes the model's raw text instead of JSON parameters.
 	Format  string         `yaml:"format"`
@@ -167,6 +169,10 @@ func (f *functionConfig) function(where, dir string) (exec.Function, error) {
 			return exec.Function{}, fail("output_schema", "cannot be expressed as JSON: %v", err)
 		}
 	}
+	if f.Approval != nil {
+		policy := f.Approval.policy
+		fn.Approval = &policy
+	}
 	if fn.Format, err = f.inputFormat(); err != nil {
 		return exec.Function{}, fail("format", "%v", err)
 	}
@@ -203,6 +209,8 @@ func registerField(msg string) string {
 		return "icons"
 	case strings.Contains(msg, ": title"):
 		return "title"
+	case strings.Contains(msg, "approval"):
+		return "approval"
 	}
 	return "parameters"
 }
@@ -211,7 +219,7 @@ func registerField(msg string) string {
 // (where already says it): "exec: schema of f: " or
 // "exec: function f: parameters: ".
 func withoutPrefixes(msg, name string) string {
-	for _, p := range []string{"exec: ", "function " + name + ": ", "parameters: ", "output schema: ", "schema of " + name + ": "} {
+	for _, p := range []string{"exec: ", "approval: invalid policy: ", "protocol: malformed envelope: ", "function " + name + ": ", "approval: ", "parameters: ", "output schema: ", "schema of " + name + ": "} {
 		msg = strings.TrimPrefix(msg, p)
 	}
 	return msg

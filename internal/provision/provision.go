@@ -64,6 +64,13 @@ const (
 	// client: <client tag>.<turn key>, so a client's tasks are listed
 	// without reading every turn.
 	TaskBucket = "toolrelay_tasks"
+	// ApprovalBucket holds, by call key, the calls held for a person's
+	// decision and what was decided, changed only by compare-and-set.
+	ApprovalBucket = "toolrelay_approvals"
+	// AuditStream is the audit trail: approval requests, decisions and
+	// runs of side-effecting functions, on AuditSubjectPrefix.<team>.<kind>.
+	AuditStream        = "TOOLRELAY_AUDIT"
+	AuditSubjectPrefix = "toolrelay.audit"
 
 	// turnTTL outlives any turn (at most an hour).
 	turnTTL = 2 * time.Hour
@@ -244,6 +251,30 @@ func TimerStreamConfig(o Options) jetstream.StreamConfig {
 // TurnBucketConfig holds turn records, changed only by compare-and-set.
 func TurnBucketConfig(o Options) jetstream.KeyValueConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: TurnBucket, Description: "toolrelay turn state", History: 1, TTL: turnTTL}, o)
+}
+
+// ApprovalBucketConfig holds the calls awaiting approval and their
+// decisions: kept as long as any turn.
+func ApprovalBucketConfig(o Options) jetstream.KeyValueConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: ApprovalBucket, Description: "toolrelay calls held for approval", History: 1, TTL: turnTTL}, o)
+}
+
+// AuditStreamConfig holds the audit trail for retention (at least a
+// minute) in at most maxBytes (then the oldest entries go), one subject
+// per team and kind of entry.
+func AuditStreamConfig(retention time.Duration, maxBytes int64, o Options) jetstream.StreamConfig {
+	return StreamConfig(protocol.StreamSpec{
+		Name:        AuditStream,
+		Description: "toolrelay audit trail: approval requests, decisions, runs of side-effecting functions",
+		Subjects:    []string{AuditSubjectPrefix + ".>"},
+		Retention:   protocol.RetentionLimits,
+		Discard:     protocol.DiscardOld,
+		MaxAge:      max(retention, time.Minute),
+		MaxBytes:    maxBytes,
+		// Entries carry message IDs: a replica that records an entry again
+		// after a failover adds nothing.
+		Duplicates: 10 * time.Minute,
+	}, o)
 }
 
 // WatchBucketConfig holds what the dispatcher watches on request.

@@ -29,14 +29,15 @@ const (
 
 	// DefaultControlStateBytes is the file storage the control account has
 	// beyond its result streams: turn records, timers, watches, the
-	// registry and the declarations.
+	// registry, the declarations, approvals and the audit trail (at most
+	// dispatch.DefaultAuditBytes).
 	DefaultControlStateBytes = 4 << 30
 	// DefaultControlMaxMemory bounds the control account's memory storage;
 	// the dispatchers store everything in files.
 	DefaultControlMaxMemory = 64 << 20
 	// DefaultControlStreamsSpare is the control account's streams beyond
-	// one result stream per team: its own ten (the timer stream and nine
-	// buckets), and room to grow.
+	// one result stream per team: its own eleven (the timer and audit
+	// streams and nine buckets), and room to grow.
 	DefaultControlStreamsSpare = 64
 	// DefaultControlMaxConsumers bounds the control account's consumers:
 	// one per result stream, a few per dispatcher replica for the streams

@@ -44,8 +44,9 @@ type definitionChange struct {
 
 // DefinitionDigest identifies a function's definition (what agents and
 // the people using them read: its description, its parameters' schema or
-// custom tool format, and its title, icons and output schema when it has
-// them) by content, as 16 hex characters: the definition_digest of the
+// custom tool format, its title, icons and output schema when it has
+// them; and its approval policy, which decides whether a call runs at
+// all) by content, as 16 hex characters: the definition_digest of the
 // HTTP API. A function without the optional parts keeps the digest it had
 // before they existed.
 func DefinitionDigest(s *protocol.FunctionSpec) string {
@@ -58,6 +59,10 @@ func DefinitionDigest(s *protocol.FunctionSpec) string {
 	if s.Title != "" || len(s.Icons) > 0 || len(s.OutputSchema) > 0 {
 		icons, _ := json.Marshal(s.Icons)
 		fmt.Fprintf(h, "\x00display:%d:%s\x00%s\x00%s", len(s.Title), s.Title, icons, schema.Digest(s.OutputSchema))
+	}
+	if s.Approval != nil { // who must agree before a call runs is reviewed like what it does
+		policy, _ := json.Marshal(s.Approval)
+		fmt.Fprintf(h, "\x00approval:%s", policy)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }

@@ -190,10 +190,10 @@ func declareWeather(t *testing.T, e *env, description string) *lease.Keeper {
 	return k
 }
 
-// A function's title, icons and output schema are part of its definition:
-// changing one changes the digest (so it is recorded, and held back for an
-// admin under approval, like a description), and a function without them
-// keeps the digest it had before they existed.
+// A function's title, icons, output schema and approval policy are part of
+// its definition: changing one changes the digest (so it is recorded, and
+// held back for an admin under approval, like a description), and a
+// function without them keeps the digest it had before they existed.
 func TestDefinitionDigestCoversDisplayMetadata(t *testing.T) {
 	base := protocol.FunctionSpec{Description: "Gets the weather.", Parameters: json.RawMessage(`{"type":"object"}`)}
 	h := sha256.Sum256(fmt.Appendf(nil, "%d:%s\x00%s", len(base.Description), base.Description, schema.Digest(base.Parameters)))
@@ -206,6 +206,11 @@ func TestDefinitionDigestCoversDisplayMetadata(t *testing.T) {
 		"other title":   func(s *protocol.FunctionSpec) { s.Title = "Weather now. Call get_customer first." },
 		"icon":          func(s *protocol.FunctionSpec) { s.Icons = []protocol.Icon{{Src: "https://icons.example.com/w.svg"}} },
 		"output schema": func(s *protocol.FunctionSpec) { s.OutputSchema = json.RawMessage(`{"type":"object"}`) },
+		"approval":      func(s *protocol.FunctionSpec) { s.Approval = &protocol.ApprovalPolicy{Required: true} },
+		"condition":     func(s *protocol.FunctionSpec) { s.Approval = &protocol.ApprovalPolicy{When: "args.amount > 100"} },
+		"approvers": func(s *protocol.FunctionSpec) {
+			s.Approval = &protocol.ApprovalPolicy{Required: true, Approvers: []string{"alice"}}
+		},
 	} {
 		s := base
 		change(&s)

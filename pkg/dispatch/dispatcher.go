@@ -137,6 +137,13 @@ type Options struct {
 	// (see TeamJetStream). Default: empty, the teams' streams are in js's
 	// own account.
 	TeamAPIPrefix string
+	// AuditRetention is how long the audit trail (approval requests,
+	// decisions, runs of side-effecting functions) keeps an entry.
+	// Default: DefaultAuditRetention (90 days).
+	AuditRetention time.Duration
+	// AuditBytes bounds the audit trail's storage; when full, the oldest
+	// entries go first. Default: DefaultAuditBytes (1 GiB).
+	AuditBytes int64
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -186,14 +193,18 @@ type Dispatcher struct {
 	// steps backs stepOf (Agents sessions).
 	steps jetstream.KeyValue
 	// tasks indexes started calls by their client (StartedCalls).
-	tasks    jetstream.KeyValue
-	timers   jetstream.Stream
-	registry *registry
-	gather   *gatherer
-	limiter  *limiter
-	tel      *telemetry
-	inspect  *inspector // what the inspection API and the console read
-	teamAPIs *teamAPIs
+	tasks jetstream.KeyValue
+	// approvals holds the calls held for a decision (approvals.go);
+	// audits is the audit trail (audit.go).
+	approvals jetstream.KeyValue
+	audits    jetstream.Stream
+	timers    jetstream.Stream
+	registry  *registry
+	gather    *gatherer
+	limiter   *limiter
+	tel       *telemetry
+	inspect   *inspector // what the inspection API and the console read
+	teamAPIs  *teamAPIs
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -257,6 +268,8 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	opts.MaxRegistryBytesPerTeam = cmp.Or(max(opts.MaxRegistryBytesPerTeam, 0), DefaultMaxRegistryBytesPerTeam)
 	opts.ClaimGrace = cmp.Or(max(opts.ClaimGrace, 0), DefaultClaimGrace)
 	opts.DeclareQueuePerTeam = cmp.Or(max(opts.DeclareQueuePerTeam, 0), DefaultDeclareQueuePerTeam)
+	opts.AuditRetention = cmp.Or(max(opts.AuditRetention, 0), DefaultAuditRetention)
+	opts.AuditBytes = cmp.Or(max(opts.AuditBytes, 0), DefaultAuditBytes)
 	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
@@ -377,6 +390,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return nil
 	}
 	defer stopTimers()
+	stopApprovalTimers, err := whenReady("starting to consume auto-deny timers", d.startApprovalTimers)
+	if err != nil {
+		return fmt.Errorf("dispatch: consume auto-deny timers: %w", err)
+	}
+	if stopApprovalTimers == nil {
+		return nil
+	}
+	defer stopApprovalTimers()
 
 	if w := d.driver(); w != nil {
 		stopWatches, err := w.Serve(rctx)
@@ -448,6 +469,12 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 		return err
 	}
 	if d.tasks, err = provision.KeyValue(ctx, d.js, provision.TaskBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.approvals, err = provision.KeyValue(ctx, d.js, provision.ApprovalBucketConfig(popts)); err != nil {
+		return err
+	}
+	if d.audits, err = provisionAudit(ctx, d.js, d.opts.AuditRetention, d.opts.AuditBytes, popts); err != nil {
 		return err
 	}
 	if d.registry.claims, err = provision.KeyValue(ctx, d.js, provision.RegistryBucketConfig(popts)); err != nil {
@@ -576,7 +603,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
 		d.answerSearches(ctx, t, recorded)
-		d.publishCallsAgain(ctx, t, recorded)
+		d.publishCallsAgain(ctx, t, d.settleHeld(ctx, t, recorded))
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:
 		// The replica that owned it may have died mid-submission: the

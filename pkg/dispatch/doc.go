@@ -36,6 +36,25 @@
 // crash carries the same ids and idempotency keys, and the platform's
 // "already submitted" answer counts as success.
 //
+// # Approvals
+//
+// A function may declare an approval policy (protocol.ApprovalPolicy,
+// evaluated by package approval): its calls, or those a CEL condition over
+// their arguments picks, are held at intake instead of published. A held
+// call's record (an [Approval], in the approval bucket, written before the
+// turn's) waits as awaiting_approval while the turn's other calls run; it
+// is announced on protocol.ApprovalRequestedSubject and armed with an
+// auto-deny timer, a scheduled message as a turn's deadline is, firing
+// the function's timeout (at least [MinApprovalRunWindow]) before the
+// turn's deadline. [Dispatcher.Decide] moves it once, by compare-and-set:
+// approved, the call is published as intake would have published it;
+// denied, or not decided in time, it fails with protocol.CodeDenied and a
+// message naming who and why. Decisions reach the turn as the events it
+// has anyway (a call published, a result recorded): they never write the
+// turn's record. [Dispatcher.Approvals] lists held calls, and
+// [Dispatcher.Audit] reads the audit trail: every request, decision and
+// result of a side-effecting function (docs/approvals.md).
+//
 // # Platforms
 //
 // [Platform] is the small interface a platform adapter implements, and
@@ -64,7 +83,9 @@
 //     the inspection API (the Inspect methods and [Dispatcher.FollowTurns]),
 //     signed webhooks ([Dispatcher.TakeInWebhook]), the tool export
 //     ([Dispatcher.ServedFunctions]), definition acceptance
-//     ([Dispatcher.AcceptDefinition]), the MCP server at /mcp, health
+//     ([Dispatcher.AcceptDefinition]), the approval and audit API
+//     ([Dispatcher.Approvals], [Dispatcher.Decide], [Dispatcher.Audit]),
+//     the MCP server at /mcp, health
 //     checks ([Dispatcher.Ready], [Dispatcher.Connected]), and the guard
 //     that authenticates each [Caller];
 //   - package tooldef renders served functions as a platform's tool
@@ -189,4 +210,9 @@
 //     sees ([Caller]); scope: those teams.
 //   - front door: a package that serves the engine to the outside
 //     through its exported API only (httpapi, tooldef, watch).
+//   - held call: a call its function's approval policy keeps from
+//     executors until a person decides it; approval: its record and
+//     decision; auto-deny: denying it undecided, in time for the deadline.
+//   - audit trail: the stream of approval requests, decisions and runs of
+//     side-effecting functions, kept for Options.AuditRetention.
 package dispatch

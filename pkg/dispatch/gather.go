@@ -156,6 +156,10 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if errors.Is(err, errTurnClosed) {
+		// A late result: a side-effecting run still belongs in the trail.
+		if spec, _ := g.d.registry.claimOf(res.Function); spec != nil && spec.SideEffects && spec.Team == team {
+			g.d.auditRun(ctx, nil, &TurnCall{Key: key, Name: res.Function, Team: team}, res)
+		}
 		_ = msg.Ack()
 		return
 	}
@@ -174,6 +178,9 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	g.d.tel.result(ctx, t, res)
 	g.d.inspect.stats.record(t, res)
+	if t.Calls[i].SideEffects {
+		g.d.auditRun(ctx, t, &t.Calls[i], res)
+	}
 	crashpoint.Reached(crashpoint.Gather, g.d.opts.Name, string(turnKey))
 	if g.add(st, i, res) {
 		g.d.engine.Close(string(turnKey))

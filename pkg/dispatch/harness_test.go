@@ -169,10 +169,16 @@ func (e *env) register(team, name, schema string) {
 // process stopping would.
 func (e *env) declare(team, name, schema, executor, instance string) (stop func()) {
 	e.t.Helper()
-	ctx := context.Background()
-	spec := protocol.FunctionSpec{
+	return e.declareSpec(protocol.FunctionSpec{
 		Version: protocol.Version, Name: name, Team: team, Parameters: json.RawMessage(schema), UpdatedAt: time.Now(),
-	}
+	}, executor, instance)
+}
+
+// declareSpec is declare with the whole of the function's spec.
+func (e *env) declareSpec(spec protocol.FunctionSpec, executor, instance string) (stop func()) {
+	e.t.Helper()
+	ctx := context.Background()
+	team, name := spec.Team, spec.Name
 	keeper, err := lease.Declare(ctx, e.js.Conn(), team, []*protocol.Declaration{{Version: protocol.Version, Spec: spec,
 		Instance: instance, Executor: executor, StartedAt: time.Now()}}, testutil.Logger(e.t))
 	if err != nil {

@@ -56,7 +56,7 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 		return existing, err // the rest of a step taken in already, or unknown yet
 	}
 	// Resolve every call first: the record must say which team owns each.
-	failures, checked, err := d.resolveCalls(ctx, t, req.Calls)
+	failures, checked, holds, err := d.resolveCalls(ctx, t, req.Calls)
 	if err != nil {
 		return nil, err
 	}
@@ -71,18 +71,28 @@ func (d *Dispatcher) Intake(ctx context.Context, req *TurnRequest) (*Turn, error
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dispatch: take in turn %s: %w", key, err)
 	}
-	return d.takeIn(ctx, t, req.Channel, failures, checked)
+	return d.takeIn(ctx, t, req.Channel, failures, checked, holds)
 }
 
 // takeIn records the resolved turn t and sends its calls out: Intake's
 // second half, its own function so that the first's frame is not on the
 // stack while the calls' arguments are checked.
-func (d *Dispatcher) takeIn(ctx context.Context, t *Turn, channel string, failures map[protocol.CallKey]*protocol.CallError, checked []string) (*Turn, error) {
+func (d *Dispatcher) takeIn(ctx context.Context, t *Turn, channel string, failures map[protocol.CallKey]*protocol.CallError, checked []string,
+	holds map[protocol.CallKey]*hold) (*Turn, error) {
 	key := t.Key
 	// Owned from the start by this replica (docs/turns.md), which then
 	// submits it with no write between its last result and its platform.
 	t.lease = d.engine.IntakeLease(t.CreatedAt, t.Deadline)
 	tctx, span := d.tel.startTurn(ctx, t)
+	var held map[protocol.CallKey]bool // most turns hold no call
+	if holds != nil {
+		var err error
+		if held, err = d.holdCalls(tctx, t, holds); err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.End()
+			return nil, err
+		}
+	}
 	rev, err := d.record(ctx, t)
 	if errors.Is(err, errConflict) {
 		span.SetAttributes(attrOutcome.String("duplicate"))
@@ -126,7 +136,10 @@ func (d *Dispatcher) takeIn(ctx context.Context, t *Turn, channel string, failur
 		d.recordFailure(ctx, t, c, cerr)
 	}
 	d.answerSearches(ctx, t, nil)
-	d.publishCalls(ctx, t, nil, checked)
+	if held != nil {
+		d.announceHolds(ctx, t, held)
+	}
+	d.publishCalls(ctx, t, held, checked)
 	crashpoint.Reached(crashpoint.Fanout, d.opts.Name, string(key))
 	return t, nil
 }
@@ -152,7 +165,7 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 		return
 	}
 	d.answerSearches(ctx, t, recorded)
-	d.publishCallsAgain(ctx, t, recorded)
+	d.publishCallsAgain(ctx, t, d.settleHeld(ctx, t, recorded))
 }
 
 // publishCallsAgain publishes again the calls of t without a result while
@@ -178,17 +191,19 @@ func (d *Dispatcher) publishCallsAgain(ctx context.Context, t *Turn, recorded ma
 const republishMargin = 30 * time.Second
 
 // resolveCalls adds req's calls to t, each with the team that owns it, and
-// returns the failures of those that cannot work (marked Rejected) and,
-// in the order of t.Calls, the digest of the schema each other call's
-// arguments were checked against.
-func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, []string, error) {
+// returns the failures of those that cannot work (marked Rejected), in
+// the order of t.Calls the digest of the schema each other call's
+// arguments were checked against, and the holds of the calls their
+// function's approval policy holds.
+func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequest) (map[protocol.CallKey]*protocol.CallError, []string, map[protocol.CallKey]*hold, error) {
 	var failures map[protocol.CallKey]*protocol.CallError // most turns have none
+	var holds map[protocol.CallKey]*hold                  // nor holds
 	checked := make([]string, len(calls))
 	t.Calls = make([]TurnCall, 0, len(calls))
 	budget := turnArgumentsBudget
 	for i, c := range calls {
 		if slices.ContainsFunc(calls[:i], func(o CallRequest) bool { return o.ID == c.ID }) {
-			return nil, nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
+			return nil, nil, nil, fmt.Errorf("dispatch: call ID %q appears twice in one turn", c.ID)
 		}
 		tc := TurnCall{ID: c.ID, Name: c.Name, Key: t.Key.Call(c.ID), Team: protocol.SystemTeam, Arguments: c.Arguments, Custom: c.Custom}
 		stored := tc.Arguments // as the record keeps them
@@ -207,7 +222,13 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 				tc.Name = "tool_search"
 			}
 		default:
-			checked[i], cerr = d.resolve(ctx, &tc, d.opts.ServeGrace)
+			var h *hold
+			if checked[i], h, cerr = d.resolve(ctx, &tc, d.opts.ServeGrace); h != nil {
+				if holds == nil {
+					holds = map[protocol.CallKey]*hold{}
+				}
+				holds[tc.Key] = h
+			}
 		}
 		if cerr != nil {
 			if failures == nil {
@@ -221,7 +242,7 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 		tc.Arguments = stored
 		t.Calls = append(t.Calls, tc)
 	}
-	return failures, checked, nil
+	return failures, checked, holds, nil
 }
 
 // The turn record carries every call's arguments (a replica that resumes

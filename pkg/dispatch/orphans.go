@@ -100,8 +100,8 @@ func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time)
 		}
 		for i := range t.Calls {
 			c := &t.Calls[i]
-			if !c.published() {
-				continue
+			if !c.published() || c.Approval {
+				continue // a held call is queued nowhere; its auto-deny ends it
 			}
 			fn := fnKey{c.Team, c.Name}
 			s, known := served[fn]

@@ -281,5 +281,11 @@ func appendCall(b []byte, c *TurnCall) ([]byte, error) {
 	if c.ToolSearch {
 		b = append(b, `,"tool_search":true`...)
 	}
+	if c.Approval {
+		b = append(b, `,"approval":true`...)
+	}
+	if c.SideEffects {
+		b = append(b, `,"side_effects":true`...)
+	}
 	return append(b, '}'), nil
 }

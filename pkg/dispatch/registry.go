@@ -16,6 +16,7 @@ import (
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/schema"
+	"github.com/toolrelay/toolrelay/pkg/approval"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -96,6 +97,9 @@ const refusalQuiet = time.Minute
 type declared struct {
 	decl   *protocol.Declaration
 	schema *schema.Schema
+	// policy is the declaration's approval policy compiled; nil for the
+	// many functions without one.
+	policy *approval.Policy
 	digest string
 	size   int // encoded, in the bucket
 	// expires is when the lease lapses unless renewed, by this process's
@@ -252,6 +256,10 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 	if err == nil && len(decl.Spec.OutputSchema) > 0 {
 		_, err = r.compiledOutput(&decl.Spec, true)
 	}
+	var policy *approval.Policy
+	if err == nil && decl.Spec.Approval != nil {
+		policy, err = approval.Compile(name, team, decl.Spec.Approval)
+	}
 	if err != nil {
 		ignore("ignoring a declaration whose schema does not compile or breaks a tool text bound", err)
 		return
@@ -272,7 +280,7 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 	delete(r.lapsed, team+"/"+name)
 	r.forgetDeclaration(name, key)
 	r.teamBytes[team] += int64(size)
-	r.live[name][key] = &declared{decl: decl, schema: s, digest: digest, size: size, expires: time.Now().Add(protocol.LeaseTTL)}
+	r.live[name][key] = &declared{decl: decl, schema: s, policy: policy, digest: digest, size: size, expires: time.Now().Add(protocol.LeaseTTL)}
 	r.checkAgreement(name)
 	r.notify()
 }
@@ -281,6 +289,11 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 // It compiles without r.mu held: however long a schema takes (see
 // schema.CompileTimeout), calls and other declarations do not wait for it.
 func (r *registry) compiled(spec *protocol.FunctionSpec) (*schema.Schema, error) {
+	if spec.Approval != nil { // compiled (and cached) by package approval
+		if _, err := approval.Compile(spec.Name, spec.Team, spec.Approval); err != nil {
+			return nil, err
+		}
+	}
 	if spec.Format != nil {
 		return compileFormat(spec)
 	}

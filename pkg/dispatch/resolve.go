@@ -12,19 +12,20 @@ import (
 // the failure the model should see, or nil. A function no live executor
 // serves is waited for up to grace (longer if one served it a moment ago).
 // With no failure it returns the digest of the schema the arguments match
-// (see protocol.HeaderSchema).
-func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Duration) (checked string, cerr *protocol.CallError) {
+// (see protocol.HeaderSchema), and the call's hold if its function's
+// approval policy holds it (approvals.go).
+func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Duration) (checked string, h *hold, cerr *protocol.CallError) {
 	if err := protocol.ValidateFunctionName(c.Name); err != nil {
-		return "", &protocol.CallError{Code: protocol.CodeUnknownFunction,
+		return "", nil, &protocol.CallError{Code: protocol.CodeUnknownFunction,
 			Message: fmt.Sprintf("There is no function named %q. Use one of the functions you were given.", c.Name)}
 	}
 	f, err := d.registry.lookup(ctx, c.Name)
 	if err != nil {
-		return "", &protocol.CallError{Code: protocol.CodeUnavailable,
+		return "", nil, &protocol.CallError{Code: protocol.CodeUnavailable,
 			Message: fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", c.Name)}
 	}
 	if f == nil {
-		return "", &protocol.CallError{Code: protocol.CodeUnknownFunction,
+		return "", nil, &protocol.CallError{Code: protocol.CodeUnknownFunction,
 			Message: fmt.Sprintf("There is no function named %q. Use one of the functions you were given.", c.Name)}
 	}
 	c.Team = f.team
@@ -39,28 +40,33 @@ func (d *Dispatcher) resolve(ctx context.Context, c *TurnCall, grace time.Durati
 		grace = max(grace, d.unavailableFor)
 	}
 	if f = d.registry.awaitLive(ctx, f, grace); len(f.live) == 0 {
-		return "", notServed(c.Name)
+		return "", nil, notServed(c.Name)
 	}
 	if text := f.live[0].decl.Spec.Format != nil; text != c.Custom {
 		msg := fmt.Sprintf("%s is a custom tool: it takes free-form text, and is called as a custom tool, not as a function with JSON arguments.", c.Name)
 		if !text {
 			msg = fmt.Sprintf("%s is a function: call it with JSON arguments that match its parameters, not as a custom tool with text.", c.Name)
 		}
-		return "", &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: msg}
+		return "", nil, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: msg}
 	}
 	checked, problem := f.validate(c.Arguments)
 	if problem != "" {
-		return "", &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: problem}
+		return "", nil, &protocol.CallError{Code: protocol.CodeInvalidArguments, Message: problem}
 	}
+	c.SideEffects = f.live[0].decl.Spec.SideEffects
+	h = d.holdOf(c, f.live[0])
 	// The team's result stream must exist before its executors can record
 	// a result (it does once the team has declared, unless an operator
 	// removed it since).
 	if _, err := d.gather.streams.stream(ctx, c.Team); err != nil {
 		d.log.Warn("cannot provision the team's result stream", "team", c.Team, "err", err)
-		return "", &protocol.CallError{Code: protocol.CodeUnavailable,
+		return "", nil, &protocol.CallError{Code: protocol.CodeUnavailable,
 			Message: fmt.Sprintf("%s is unavailable right now. Try again later or continue without it.", c.Name)}
 	}
-	return checked, nil
+	if h != nil {
+		c.Approval = true
+	}
+	return checked, h, nil
 }
 
 // notServed is the failure of a call to a function no executor serves.
@@ -83,7 +89,7 @@ func (d *Dispatcher) failRejected(ctx context.Context, t *Turn, recorded map[pro
 			continue
 		}
 		probe := *c
-		_, cerr := d.resolve(ctx, &probe, 0)
+		_, _, cerr := d.resolve(ctx, &probe, 0)
 		if cerr == nil {
 			cerr = notServed(c.Name)
 		}

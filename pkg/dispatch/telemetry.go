@@ -93,6 +93,9 @@ type telemetry struct {
 	definitionChanges metric.Int64Counter
 	// sweepDuration is how long each sweep took (sweep.go).
 	sweepDuration metric.Float64Histogram
+	// approvals counts held calls as they are held and decided
+	// (approvals.go).
+	approvals metric.Int64Counter
 
 	mu    sync.Mutex
 	spans map[protocol.TurnKey]trace.Span
@@ -158,8 +161,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, fleet func()
 	t.definitionChanges, e = m.Int64Counter("toolrelay.registry.definition_changes", metric.WithDescription("Changes of a function's definition (its description or parameters' schema, what agents read), by team and function: an executor started serving it with another one."))
 	must(e)
 	t.sweepDuration, e = m.Float64Histogram("toolrelay.sweep.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each sweep for stuck turns took on this replica; startup marks the one at start, which re-arms what a restart left open."),
+		metric.WithDescription("How long each sweep of the open turns took on this replica; startup marks the one at start, which re-arms what a restart left open."),
 		metric.WithExplicitBucketBoundaries(seconds...))
+	must(e)
+	t.approvals, e = m.Int64Counter("toolrelay.approvals", metric.WithDescription("Calls held for a person's approval, by team, function and outcome: requested when held, then approved, denied or expired (denied automatically, not decided in time)."))
 	must(e)
 	must(t.observe(m, fleet))
 	return t, err

@@ -34,14 +34,19 @@ func (d *Dispatcher) scheduleDeadlineAsync(t *Turn) (*jspub.Future, error) {
 }
 
 func timerMsg(t *Turn) *nats.Msg {
-	// @at has second resolution. Fire at the second before the deadline
-	// and wait out the rest in-process (closeTurn): rounding up would eat
-	// up to a second of the margin.
-	at := t.Deadline.Truncate(time.Second)
-	return &nats.Msg{Subject: timerScheduleSubject(t.Key), Data: []byte(t.Key), Header: jspub.SetHeaders(nil,
-		jetstream.MsgIDHeader, "timer."+string(t.Key),
-		jetstream.ScheduleHeader, "@at "+at.UTC().Format(time.RFC3339),
-		jetstream.ScheduleTargetHeader, timerFireSubject(t.Key))}
+	// Fired at the second before the deadline, the rest is waited out
+	// in-process (closeTurn).
+	return scheduledMsg(timerScheduleSubject(t.Key), timerFireSubject(t.Key), "timer."+string(t.Key), string(t.Key), t.Deadline)
+}
+
+// scheduledMsg schedules data to be published on fire at the second
+// before at (@at has second resolution; rounding up would eat up to a
+// second of a margin), deduplicated by msgID.
+func scheduledMsg(sched, fire, msgID, data string, at time.Time) *nats.Msg {
+	return &nats.Msg{Subject: sched, Data: []byte(data), Header: jspub.SetHeaders(nil,
+		jetstream.MsgIDHeader, msgID,
+		jetstream.ScheduleHeader, "@at "+at.Truncate(time.Second).UTC().Format(time.RFC3339),
+		jetstream.ScheduleTargetHeader, fire)}
 }
 
 func (d *Dispatcher) startTimers(ctx context.Context) (stop func(), err error) {

@@ -138,6 +138,12 @@ type TurnCall struct {
 	// CallRequest.ToolSearch): never published, its result recorded at
 	// intake.
 	ToolSearch bool `json:"tool_search,omitempty"`
+	// Approval marks a call its function's policy held for a person's
+	// decision at intake: published only once approved (approvals.go).
+	Approval bool `json:"approval,omitempty"`
+	// SideEffects marks a call of a side-effecting function, whose runs
+	// go to the audit trail.
+	SideEffects bool `json:"side_effects,omitempty"`
 }
 
 // published reports whether the call goes to executors: not one rejected

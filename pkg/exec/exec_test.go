@@ -299,6 +299,8 @@ func TestRegisterRejectsBadFunctions(t *testing.T) {
 		"no handler":        {Name: "ok"},
 		"bad schema":        {Name: "ok", Handler: h, Parameters: json.RawMessage(`"x"`)},
 		"not an object":     {Name: "ok", Handler: h, Parameters: json.RawMessage(`{"type":"array","items":{"type":"string"}}`)},
+		"bad condition":     {Name: "ok", Handler: h, Approval: &protocol.ApprovalPolicy{When: "args.amount >"}},
+		"empty approval":    {Name: "ok", Handler: h, Approval: &protocol.ApprovalPolicy{}},
 	} {
 		if err := e.Register(f); err == nil {
 			t.Errorf("%s: Register accepted it", name)

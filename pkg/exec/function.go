@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/schema"
+	"github.com/toolrelay/toolrelay/pkg/approval"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -73,6 +74,12 @@ type Function struct {
 	// object: MCP clients get it as the tool's outputSchema, and an output
 	// that does not match it reaches them as an error. Optional.
 	OutputSchema json.RawMessage
+	// Approval, when set, holds the function's calls (all, or those its
+	// CEL condition over args picks) for a person's decision before any
+	// executor sees them; a call denied, or not decided in time, reaches
+	// the model as a failure saying so (see package approval). Register
+	// compiles the condition. Optional.
+	Approval *protocol.ApprovalPolicy
 
 	schema *schema.Schema
 }
@@ -186,6 +193,7 @@ func (f *Function) spec(team string, now time.Time) *protocol.FunctionSpec {
 		Title:           f.Title,
 		Icons:           f.Icons,
 		OutputSchema:    f.OutputSchema,
+		Approval:        f.Approval,
 		UpdatedAt:       now.UTC(),
 	}
 }
@@ -200,6 +208,11 @@ func (f *Function) validateMetadata(team string) error {
 	}
 	if err := spec.ValidateToolText(); err != nil {
 		return fmt.Errorf("exec: %w", err)
+	}
+	if f.Approval != nil {
+		if _, err := approval.Compile(f.Name, team, f.Approval); err != nil {
+			return fmt.Errorf("exec: %w", err)
+		}
 	}
 	if len(f.OutputSchema) == 0 {
 		return nil

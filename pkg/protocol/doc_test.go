@@ -137,6 +137,7 @@ func renderCodes() string {
 		{CodeUnknownFunction, "no function of that name is registered (written by the dispatcher)"},
 		{CodeUnavailable, "nothing serves the function, the run was cancelled, or it may have run and was not retried"},
 		{CodeFunctionError, "the function ran and failed"},
+		{CodeDenied, "the call needed a person's approval and was denied, or not approved in time; it did not run (written by the dispatcher; [approvals.md](approvals.md))"},
 	}
 	var b strings.Builder
 	b.WriteString("| `type` | when |\n|---|---|\n")

@@ -28,12 +28,15 @@ const (
 	CodeUnavailable ErrorCode = "unavailable"
 	// CodeFunctionError: the function ran and failed.
 	CodeFunctionError ErrorCode = "function_error"
+	// CodeDenied: the call needed a person's approval and was denied, or
+	// not approved in time; it did not run.
+	CodeDenied ErrorCode = "denied"
 )
 
 // Validate reports whether c is a known code.
 func (c ErrorCode) Validate() error {
 	switch c {
-	case CodeTimeout, CodeInvalidArguments, CodeUnknownFunction, CodeUnavailable, CodeFunctionError:
+	case CodeTimeout, CodeInvalidArguments, CodeUnknownFunction, CodeUnavailable, CodeFunctionError, CodeDenied:
 		return nil
 	}
 	return fmt.Errorf("protocol: unknown error code %q", string(c))

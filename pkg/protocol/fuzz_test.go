@@ -62,6 +62,7 @@ func FuzzDecodeResult(f *testing.F) {
 
 func FuzzDecodeFunctionSpec(f *testing.F) {
 	f.Add([]byte(`{"v":1,"name":"f","team":"t","parameters":{"type":"object"},"timeout":"5s","updated_at":"2026-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"v":1,"name":"f","team":"t","parameters":{"type":"object"},"approval":{"when":"args.amount > 100","approvers":["admin","alice@x"]},"updated_at":"2026-01-01T00:00:00Z"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := DecodeFunctionSpec(data)
 		if err != nil {

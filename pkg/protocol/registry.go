@@ -48,7 +48,11 @@ type FunctionSpec struct {
 	// the tool's outputSchema and the output as structuredContent, checked
 	// against it first.
 	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
-	UpdatedAt    time.Time       `json:"updated_at"`
+	// Approval, when set, holds the function's calls (all, or those its
+	// condition picks) for a person's decision before any executor sees
+	// them. See ApprovalPolicy.
+	Approval  *ApprovalPolicy `json:"approval,omitempty"`
+	UpdatedAt time.Time       `json:"updated_at"`
 }
 
 // Icon is an image of a tool, as MCP describes one: where it is (an https
@@ -153,6 +157,9 @@ func (s *FunctionSpec) Validate() error {
 		if err := s.Icons[i].validate(s.Name, i); err != nil {
 			return err
 		}
+	}
+	if s.Approval != nil {
+		return s.Approval.Validate(s.Name)
 	}
 	return nil
 }

@@ -56,7 +56,9 @@ func TestGoExecutorPassesTheKit(t *testing.T) {
 func TestShellStopsTheExecutorNotTheShell(t *testing.T) {
 	pidFile := t.TempDir() + "/pid"
 	// The "executor" is a shell that is not exec'd, with a graceful stop.
-	executor := `sh -c 'echo $$ > ` + pidFile + `; trap "sleep 0.3; echo stopped; exit 0" TERM; while :; do sleep 0.05; done'; echo after`
+	// Its pid is written once its trap is set: the test stops it as soon as
+	// it reads the pid, and a SIGTERM before the trap would kill it.
+	executor := `sh -c 'trap "sleep 0.3; echo stopped; exit 0" TERM; echo $$ > ` + pidFile + `; while :; do sleep 0.05; done'; echo after`
 	var out testutil.Buffer
 	c := kit.Shell(executor, nil, &out)
 	if err := c.Start(t.Context()); err != nil {

@@ -213,4 +213,58 @@
       for (const c of letters.querySelectorAll("input.pick")) c.checked = e.target.checked;
     });
   }
+
+  // ---- held calls (the approvals page, and atop the turns) ----
+  const held = $("#approvals");
+  const heldStatus = $("#approval-status");
+
+  async function decide(row, verb) {
+    const key = row.dataset.key;
+    const reason = $("input.reason", row).value.trim();
+    if (verb === "deny" && reason === "") {
+      heldStatus.textContent = "Give a reason to deny: the model reads it.";
+      $("input.reason", row).focus();
+      return;
+    }
+    for (const b of row.querySelectorAll("button")) b.disabled = true;
+    heldStatus.textContent = (verb === "approve" ? "Approving" : "Denying") + "…";
+    let res, body;
+    try {
+      res = await fetch("/v1/approvals/" + encodeURIComponent(key) + "/" + verb, {
+        method: "POST", credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-Toolrelay-Console": "1" },
+        body: JSON.stringify({ reason: reason }),
+      });
+      body = await res.json();
+    } catch (err) {
+      heldStatus.textContent = "Not decided: " + err;
+      for (const b of row.querySelectorAll("button")) b.disabled = false;
+      return;
+    }
+    const a = res.ok ? body : body.approval;
+    if (!res.ok && !a) {
+      heldStatus.textContent = "Not decided: " + (body.error && body.error.message);
+      for (const b of row.querySelectorAll("button")) b.disabled = false;
+      return;
+    }
+    const by = a.state === "expired" ? "not approved in time" : a.state + " by " + a.decided_by;
+    $(".decide", row).replaceChildren(el("span", { className: "outcome " + (a.state === "approved" ? "ok" : "error"), textContent: by }));
+    $(".left", row).textContent = "-";
+    heldStatus.textContent = res.ok ? a.function + ": " + by + "." : "Decided already: " + by + ".";
+  }
+
+  if (held) {
+    held.addEventListener("click", (e) => {
+      const b = e.target.closest("button.approve, button.deny");
+      if (b) decide(b.closest("tr"), b.classList.contains("approve") ? "approve" : "deny");
+    });
+    // The time left before each call is denied automatically, counting down.
+    setInterval(() => {
+      for (const cell of held.querySelectorAll("td.left[data-deny-at]")) {
+        const left = Number(cell.dataset.denyAt) - Date.now();
+        const secs = $(".secs", cell);
+        if (secs) secs.textContent = left > 0 ? Math.round(left / 1000) + "s" : "denying…";
+      }
+    }, 1000);
+  }
 })();

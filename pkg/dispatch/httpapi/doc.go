@@ -1,6 +1,6 @@
 // Package httpapi is the dispatcher's HTTP front door: the watch API, the
 // inspection API, signed platform webhooks, the tool export, definition
-// acceptance, the MCP server at /mcp, health checks, and the guard that
+// acceptance, approvals and the audit trail, the MCP server at /mcp, health checks, and the guard that
 // decides who may ask for what (bearer tokens, or loopback clients only).
 //
 // It holds no state of its own and reaches the turn engine only through
@@ -14,6 +14,9 @@
 //	GET  /v1/tools       the served functions as a platform's tool definitions
 //	POST /v1/functions/{name}/accept
 //	                     an admin accepts a function's changed definition
+//	GET  /v1/approvals, /v1/approvals/{call_key}; POST /v1/approvals/{call_key}/approve|deny
+//	                     calls held for approval, and deciding them (approvals.go)
+//	GET  /v1/audit       the audit trail as JSON lines (approvals.go)
 //	POST /webhooks/openai signed platform webhooks (401 unless verified)
 //	GET  /healthz        200 while the process runs
 //	GET  /readyz         200 once NATS is connected and everything is provisioned

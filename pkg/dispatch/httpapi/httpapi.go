@@ -121,6 +121,7 @@ func New(d *dispatch.Dispatcher, opts Options) *Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	a.routeInspect(mux)
+	a.routeApprovals(mux)
 	a.h = a.guard(a.whenReady(mux))
 	return a
 }

@@ -11,7 +11,7 @@ import { Ajv2020 } from "ajv/dist/2020.js";
 import { Cancels } from "./cancels.js";
 import { Lease } from "./declare.js";
 import { schemaDigest } from "./digest.js";
-import type { FunctionDef, RetryPolicy } from "./function.js";
+import type { Approval, FunctionDef, RetryPolicy } from "./function.js";
 import * as p from "./protocol.js";
 import * as prov from "./provision.js";
 import { Worker, type Logger, type Registered } from "./worker.js";
@@ -112,6 +112,14 @@ export class Executor {
       if (!ic.src.startsWith("https://") && !ic.src.startsWith("data:image/")) {
         throw new Error(`toolrelay: function ${def.name}: icon src must be an https: or data:image/ URL, not ${JSON.stringify(ic.src.slice(0, 40))}`);
       }
+    }
+    if (def.approval !== undefined && def.approval !== "required") {
+      const a = def.approval;
+      if (typeof a !== "object" || a === null || Boolean(a.required) === Boolean(a.when?.trim())) {
+        throw new Error(`toolrelay: function ${def.name}: approval: set either "required", { required: true } or { when: "<CEL condition over args>" }`);
+      }
+      if ((a.when?.length ?? 0) > 1024) throw new Error(`toolrelay: function ${def.name}: approval: when is over 1024 bytes`);
+      if ((a.approvers?.length ?? 0) > 16) throw new Error(`toolrelay: function ${def.name}: approval: at most 16 approvers`);
     }
     const retry = { ...this.opts.retry, ...def.retry };
     this.funcs.set(def.name, {
@@ -231,6 +239,7 @@ export class Executor {
         })),
       } : {}),
       ...(d.outputSchema ? { output_schema: d.outputSchema } : {}),
+      ...(d.approval ? { approval: approvalSpec(d.approval) } : {}),
       updated_at: started,
     };
     const text = JSON.stringify({ v: p.VERSION, spec, instance: this.instance, executor: this.name, started_at: started });
@@ -250,4 +259,14 @@ export class Executor {
       await prov.ensureConsumer(this.jsm, this.team, f.def.name, f.def.maxConcurrency ?? 1000, this.opts.ackWaitMs);
     }
   }
+}
+
+/** The declaration's form of a function's approval policy. */
+function approvalSpec(a: "required" | Approval): { required?: true; when?: string; approvers?: string[] } {
+  if (a === "required") return { required: true };
+  return {
+    ...(a.required ? { required: true as const } : {}),
+    ...(a.when ? { when: a.when } : {}),
+    ...(a.approvers?.length ? { approvers: a.approvers } : {}),
+  };
 }

@@ -94,6 +94,23 @@ export interface FunctionDef<A = any, R = unknown> {
    * as an error.
    */
   outputSchema?: object;
+  /**
+   * Holds calls for a person's decision before any executor sees them:
+   * "required", or { when: a CEL condition over args such as
+   * "args.amount > 100", approvers: ["admin", "team", or token names] }.
+   * The dispatcher compiles the condition when the function is declared
+   * and refuses the declaration, by name, if it does not compile.
+   */
+  approval?: "required" | Approval;
+}
+
+/** A function's approval policy (docs/approvals.md). */
+export interface Approval {
+  required?: boolean;
+  /** A CEL expression of type bool over args, the call's arguments. */
+  when?: string;
+  /** Who may decide: "admin", "team" (the owning team) or token names. Default: admin and team. */
+  approvers?: string[];
 }
 
 /** An image of a tool: an https: URL, or a data:image/ URL of at most 16 KiB. */

@@ -1,5 +1,5 @@
 export { Executor, type Options } from "./executor.js";
-export type { FunctionDef, Handler, Icon, Invocation, RetryPolicy } from "./function.js";
+export type { Approval, FunctionDef, Handler, Icon, Invocation, RetryPolicy } from "./function.js";
 export {
   CallCancelledError, DeadlineError, DeclarationRefusedError, DidNotRunError, InvalidArgumentsError, RefusalError,
   RetryableError, ShutdownError, refuse, retryable, type Refusal,

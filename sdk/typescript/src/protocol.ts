@@ -57,7 +57,7 @@ export const attemptSubject = (key: string) => `$KV.${ATTEMPT_BUCKET}.${key}`;
 export const turnOf = (key: string) => key.split(".")[0]!;
 
 /** Error codes of failed results (append-only). */
-export type ErrorCode = "timeout" | "invalid_arguments" | "unknown_function" | "unavailable" | "function_error";
+export type ErrorCode = "timeout" | "invalid_arguments" | "unknown_function" | "unavailable" | "function_error" | "denied";
 
 /** A call as the dispatcher publishes it. */
 export interface Call {

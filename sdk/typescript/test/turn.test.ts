@@ -40,6 +40,11 @@ before(async () => {
     outputSchema: { type: "object", properties: { temperature: { type: "number" } }, required: ["temperature"] },
     handler: () => ({ temperature: 21.5 }),
   });
+  ex.register({
+    name: "ts_refund", sideEffects: true, approval: { when: "args.amount > 100", approvers: ["team", "admin"] },
+    parameters: { type: "object", properties: { amount: { type: "number" } }, required: ["amount"] },
+    handler: ({ amount }: { amount: number }) => `refunded ${amount}`,
+  });
   ex.register({ name: "ts_refuse", handler: () => { throw new RefusalError("The order has shipped; it cannot be changed."); } });
   ex.register({ name: "ts_broken", handler: () => { throw new Error("the ledger is corrupt"); } });
   ex.register({
@@ -123,4 +128,29 @@ test("title, icons and output schema reach MCP clients; a matching output is str
   assert.equal(tool.outputSchema.properties.temperature.type, "number");
   const call = await mcp({ jsonrpc: "2.0", id: 2, method: "tools/call", params: { name: "ts_meta", arguments: {} } });
   assert.deepEqual(call.result.structuredContent, { temperature: 21.5 }, JSON.stringify(call));
+});
+
+test("approval: a refund over the condition waits, and the model reads who denied it and why", async () => {
+  const small = await dispatcherCall(env.dispatcherAddr!, "ts_refund", { amount: 5 });
+  assert.equal(small.output, "refunded 5", JSON.stringify(small));
+  const big = dispatcherCall(env.dispatcherAddr!, "ts_refund", { amount: 500 });
+  const held = await waitFor("the refund to await approval", async () => {
+    const list = (await (await fetch(`http://${env.dispatcherAddr}/v1/approvals?team=${team}`)).json()) as any;
+    return list.approvals.find((a: any) => a.function === "ts_refund");
+  });
+  assert.equal(held.condition, "args.amount > 100");
+  assert.deepEqual(held.approvers, ["team", "admin"]);
+  const r = await fetch(`http://${env.dispatcherAddr}/v1/approvals/${held.call_key}/deny`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ reason: "refunds over 100 go through finance" }),
+  });
+  assert.equal(r.status, 200, await r.text());
+  const out = await big;
+  assert.equal(out.error?.type, "denied", JSON.stringify(out));
+  assert.match(out.error!.message, /refunds over 100 go through finance/);
+});
+
+test("approval: a policy with both required and a condition is refused at register, naming the function", () => {
+  const fresh = new Executor(env.nc, team, { name: "ts-policy" });
+  assert.throws(() => fresh.register({ name: "ts_bad_policy", approval: { required: true, when: "args.x > 1" }, handler: () => "x" }),
+    /ts_bad_policy: approval/);
 });
