@@ -7,17 +7,35 @@
 # order), and prints one markdown row per
 # commit and round. CPU time per call is the figure to compare: rates on a
 # shared machine move with whatever else it runs.
-#   bash bench/compare.sh [-rounds N] COMMIT...
+# -bench REV measures with the bench program as it was at REV instead: the
+# curves phase (bench/curves*.go) uses APIs commits before it lack, so the
+# bench of a commit before it measures those (its phases above are the same),
+# with this checkout's go.mod and go.sum.
+#   bash bench/compare.sh [-rounds N] [-bench REV] COMMIT...
 set -euo pipefail
 rounds=2
-if [[ ${1:-} == -rounds ]]; then rounds=$2; shift 2; fi
+bench_rev=
+while [[ ${1:-} == -* ]]; do
+  case $1 in
+    -rounds) rounds=$2 ;;
+    -bench) bench_rev=$2 ;;
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 export GOTOOLCHAIN=local
 work=$(mktemp -d)
 trap 'for w in "$work"/wt-*; do git worktree remove --force "$w" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
 for c in "$@"; do
   git worktree add --detach "$work/wt-$c" "$c" >/dev/null 2>&1
-  rm -rf "$work/wt-$c/bench" && cp -r bench "$work/wt-$c/bench"
+  rm -rf "$work/wt-$c/bench"
+  if [[ -n $bench_rev ]]; then
+    git archive "$bench_rev" bench | tar -x -C "$work/wt-$c"
+    cp bench/go.mod bench/go.sum "$work/wt-$c/bench/" # this checkout's dependencies
+  else
+    cp -r bench "$work/wt-$c/bench"
+  fi
 done
 echo "| commit | round | CPU per call, single-call turns | turns of 16 | heap objects per call, single-call turns | turns of 16 | floor calls/s | single-call turns | turns of 16 | p50 intake→submission | p99 | 8 × 100 ms p50 | RSS per call at 100k |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
