@@ -172,7 +172,11 @@
 //   - record: a turn's entry in the turn bucket.
 //   - lease: the right to submit a turn and write its record (owner,
 //     until, epoch); owner: the process instance holding it; take over:
-//     acquire a lease that lapsed; release: give one up.
+//     acquire a lease that lapsed; release: give one up (a function
+//     name's claim is removed, never released, but for the CLI's
+//     `dispatcher functions release`, the contract's word). (Package
+//     protocol, the executors' contract, calls a declaration's time to
+//     live its lease, protocol.LeaseTTL; here a declaration lapses.)
 //   - cut-off: closing a turn at its deadline with a "timed out" failure
 //     for each call without a result.
 //   - claim (of a function name): the registry's record of which team owns
@@ -183,9 +187,14 @@
 //     for ownership (protocol.CanonicalFunctionName), owned in the names
 //     bucket before a name of that form is claimed.
 //   - timer: a turn's deadline, a scheduled message; the timer subjects
-//     also list the open turns for the sweep.
-//   - index: the in-memory view of the turn and watch buckets the
-//     inspection API reads.
+//     also list the open turns for the sweep (the timer index).
+//   - index: never alone, always one of: the inspection index, the
+//     in-memory view of the turn and watch buckets the inspection API
+//     reads; the timer index, above; the task index, the task bucket's
+//     entries naming each client's started calls; the registry's
+//     indexes, its in-memory lookups of claims by owner and canonical
+//     name; the response index, the watch driver's map of the responses
+//     it drives to their watches.
 //   - roll-up marker: the message that removes a closed turn's timer.
 //   - watch: the dispatcher driving a platform object it cannot learn of
 //     by webhook ([Watch]); never a KV watcher, which this documentation

@@ -47,4 +47,7 @@
 //   - cut-off: closing a turn at its deadline, with a "timed out" failure
 //     for each call without a result.
 //   - close: submit a turn and record the outcome, or fail it.
+//     [Engine.Close] asks the engine to look at a turn, which closes it
+//     if its results are all in or its deadline came and this process
+//     may.
 package lifecycle
