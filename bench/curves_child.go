@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -147,7 +149,10 @@ func runDispatcherChild(ctx context.Context, cfg config) error {
 	}
 	reader := sdkmetric.NewManualReader()
 	o := dispatch.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-		ResultStreamBytes: cfg.resultBytes, SweepInterval: cfg.sweepInterval, RunTTL: cfg.runTTL, Name: cfg.replicaName}
+		ResultStreamBytes: cfg.resultBytes, SweepInterval: cfg.sweepInterval, RunTTL: cfg.runTTL, Name: cfg.replicaName,
+		// The curves' control accounts allow 512 MiB beyond the result
+		// streams (curves_teams.go), the default audit trail 1 GiB.
+		AuditBytes: 64 << 20}
 	if cfg.nkey != "" {
 		o.TeamAPIPrefix = protocol.TeamAPIPrefixTemplate
 	}
@@ -159,12 +164,16 @@ func runDispatcherChild(ctx context.Context, cfg config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() { _ = d.Run(ctx) })
+	ran := make(chan error, 1)
+	wg.Go(func() { ran <- d.Run(ctx) })
 	for !d.Ready() {
-		if ctx.Err() != nil {
+		select {
+		case err := <-ran: // it will never be ready
+			return fmt.Errorf("dispatcher: %w", cmp.Or(err, errors.New("Run returned before it was ready")))
+		case <-ctx.Done():
 			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(childResp{})
 	serveRequests(func(req childReq) childResp {

@@ -120,7 +120,7 @@ func curveTime(ctx context.Context, cfg config, c *curve) error {
 	c.note("The server's heap grew %.0f B per call over the run. Measured in the same run on streams of %d messages of their own: "+
 		"a message ID held in a duplicates window costs the server %.0f B of heap, and a subject of its own (which every turn record "+
 		"and every result has, for the 2 hours they are kept) %.0f B. A call holds two IDs, its call's in its team's call stream for "+
-		"protocol.DuplicateWindow (15 min) and its result's for protocol.ResultDuplicateWindow (2 min), and two subjects for 2 hours, "+
+		"protocol.CallDuplicateWindow (2 min, 15 in streams created before it) and its result's for protocol.ResultDuplicateWindow (2 min), and two subjects for 2 hours, "+
 		"its turn record's (KV_toolrelay_turns, turnTTL) and its result's (FNRESULTS_<team>, protocol.ResultMaxAge).",
 		(float64(heap1)-float64(heap0))/done, min(rate*int(duration.Seconds()), 100000), perID, perSubject)
 	return nil
