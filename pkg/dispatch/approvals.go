@@ -460,7 +460,7 @@ func (d *Dispatcher) autoDeny(ctx context.Context, key protocol.CallKey) error {
 		return err
 	}
 	if a.State == ApprovalApproved {
-		if time.Since(a.DecidedAt) > protocol.CallDuplicateWindow-republishMargin {
+		if !repeatDropped(a.DecidedAt) {
 			return nil
 		}
 		if c := t.call(key); c != nil && t.Open() {

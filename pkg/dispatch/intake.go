@@ -178,12 +178,20 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 // replica looked at the turn within the window) fails at the deadline as
 // timed out.
 func (d *Dispatcher) publishCallsAgain(ctx context.Context, t *Turn, recorded map[protocol.CallKey]bool) {
-	if age := time.Since(t.CreatedAt); age > protocol.CallDuplicateWindow-republishMargin {
+	if !repeatDropped(t.CreatedAt) {
+		age := time.Since(t.CreatedAt)
 		d.log.Warn("turn older than its calls' duplicates window: none of its calls is published again, as a repeat could run one twice",
 			"turn", t.Key, "age", age.Round(time.Second), "window", protocol.CallDuplicateWindow)
 		return
 	}
 	d.publishCalls(ctx, t, recorded, nil)
+}
+
+// repeatDropped reports whether a call first published no earlier than
+// since is still within the calls stream's duplicates window, less
+// republishMargin: a repeat of it now is dropped by its message ID.
+func repeatDropped(since time.Time) bool {
+	return time.Since(since) <= protocol.CallDuplicateWindow-republishMargin
 }
 
 // republishMargin allows for the clocks of the replica that took a turn in
