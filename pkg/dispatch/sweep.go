@@ -58,30 +58,30 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 		d.tel.sweepDuration.Record(context.WithoutCancel(ctx), time.Since(now).Seconds(),
 			metric.WithAttributes(attrStartup.Bool(startup)))
 	}()
-	// A young turn this replica gathers for is swept as it is listed, and
-	// kept out of the set: under load most open turns are young, and the
-	// sweep's memory stays what the listing's page takes.
-	var cut map[protocol.TurnKey]bool // young turns cut off: a turn may be listed twice
+	// A turn this replica gathers for is swept as it is listed, from the
+	// record it holds, and its record is read only when that is due: under
+	// load most open turns are tracked here, and reading each one's record
+	// every pass was most of the sweep's cost (lifecycle.SweepReads). Ages
+	// and the time since the last sweep are both measured from the sweep's
+	// start, so that the sweeps' windows tile time and no turn misses its
+	// re-check, however long a listing takes.
+	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
+	d.lastSweep = now
 	keys, listed, err := d.openTurns(ctx, func(t *Turn) bool {
-		if startup || now.Sub(t.CreatedAt) > sweepAfter {
+		age := now.Sub(t.CreatedAt)
+		switch {
+		case startup:
 			return false
+		case age > sweepAfter:
+			return !lifecycle.SweepReads(t.State, t.Deadline, age, sinceLast, now)
 		}
-		if !cut[t.Key] && d.sweepYoung(t, now) {
-			if cut == nil {
-				cut = map[protocol.TurnKey]bool{}
-			}
-			cut[t.Key] = true
-		}
+		d.sweepYoung(t, now)
 		return true
 	})
 	if err != nil && ctx.Err() == nil { // not the replica stopping
 		d.log.Warn("sweep: listing open turns failed", "err", err)
 	}
-	// Measured from after the listing, as the ages sweepTurn reads are: a
-	// long listing must not make a turn miss its re-check.
 	listedAt := time.Now()
-	sinceLast := listedAt.Sub(d.lastSweep) // the sweeps run one after another
-	d.lastSweep = listedAt
 	for _, key := range keys {
 		if ctx.Err() != nil {
 			return
@@ -89,7 +89,7 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 		if d.recent.has(key, listedAt) {
 			continue // closed here a moment ago: what was listed is its markers
 		}
-		d.sweepTurn(ctx, key, startup, sinceLast)
+		d.sweepTurn(ctx, key, startup)
 	}
 	if err == nil {
 		d.sweepUnlisted(ctx, listed, now)
@@ -102,17 +102,11 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 // sweepYoung sweeps a turn this replica gathers for and took in less than
 // sweepAfter ago, as it knows it: nothing about it can be stuck yet (a
 // replica submitting it has been for less than sweepAfter), so its record
-// is not read. Under load most open turns are young, and reading each
-// one's record every sweep was most of the sweep's cost. It reports
-// whether it cut the turn off: a turn may be listed twice (both timer
-// subjects, or pages that overlap), and two cut-offs of one turn in one
-// replica would race each other.
-func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) (cutOff bool) {
+// is not read.
+func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) {
 	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than sweepAfter
 		d.cutOffLate(t.Key, "sweep: turn past its deadline; cutting it off")
-		return true
 	}
-	return false
 }
 
 // sweepUnlisted deals with the turns this replica gathers for that are
@@ -139,8 +133,9 @@ func (d *Dispatcher) sweepUnlisted(ctx context.Context, listed map[protocol.Turn
 // openTurns lists the turns whose timer subjects exist: the open turns,
 // each once, in the order listed and as a set. A turn this replica
 // gathers for is named by the key it already holds, and handed first to
-// seen (if not nil), which may take it out of the listing by returning
-// true. A sweep of many open turns must not cost the dispatcher much
+// seen (if not nil), which may take it out of the list (not the set) by
+// returning true. A turn listed twice (both timer subjects, or pages that
+// overlap) is handed to seen once. A sweep of many open turns must not cost the dispatcher much
 // memory while it runs, so the listing (a stream-info request, in pages
 // of up to the server's limit) is read from each page's bytes, not
 // decoded into a map.
@@ -153,13 +148,13 @@ func (d *Dispatcher) openTurns(ctx context.Context, seen func(*Turn) bool) ([]pr
 			return
 		}
 		if t, _ := d.gather.cached(key); t != nil {
-			if seen != nil && seen(t) {
-				return
+			listed[t.Key] = true
+			if seen == nil || !seen(t) {
+				keys = append(keys, t.Key)
 			}
-			key = t.Key
-		} else {
-			key = protocol.TurnKey(strings.Clone(string(key))) // not the subject: the page goes
+			return
 		}
+		key = protocol.TurnKey(strings.Clone(string(key))) // not the subject: the page goes
 		listed[key] = true
 		keys = append(keys, key)
 	}
@@ -358,29 +353,9 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// recheckDue reports whether a turn this replica gathers for, open for
-// age and last swept sinceLast ago, is due a re-check of its results (a
-// stream-info request each): when its age passes sweepAfter,
-// then twice that, four times... until the gap is recheckEvery, and every
-// recheckEvery after. A turn open for long is read a few times a
-// quarter hour, not every sweep; the price is that a turn whose last
-// result was seen only by a replica that died at once waits up to
-// recheckEvery to be closed (before the deadline, which would close it
-// with that result too).
-func recheckDue(age, sinceLast time.Duration) bool {
-	for at := sweepAfter; at <= age; at = min(2*at, at+recheckEvery) {
-		if age-sinceLast < at {
-			return true
-		}
-	}
-	return false
-}
-
-// recheckEvery is the longest gap between re-checks of a turn this
-// replica gathers for.
-const recheckEvery = 2 * time.Minute
-
-func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool, sinceLast time.Duration) {
+// sweepTurn reads the record of a turn the listing found: one this
+// replica does not gather for, or one whose re-check is due (see sweep).
+func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool) {
 	t, rev, err := d.turns.get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A timer without a record: intake died in between (or is under
@@ -417,10 +392,10 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 			if !d.gather.tracking(key) || startup {
 				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))
 				d.resumeTurn(ctx, t, rev)
-			} else if recheckDue(age, sinceLast) {
-				// Its results may be split with a replica that died
-				// before closing it: look at the stream, a few times in
-				// the turn's life rather than every sweep.
+			} else {
+				// Its re-check is due (the listing decided): its results
+				// may be split with a replica that died before closing
+				// it, so look at the stream.
 				d.gather.recheckSoon(key)
 			}
 		}

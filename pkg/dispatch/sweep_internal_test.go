@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
@@ -19,34 +20,6 @@ import (
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
-
-// A turn this replica gathers for is re-checked when its age passes
-// sweepAfter, 2×, 4×... that, then every recheckEvery: a few times in a
-// turn's life, however often the sweep runs, and never twice for one mark.
-func TestRecheckDueOnAgesThatDouble(t *testing.T) {
-	const every = 3 * time.Second // about how often the sweep runs
-	var due []time.Duration
-	for age := time.Duration(0); age < 10*time.Minute; age += every {
-		if recheckDue(age, every) {
-			due = append(due, age)
-		}
-	}
-	// One sweep just after each of 15 s, 30 s, 1 m, 2 m, then every 2 m.
-	want := []time.Duration{15 * time.Second, 30 * time.Second, 60 * time.Second, 120 * time.Second, 240 * time.Second, 360 * time.Second, 480 * time.Second}
-	if len(due) != len(want) {
-		t.Fatalf("re-checked at %v, want once just after each of %v", due, want)
-	}
-	for i := range want {
-		if due[i] < want[i] || due[i] >= want[i]+every {
-			t.Errorf("re-check %d at age %s, want within one sweep after %s", i, due[i], want[i])
-		}
-	}
-	// The first sweep after a restart of the loop (sinceLast unknown, so
-	// large) re-checks every turn past sweepAfter once.
-	if !recheckDue(7*time.Minute, time.Hour) || recheckDue(10*time.Second, time.Hour) {
-		t.Error("a first sweep should re-check the turns older than sweepAfter, and only those")
-	}
-}
 
 // openTurns reads the index of open turns page by page as it decodes it;
 // it must find what the stream's own listing finds: each turn once,
@@ -101,8 +74,9 @@ func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
 		}
 	}
 
-	// Turns this replica gathers for go to seen first; those it takes are
-	// left out of both the keys and the set (the sweep's young turns).
+	// Turns this replica gathers for go to seen first, once each; those it
+	// takes are left out of the keys (the sweep reads no record of them),
+	// not out of the set (which tells the sweep they are open).
 	taken := map[protocol.TurnKey]bool{}
 	for i, k := range keys[:600] {
 		d.gather.track(&Turn{Key: k, CreatedAt: time.Now()}, 1)
@@ -118,8 +92,13 @@ func TestOpenTurnsListsWhatTheStreamHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(seen) != 600 || len(keys) != len(want)-len(taken) || len(listed) != len(keys) {
-		t.Fatalf("seen %d tracked turns (want 600), listed %d keys (%d in the set), want %d", len(seen), len(keys), len(listed), len(want)-len(taken))
+	if len(seen) != 600 || len(keys) != len(want)-len(taken) || len(listed) != len(want) {
+		t.Fatalf("seen %d tracked turns (want 600), listed %d keys (want %d), %d in the set (want %d)", len(seen), len(keys), len(want)-len(taken), len(listed), len(want))
+	}
+	for k, n := range seen {
+		if n != 1 || !listed[k] {
+			t.Fatalf("turn %s handed to seen %d times (in the set: %v), want once, in the set", k, n, listed[k])
+		}
 	}
 	for _, k := range keys {
 		if taken[k] || !want[k] {
@@ -331,8 +310,7 @@ func TestPageThroughSkipsNothingThatStays(t *testing.T) {
 }
 
 // A young turn past its deadline listed twice (its timer both scheduled
-// and fired) is cut off once: the young turns are kept out of the set that
-// would have told the second listing apart.
+// and fired) is cut off once: the listing hands it to the sweep once.
 func TestAYoungTurnListedTwiceIsCutOffOnce(t *testing.T) {
 	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
@@ -357,5 +335,87 @@ func TestAYoungTurnListedTwiceIsCutOffOnce(t *testing.T) {
 	d.sweep(ctx, false)
 	if spawned != 1 {
 		t.Fatalf("cut off %d times, want once", spawned)
+	}
+}
+
+// The sweep reads the record of a turn this replica gathers for only when
+// its re-check is due (at 15 s, 30 s, 1 min, 2 min, then every 2 min) or
+// its deadline has come, and reads every turn no replica here tracks on
+// every pass: at 100,000 open turns reading each one's record every pass
+// was the sweep's cost.
+func TestTheSweepReadsATrackedTurnOnlyWhenItsRecheckIsDue(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	ctx := t.Context()
+	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.spawn = func(func(context.Context)) {} // the re-checks and closes the sweep asks for run nowhere
+	now := time.Now()
+	turn := func(id string, age, left time.Duration, tracked bool) protocol.TurnKey {
+		key := protocol.NewTurnKey(protocol.PlatformResponses, id, []string{"call_1"})
+		tn := &Turn{Version: protocol.Version, Key: key, State: TurnCollecting, CreatedAt: now.Add(-age), Deadline: now.Add(left), ExpiresAt: now.Add(left + time.Minute)}
+		rev, err := d.turns.create(ctx, tn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, timerScheduleSubject(key), []byte(key)); err != nil {
+			t.Fatal(err)
+		}
+		if tracked {
+			d.gather.track(tn, rev)
+		}
+		return key
+	}
+	quiet := turn("resp_quiet", 45*time.Second, 5*time.Minute, true) // re-checked at 30 s, next at 1 min
+	due := turn("resp_due", 62*time.Second, 5*time.Minute, true)     // crossed 1 min since the last sweep
+	late := turn("resp_late", 45*time.Second, -time.Second, true)    // past its deadline, not yet cut off
+	other := turn("resp_other", 45*time.Second, 5*time.Minute, false)
+
+	// The reads go out on the dispatcher's connection, each before the
+	// sweep returns; a message it publishes after the sweep arrives after
+	// them.
+	counter, _ := srv.Connect(t)
+	seen := make(chan *nats.Msg, 64)
+	for _, subj := range []string{"$JS.API.DIRECT.GET.KV_" + provision.TurnBucket + ".>", "$JS.API.STREAM.MSG.GET.KV_" + provision.TurnBucket, "test.sweep.done"} {
+		if _, err := counter.ChanSubscribe(subj, seen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := counter.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	d.lastSweep = now.Add(-10 * time.Second)
+	d.sweep(ctx, false)
+	if err := d.js.Conn().Publish("test.sweep.done", nil); err != nil {
+		t.Fatal(err)
+	}
+	read := map[protocol.TurnKey]bool{}
+	deadline := time.After(10 * time.Second)
+	for done := false; !done; {
+		select {
+		case m := <-seen:
+			if m.Subject == "test.sweep.done" {
+				done = true
+				break
+			}
+			for _, k := range []protocol.TurnKey{quiet, due, late, other} {
+				if strings.Contains(m.Subject, string(k)) || bytes.Contains(m.Data, []byte(k)) {
+					read[k] = true
+				}
+			}
+		case <-deadline:
+			t.Fatal("the sweep's reads never came through")
+		}
+	}
+	for k, want := range map[protocol.TurnKey]bool{quiet: false, due: true, late: true, other: true} {
+		if read[k] != want {
+			t.Errorf("turn %s: record read %v, want %v", k, read[k], want)
+		}
 	}
 }
