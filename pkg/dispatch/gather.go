@@ -32,6 +32,9 @@ type gatherer struct {
 
 	mu    sync.Mutex
 	turns map[protocol.TurnKey]*gathering
+	// calls counts the calls of the turns in turns by function: the
+	// functions the orphan scan asks about (orphans.go).
+	calls map[fnKey]int
 	// lastFor reads a recorded result (tests stand in for the stream).
 	lastFor func(context.Context, jetstream.Stream, string) (*jetstream.RawStreamMsg, error)
 }
@@ -74,7 +77,7 @@ const (
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
-	g := &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}}
+	g := &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}, calls: map[fnKey]int{}}
 	g.lastFor = g.leaderLastFor
 	return g
 }
@@ -220,7 +223,21 @@ func (g *gatherer) track(t *Turn, rev uint64) *gathering {
 	}
 	st := &gathering{turn: t, rev: rev}
 	g.turns[t.Key] = st
+	for i := range t.Calls {
+		g.calls[fnKey{t.Calls[i].Team, t.Calls[i].Name}]++
+	}
 	return st
+}
+
+// functions lists the functions the turns this replica gathers for call.
+func (g *gatherer) functions() []fnKey {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	fns := make([]fnKey, 0, len(g.calls))
+	for fn := range g.calls {
+		fns = append(fns, fn)
+	}
+	return fns
 }
 
 // cached returns the record of a turn this replica gathers for, as it
@@ -471,5 +488,13 @@ func (g *gatherer) forget(key protocol.TurnKey) {
 			st.recheck.Stop()
 		}
 		delete(g.turns, key)
+		// A turn's calls never change (a record written later shares
+		// them), so these are the functions track counted.
+		for i := range st.turn.Calls {
+			fn := fnKey{st.turn.Calls[i].Team, st.turn.Calls[i].Name}
+			if g.calls[fn]--; g.calls[fn] <= 0 {
+				delete(g.calls, fn)
+			}
+		}
 	}
 }

@@ -35,6 +35,9 @@ const orphanGap = 200 * time.Millisecond
 type orphans struct {
 	unserved map[fnKey]time.Time       // unserved since
 	failed   map[protocol.CallKey]bool // failed here, result on its way
+	// walks counts the scans that looked at the open calls: only those
+	// that found a function with open calls unserved.
+	walks int
 }
 
 // fnKey names a function of a team.
@@ -83,44 +86,31 @@ func (d *Dispatcher) watchOrphans(ctx context.Context) (stop func()) {
 
 // failOrphans makes one scan: it records a failure for each open call
 // whose function has been unserved for ServeGrace by now. Most scans find
-// every function served, and cost a registry look-up per function and
-// none per call.
+// every function served, and cost a registry look-up per function the
+// open turns call (the gatherer counts them as it tracks and forgets
+// turns) and none per call: at 100,000 open turns a walk of their calls
+// every scan was a sixth of the dispatcher's CPU. Only a scan that finds
+// one unserved walks the open calls, for those of the unserved.
 //
 // It returns when the earliest grace still running ends (zero: none runs).
 func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time) (due time.Time) {
 	if !d.registry.loaded.Load() {
 		return time.Time{} // who serves what is not known yet
 	}
-	served := map[fnKey]bool{}
+	var unserved map[fnKey]bool
+	for _, fn := range d.gather.functions() {
+		if !d.served(fn.name, fn.team) {
+			if unserved == nil {
+				unserved = map[fnKey]bool{}
+			}
+			unserved[fn] = true
+		}
+	}
 	var open map[fnKey][]orphanCandidate // open calls of unserved functions
 	seen := map[protocol.CallKey]bool{}  // failed calls still open
-	for _, t := range d.gather.trackedTurns() {
-		if t.State != TurnCollecting {
-			continue
-		}
-		for i := range t.Calls {
-			c := &t.Calls[i]
-			if !c.published() || c.Approval {
-				continue // a held call is queued nowhere; its auto-deny ends it
-			}
-			fn := fnKey{c.Team, c.Name}
-			s, known := served[fn]
-			if !known {
-				s = d.served(c.Name, c.Team)
-				served[fn] = s
-			}
-			if s || d.gather.local(t.Key, c.Key) != nil {
-				continue
-			}
-			if o.failed[c.Key] {
-				seen[c.Key] = true
-				continue
-			}
-			if open == nil {
-				open = map[fnKey][]orphanCandidate{}
-			}
-			open[fn] = append(open[fn], orphanCandidate{turn: t, i: i})
-		}
+	if unserved != nil {
+		o.walks++
+		open = d.unservedCalls(o, unserved, seen)
 	}
 	for k := range o.failed { // results arrived, or turns closed
 		if !seen[k] {
@@ -160,6 +150,33 @@ func (d *Dispatcher) failOrphans(ctx context.Context, o *orphans, now time.Time)
 		}
 	}
 	return due
+}
+
+// unservedCalls returns the open calls of the unserved functions without
+// a result here, leaving out those failed already, which it marks in seen.
+func (d *Dispatcher) unservedCalls(o *orphans, unserved map[fnKey]bool, seen map[protocol.CallKey]bool) map[fnKey][]orphanCandidate {
+	var open map[fnKey][]orphanCandidate
+	for _, t := range d.gather.trackedTurns() {
+		if t.State != TurnCollecting {
+			continue
+		}
+		for i := range t.Calls {
+			c := &t.Calls[i]
+			fn := fnKey{c.Team, c.Name}
+			if !unserved[fn] || !c.published() || c.Approval || d.gather.local(t.Key, c.Key) != nil {
+				continue // a held call is queued nowhere; its auto-deny ends it
+			}
+			if o.failed[c.Key] {
+				seen[c.Key] = true
+				continue
+			}
+			if open == nil {
+				open = map[fnKey][]orphanCandidate{}
+			}
+			open[fn] = append(open[fn], orphanCandidate{turn: t, i: i})
+		}
+	}
+	return open
 }
 
 // served reports whether a live executor of team serves name now.
