@@ -187,7 +187,7 @@ func (d *Dispatcher) Resume(ctx context.Context, key protocol.TurnKey) (*Turn, e
 		return nil, notFound("turn", string(key), err)
 	}
 	if t.State == TurnCollecting && !d.gather.tracking(key) {
-		d.resumeTurn(ctx, t, rev)
+		d.resumeTurn(ctx, t, rev, nil)
 	}
 	return t, nil
 }

@@ -585,7 +585,13 @@ func (d *Dispatcher) resume(ctx context.Context) {
 	})
 }
 
-func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
+// resumeTurn re-arms a turn this replica does not gather for, or every
+// open turn at start. known, if not nil, is what the startup sweep's
+// listing found recorded: a turn whose results it does not all hold is
+// not re-checked (the rest reach a replica through the results' consumer,
+// which re-checks), so a restart asks nothing of the result streams per
+// turn.
+func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64, known *recordedResults) {
 	switch t.State {
 	case TurnCollecting:
 		if err := d.scheduleDeadline(ctx, t); err != nil {
@@ -595,7 +601,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		// acknowledged must not be queued again once the dedupe window
 		// has passed. Calls rejected at intake are never published; their
 		// failure is recorded if intake stopped before it could.
-		recorded, err := d.gather.recorded(ctx, t)
+		recorded, err := d.gather.recorded(ctx, t, known)
 		if err != nil {
 			d.log.Warn("re-arming turn: reading its results failed", "turn", t.Key, "err", err)
 			return
@@ -604,7 +610,9 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		d.failRejected(ctx, t, recorded)
 		d.answerSearches(ctx, t, recorded)
 		d.publishCallsAgain(ctx, t, d.settleHeld(ctx, t, recorded))
-		d.gather.recheckSoon(t.Key)
+		if known == nil || len(recorded) == len(t.Calls) {
+			d.gather.recheckSoon(t.Key)
+		}
 	case TurnSubmitting:
 		// The replica that owned it may have died mid-submission: the
 		// engine takes it over once its lease lapses, and submits it

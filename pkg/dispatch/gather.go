@@ -386,13 +386,23 @@ func (g *gatherer) recheck(ctx context.Context, key protocol.TurnKey) {
 
 // present counts the calls of t whose result is recorded.
 func (g *gatherer) present(ctx context.Context, t *Turn) (int, error) {
-	rec, err := g.recorded(ctx, t)
+	rec, err := g.recorded(ctx, t, nil)
 	return len(rec), err
 }
 
-// recorded returns the calls of t whose result is in its team's stream.
-func (g *gatherer) recorded(ctx context.Context, t *Turn) (map[protocol.CallKey]bool, error) {
+// recorded returns the calls of t whose result is in its team's stream:
+// from known if it is not nil (a listing of the streams, see
+// recordedOf), else by a stream-info request per team.
+func (g *gatherer) recorded(ctx context.Context, t *Turn, known *recordedResults) (map[protocol.CallKey]bool, error) {
 	rec := map[protocol.CallKey]bool{}
+	if known != nil {
+		for i := range t.Calls {
+			if known.has(t.Calls[i].Key) {
+				rec[t.Calls[i].Key] = true
+			}
+		}
+		return rec, nil
+	}
 	for _, team := range t.teams() {
 		s, err := g.streams.stream(ctx, team)
 		if err != nil {

@@ -158,7 +158,7 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 	ctx, stop := d.detached(ctx) // as Intake: once begun, the caller may go
 	defer stop()
 	recorded, err := whileUnavailable(ctx, d.unavailableFor, func(ctx context.Context) (map[protocol.CallKey]bool, error) {
-		return d.gather.recorded(ctx, t)
+		return d.gather.recorded(ctx, t, nil)
 	})
 	if err != nil {
 		d.log.Warn("a repeated intake could not read the turn's results; publishing none of its calls again", "turn", t.Key, "err", err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -82,14 +83,36 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 		d.log.Warn("sweep: listing open turns failed", "err", err)
 	}
 	listedAt := time.Now()
+	var known *recordedResults // at start, the results of the open turns, from one listing
+	work := 1
+	if startup && err == nil {
+		// A restart re-arms every open turn: their results are listed
+		// once, and the turns re-armed a few at a time, each a handful of
+		// round trips (its record, its timer, its calls).
+		var lerr error
+		if known, lerr = d.gather.recordedOf(ctx, listed); lerr != nil && ctx.Err() == nil {
+			d.log.Warn("sweep: listing the open turns' results failed; asking the streams turn by turn", "err", lerr)
+		}
+		work = startupWorkers
+	}
+	sem := make(chan struct{}, work)
+	var wg sync.WaitGroup
 	for _, key := range keys {
 		if ctx.Err() != nil {
-			return
+			break
 		}
 		if d.recent.has(key, listedAt) {
 			continue // closed here a moment ago: what was listed is its markers
 		}
-		d.sweepTurn(ctx, key, startup)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			d.sweepTurn(ctx, key, startup, known)
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return
 	}
 	if err == nil {
 		d.sweepUnlisted(ctx, listed, now)
@@ -161,18 +184,19 @@ func (d *Dispatcher) openTurns(ctx context.Context, seen func(*Turn) bool) ([]pr
 	// Scheduled timers first, then fired ones: a timer that fires while the
 	// listing is read moves from the first to the second, and is listed.
 	for _, filter := range []string{provision.TimerSubjectPrefix + ".sched.>", provision.TimerSubjectPrefix + ".fire.>"} {
-		if err := d.listTimerSubjects(ctx, filter, add); err != nil {
+		if err := d.listSubjects(ctx, provision.TimerStream, filter, add); err != nil {
 			return keys, listed, fmt.Errorf("dispatch: list open turns: %w", err)
 		}
 	}
 	return keys, listed, nil
 }
 
-// listTimerSubjects hands each subject of the timer stream that matches
-// filter to each, reading the stream-info answer page by page. Each page has its own deadline: a request that finds no
-// stream leader (one is being elected) gets no answer at all.
-func (d *Dispatcher) listTimerSubjects(ctx context.Context, filter string, each func(string)) error {
-	subject := "$JS.API.STREAM.INFO." + provision.TimerStream // New refuses other API prefixes
+// listSubjects hands each subject of stream that matches filter to each,
+// reading the stream-info answer page by page. Each page has its own
+// deadline: a request that finds no stream leader (one is being elected)
+// gets no answer at all.
+func (d *Dispatcher) listSubjects(ctx context.Context, stream, filter string, each func(string)) error {
+	subject := "$JS.API.STREAM.INFO." + stream // New refuses other API prefixes
 	return pageThrough(func(offset int) (int, []byte, error) {
 		req := fmt.Appendf(nil, `{"subjects_filter":%q,"offset":%d}`, filter, offset)
 		rctx, cancel := context.WithTimeout(ctx, listPageTimeout)
@@ -353,9 +377,13 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
+// startupWorkers bounds the turns the startup sweep re-arms at once.
+const startupWorkers = 16
+
 // sweepTurn reads the record of a turn the listing found: one this
 // replica does not gather for, or one whose re-check is due (see sweep).
-func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool) {
+// known, at start, holds the open turns' recorded results.
+func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool, known *recordedResults) {
 	t, rev, err := d.turns.get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		// A timer without a record: intake died in between (or is under
@@ -391,7 +419,7 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		case startup || age > sweepAfter:
 			if !d.gather.tracking(key) || startup {
 				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))
-				d.resumeTurn(ctx, t, rev)
+				d.resumeTurn(ctx, t, rev, known)
 			} else {
 				// Its re-check is due (the listing decided): its results
 				// may be split with a replica that died before closing

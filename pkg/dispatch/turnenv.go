@@ -128,7 +128,7 @@ func (e turnEnv) Missing(ctx context.Context, r *lifecycle.Rec) ([]string, error
 	ctx, cancel := context.WithTimeout(ctx, recheckTimeout)
 	defer cancel()
 	t := r.Body.(*Turn)
-	recorded, err := e.d.gather.recorded(ctx, t)
+	recorded, err := e.d.gather.recorded(ctx, t, nil)
 	if err != nil {
 		return nil, err // looked at again in a moment
 	}
