@@ -4,10 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
@@ -22,8 +27,8 @@ import (
 //
 //   - every open turn of every replica (collecting or submitting): found at
 //     start through the index of open turns the sweep reads (their timer
-//     subjects) and read one by one, then kept current by a watch of the
-//     bucket;
+//     subjects) and read a thousand a request, then kept current by a
+//     watch of the bucket;
 //   - the most recent recentTurns closed turns (submitted or failed), in
 //     the order they closed: at start from the last turnTail changes the
 //     bucket holds, then as they close. The bucket's other closed turns
@@ -41,8 +46,9 @@ const (
 	// start to find the recently closed turns (a turn changes about three
 	// times).
 	turnTail = 4 * recentTurns
-	// indexReaders bounds the open turns read at once at start.
-	indexReaders = 16
+	// indexReaders bounds the requests for open turns' records in flight
+	// at start (each for up to indexBatch records).
+	indexReaders = 4
 	// indexLoadWait bounds how long a request waits for the index's first
 	// snapshot.
 	indexLoadWait = 10 * time.Second
@@ -219,32 +225,104 @@ func (in *inspector) mirrorTurns(ctx context.Context, loaded func()) {
 	}
 }
 
-// loadOpen reads the record of every turn in the index of open turns.
+// loadOpen reads the record of every turn in the index of open turns,
+// up to indexBatch turns a request (a direct get of the last message of
+// many subjects), indexReaders requests at once. Read one request a
+// turn, the first list after a start took 11 s at 100,000 open turns,
+// past indexLoadWait.
 func (in *inspector) loadOpen(ctx context.Context) error {
 	keys, _, err := in.d.openTurns(ctx, nil)
 	if err != nil {
 		return err
 	}
-	work := make(chan protocol.TurnKey)
+	work := make(chan []protocol.TurnKey)
+	errs := make(chan error, indexReaders)
 	var wg sync.WaitGroup
-	for range min(indexReaders, len(keys)) {
+	for range min(indexReaders, (len(keys)+indexBatch-1)/indexBatch) {
 		wg.Go(func() {
-			for key := range work {
-				if e, err := in.d.turns.kv.Get(ctx, string(key)); err == nil {
-					in.applyTurn(e)
+			for batch := range work {
+				if err := in.d.turns.lastOfEach(ctx, batch, in.apply); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
 				}
 			}
 		})
 	}
-	for _, key := range keys {
+	for batch := range slices.Chunk(keys, indexBatch) {
 		select {
-		case work <- key:
+		case work <- batch:
 		case <-ctx.Done():
 		}
 	}
 	close(work)
 	wg.Wait()
-	return ctx.Err()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return ctx.Err()
+	}
+}
+
+// indexBatch is how many records one request of loadOpen reads: the
+// server answers at most 1024 subjects' last messages a request.
+const indexBatch = 1000
+
+// lastOfEach reads the records of keys with one request, a direct get of
+// each one's last message, handing each found to apply (key, record,
+// revision). A key without a record is left out. Any replica of the bucket
+// may answer, as for any direct get: one that lags may answer an older
+// record, or none, for a turn that changed a moment ago.
+func (s turnStore) lastOfEach(ctx context.Context, keys []protocol.TurnKey, apply func(key string, value []byte, rev uint64)) error {
+	prefix := kvSubject(s.kv.Bucket(), "")
+	req := struct {
+		MultiLast []string `json:"multi_last"`
+	}{MultiLast: make([]string, len(keys))}
+	for i, k := range keys {
+		req.MultiLast[i] = prefix + string(k)
+	}
+	data, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	inbox := s.nc.NewRespInbox()
+	msgs := make(chan *nats.Msg, len(keys)+1)
+	sub, err := s.nc.ChanSubscribe(inbox, msgs)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := s.nc.PublishRequest("$JS.API.DIRECT.GET.KV_"+s.kv.Bucket(), inbox, data); err != nil {
+		return err
+	}
+	wait := time.NewTimer(listPageTimeout)
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wait.C:
+			return fmt.Errorf("dispatch: read %d turn records: no answer in %s", len(keys), listPageTimeout)
+		case m := <-msgs:
+			switch status := m.Header.Get("Status"); status {
+			case "":
+			case "204", "404": // the end of the batch; none found
+				return nil
+			default:
+				return fmt.Errorf("dispatch: read %d turn records: %s %s", len(keys), status, m.Header.Get("Description"))
+			}
+			if op := m.Header.Get("KV-Operation"); op != "" { // deleted or purged
+				continue
+			}
+			key, ok := strings.CutPrefix(m.Header.Get(jetstream.SubjectHeader), prefix)
+			rev, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+			if ok && err == nil {
+				apply(key, m.Data, rev)
+			}
+		}
+	}
 }
 
 func (in *inspector) resetWatches(begin bool) {
@@ -265,23 +343,34 @@ func (in *inspector) resetWatches(begin bool) {
 // applyTurn applies a record (or its deletion) newer than what the index
 // holds of its turn.
 func (in *inspector) applyTurn(e jetstream.KeyValueEntry) {
-	key := protocol.TurnKey(e.Key())
-	var t *Turn
 	if e.Operation() == jetstream.KeyValuePut {
-		var err error
-		if t, err = decodeTurn(e.Value()); err != nil {
-			return
-		}
+		in.apply(e.Key(), e.Value(), e.Revision())
+	} else {
+		in.applyRecord(protocol.TurnKey(e.Key()), nil, e.Revision())
+	}
+}
+
+// apply applies a turn's record, at revision rev.
+func (in *inspector) apply(key string, value []byte, rev uint64) {
+	if t, err := decodeTurn(value); err == nil {
+		in.applyRecord(protocol.TurnKey(key), t, rev)
+	}
+}
+
+// applyRecord applies t, the record of the turn key at revision rev (nil:
+// deleted), if newer than what the index holds of it.
+func (in *inspector) applyRecord(key protocol.TurnKey, t *Turn, rev uint64) {
+	if t != nil {
 		for i := range t.Calls {
 			t.Calls[i].Arguments = nil // never shown; an index of 10,000 turns need not hold them
 		}
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if ot := in.open[key]; ot != nil && ot.rev >= e.Revision() {
+	if ot := in.open[key]; ot != nil && ot.rev >= rev {
 		return
 	}
-	if rt, ok := in.recent.get(key); ok && rt.rev >= e.Revision() {
+	if rt, ok := in.recent.get(key); ok && rt.rev >= rev {
 		return
 	}
 	if t == nil {
@@ -290,13 +379,13 @@ func (in *inspector) applyTurn(e jetstream.KeyValueEntry) {
 		return
 	}
 	if t.Open() {
-		in.open[key] = &openTurn{turn: t, rev: e.Revision()}
+		in.open[key] = &openTurn{turn: t, rev: rev}
 	} else {
 		delete(in.open, key)
 		if rt, ok := in.recent.get(key); ok {
-			rt.turn, rt.rev, rt.calls = t, e.Revision(), nil
+			rt.turn, rt.rev, rt.calls = t, rev, nil
 		} else {
-			in.recent.add(key, &recentTurn{turn: t, rev: e.Revision()})
+			in.recent.add(key, &recentTurn{turn: t, rev: rev})
 		}
 	}
 	for s := range in.subs {
