@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -233,11 +234,7 @@ func (g *gatherer) track(t *Turn, rev uint64) *gathering {
 func (g *gatherer) functions() []fnKey {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	fns := make([]fnKey, 0, len(g.calls))
-	for fn := range g.calls {
-		fns = append(fns, fn)
-	}
-	return fns
+	return slices.Collect(maps.Keys(g.calls))
 }
 
 // cached returns the record of a turn this replica gathers for, as it

@@ -5,10 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
-	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // The inspection index's first load reads the open turns' records a
@@ -17,29 +15,16 @@ import (
 // whose record is gone (its timer outlived it) is left out.
 func TestTheIndexLoadsTheOpenTurnsAThousandARequest(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
 	ctx := t.Context()
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, srv, _ := provisioned(t, Options{Name: "one", Logger: testutil.Logger(t)})
 	now := time.Now()
 	const n = 1500
 	for i := range n + 1 {
-		key := protocol.NewTurnKey(protocol.PlatformResponses, fmt.Sprintf("resp_%d", i), []string{"call_1"})
-		tn := &Turn{Version: protocol.Version, Key: key, State: TurnCollecting, CreatedAt: now, Deadline: now.Add(5 * time.Minute),
-			ExpiresAt: now.Add(6 * time.Minute), Calls: []TurnCall{{ID: "call_1", Name: "get_weather", Team: "geo", Key: key.Call("call_1")}}}
-		if i < n {
-			if _, err := d.turns.create(ctx, tn); err != nil {
+		tn, _ := openRecord(t, d, fmt.Sprintf("resp_%d", i), now, now.Add(5*time.Minute), "get_weather")
+		if i == n { // its timer outlived its record
+			if err := d.turns.kv.Purge(ctx, string(tn.Key)); err != nil {
 				t.Fatal(err)
 			}
-		}
-		if _, err := js.PublishMsgAsync(timerMsg(tn)); err != nil {
-			t.Fatal(err)
 		}
 	}
 	testutil.WaitForWhat(t, 10*time.Second, "the timers", func() bool { return len(d.mustOpenTurns(t)) == n+1 })

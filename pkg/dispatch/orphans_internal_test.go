@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -18,15 +17,8 @@ import (
 // turns are tracked and forgotten.
 func TestTheOrphanScanWalksNoCallWhileItsFunctionsAreServed(t *testing.T) {
 	t.Parallel()
-	_, js := natstest.Start(t).Connect(t)
 	ctx := t.Context()
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t), ServeGrace: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, _, _ := provisioned(t, Options{Name: "one", Logger: testutil.Logger(t), ServeGrace: time.Hour})
 	d.spawn = func(func(context.Context)) {}
 	d.registry.loaded.Store(true)
 	serve := func(name string, on bool) {

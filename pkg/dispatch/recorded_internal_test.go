@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/firstwins"
-	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
@@ -20,16 +19,8 @@ import (
 // through the consumer.
 func TestARestartLearnsTheRecordedResultsFromOneListing(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
 	ctx := t.Context()
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, srv, js := provisioned(t, Options{Name: "one", Logger: testutil.Logger(t)})
 	d.spawn = func(func(context.Context)) {} // the re-checks the sweep schedules run nowhere
 	if _, err := d.gather.streams.stream(ctx, "geo"); err != nil {
 		t.Fatal(err)
@@ -39,18 +30,8 @@ func TestARestartLearnsTheRecordedResultsFromOneListing(t *testing.T) {
 	now := time.Now()
 	var keys []protocol.TurnKey
 	for i := range 20 {
-		key := protocol.NewTurnKey(protocol.PlatformResponses, fmt.Sprintf("resp_%d", i), []string{"call_1", "call_2"})
-		keys = append(keys, key)
-		tn := &Turn{Version: protocol.Version, Key: key, State: TurnCollecting, CreatedAt: now.Add(-3 * time.Minute),
-			Deadline: now.Add(5 * time.Minute), ExpiresAt: now.Add(6 * time.Minute), Calls: []TurnCall{
-				{ID: "call_1", Name: "get_weather", Team: "geo", Key: key.Call("call_1")},
-				{ID: "call_2", Name: "get_city", Team: "geo", Key: key.Call("call_2")}}}
-		if _, err := d.turns.create(ctx, tn); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.scheduleDeadline(ctx, tn); err != nil {
-			t.Fatal(err)
-		}
+		tn, _ := openRecord(t, d, fmt.Sprintf("resp_%d", i), now.Add(-3*time.Minute), now.Add(5*time.Minute), "get_weather", "get_city")
+		keys = append(keys, tn.Key)
 		// Every turn has call_1's result; the first has both, recorded
 		// (and acknowledged by the replica that died) while this one was
 		// down.

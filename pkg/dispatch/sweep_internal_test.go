@@ -313,15 +313,8 @@ func TestPageThroughSkipsNothingThatStays(t *testing.T) {
 // and fired) is cut off once: the listing hands it to the sweep once.
 func TestAYoungTurnListedTwiceIsCutOffOnce(t *testing.T) {
 	t.Parallel()
-	_, js := natstest.Start(t).Connect(t)
 	ctx := t.Context()
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, _, js := provisioned(t, Options{Name: "one", Logger: testutil.Logger(t)})
 	spawned := 0
 	d.spawn = func(func(context.Context)) { spawned++ } // counts the closes, runs none; the sweep runs here
 	key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_x", []string{"call_1"})
@@ -345,32 +338,16 @@ func TestAYoungTurnListedTwiceIsCutOffOnce(t *testing.T) {
 // was the sweep's cost.
 func TestTheSweepReadsATrackedTurnOnlyWhenItsRecheckIsDue(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
 	ctx := t.Context()
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Name: "one", Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, srv, _ := provisioned(t, Options{Name: "one", Logger: testutil.Logger(t)})
 	d.spawn = func(func(context.Context)) {} // the re-checks and closes the sweep asks for run nowhere
 	now := time.Now()
 	turn := func(id string, age, left time.Duration, tracked bool) protocol.TurnKey {
-		key := protocol.NewTurnKey(protocol.PlatformResponses, id, []string{"call_1"})
-		tn := &Turn{Version: protocol.Version, Key: key, State: TurnCollecting, CreatedAt: now.Add(-age), Deadline: now.Add(left), ExpiresAt: now.Add(left + time.Minute)}
-		rev, err := d.turns.create(ctx, tn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := js.Publish(ctx, timerScheduleSubject(key), []byte(key)); err != nil {
-			t.Fatal(err)
-		}
+		tn, rev := openRecord(t, d, id, now.Add(-age), now.Add(left), "get_weather")
 		if tracked {
 			d.gather.track(tn, rev)
 		}
-		return key
+		return tn.Key
 	}
 	quiet := turn("resp_quiet", 45*time.Second, 5*time.Minute, true) // re-checked at 30 s, next at 1 min
 	due := turn("resp_due", 62*time.Second, 5*time.Minute, true)     // crossed 1 min since the last sweep
@@ -418,4 +395,44 @@ func TestTheSweepReadsATrackedTurnOnlyWhenItsRecheckIsDue(t *testing.T) {
 			t.Errorf("turn %s: record read %v, want %v", k, read[k], want)
 		}
 	}
+}
+
+// provisioned returns a dispatcher whose streams and buckets are made,
+// not running: the test drives its sweep, scans and index itself.
+func provisioned(t *testing.T, opts Options) (*Dispatcher, *natstest.Server, jetstream.JetStream) {
+	t.Helper()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	d, err := New(js, []Platform{idlePlatform{}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.provision(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return d, srv, js
+}
+
+// openRecord writes the record of a turn collecting since created, due
+// at deadline, with a call of team geo's function for each of fns, and
+// arms its timer.
+func openRecord(t *testing.T, d *Dispatcher, id string, created, deadline time.Time, fns ...string) (*Turn, uint64) {
+	t.Helper()
+	ids := make([]string, len(fns))
+	for i := range fns {
+		ids[i] = fmt.Sprintf("call_%d", i+1)
+	}
+	key := protocol.NewTurnKey(protocol.PlatformResponses, id, ids)
+	tn := &Turn{Version: protocol.Version, Key: key, State: TurnCollecting, CreatedAt: created, Deadline: deadline, ExpiresAt: deadline.Add(time.Minute)}
+	for i, fn := range fns {
+		tn.Calls = append(tn.Calls, TurnCall{ID: ids[i], Name: fn, Team: "geo", Key: key.Call(ids[i])})
+	}
+	rev, err := d.turns.create(t.Context(), tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.js.PublishMsgAsync(timerMsg(tn)); err != nil {
+		t.Fatal(err)
+	}
+	return tn, rev
 }
