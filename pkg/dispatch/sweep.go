@@ -60,12 +60,13 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 			metric.WithAttributes(attrStartup.Bool(startup)))
 	}()
 	// A turn this replica gathers for is swept as it is listed, from the
-	// record it holds, and its record is read only when that is due: under
-	// load most open turns are tracked here, and reading each one's record
-	// every pass was most of the sweep's cost (lifecycle.SweepReads). Ages
-	// and the time since the last sweep are both measured from the sweep's
-	// start, so that the sweeps' windows tile time and no turn misses its
-	// re-check, however long a listing takes.
+	// record it holds: its record is read only once that shows it past its
+	// deadline or no longer collecting (lifecycle.SweepReads), and its
+	// engine looks at it again on its re-checks. Under load most open turns
+	// are tracked here, and reading each one's record every pass was most
+	// of the sweep's cost. Ages and the time since the last sweep are both
+	// measured from the sweep's start, so that the sweeps' windows tile
+	// time and no turn misses its re-check, however long a listing takes.
 	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
 	d.lastSweep = now
 	keys, listed, err := d.openTurns(ctx, func(t *Turn) bool {
@@ -73,10 +74,16 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 		switch {
 		case startup:
 			return false
-		case age > sweepAfter:
-			return !lifecycle.SweepReads(t.State, t.Deadline, age, sinceLast, now)
+		case lifecycle.SweepReads(t.State, t.Deadline, now):
+			if age > sweepAfter {
+				return false
+			}
+			d.sweepYoung(t, now)
+		case age > sweepAfter && lifecycle.RecheckDue(age, sinceLast):
+			// Its results may be split with a replica that died before
+			// closing it: the engine looks at the stream.
+			d.gather.recheckSoon(t.Key)
 		}
-		d.sweepYoung(t, now)
 		return true
 	})
 	if err != nil && ctx.Err() == nil { // not the replica stopping
@@ -123,9 +130,9 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 }
 
 // sweepYoung sweeps a turn this replica gathers for and took in less than
-// sweepAfter ago, as it knows it: nothing about it can be stuck yet (a
-// replica submitting it has been for less than sweepAfter), so its record
-// is not read.
+// sweepAfter ago, past its deadline or no longer collecting, as it knows
+// it: nothing about it can be stuck yet (a replica submitting it has been
+// for less than sweepAfter), so its record is not read.
 func (d *Dispatcher) sweepYoung(t *Turn, now time.Time) {
 	if now.After(t.Deadline.Add(timerGrace)) { // a deadline shorter than sweepAfter
 		d.cutOffLate(t.Key, "sweep: turn past its deadline; cutting it off")
@@ -381,7 +388,8 @@ func skipSpace(b []byte, i int) int {
 const startupWorkers = 16
 
 // sweepTurn reads the record of a turn the listing found: one this
-// replica does not gather for, or one whose re-check is due (see sweep).
+// replica does not gather for, or one its copy shows past its deadline or
+// no longer collecting (see sweep).
 // known, at start, holds the open turns' recorded results.
 func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startup bool, known *recordedResults) {
 	t, rev, err := d.turns.get(ctx, key)
@@ -421,9 +429,9 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 				d.log.Info("sweep: re-arming turn", "turn", key, "age", age.Round(time.Second))
 				d.resumeTurn(ctx, t, rev, known)
 			} else {
-				// Its re-check is due (the listing decided): its results
-				// may be split with a replica that died before closing
-				// it, so look at the stream.
+				// Tracked since the listing, or its copy was behind: its
+				// results may be split with a replica that died before
+				// closing it, so look at the stream.
 				d.gather.recheckSoon(key)
 			}
 		}

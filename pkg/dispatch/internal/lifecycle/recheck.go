@@ -7,10 +7,10 @@ import "time"
 // record of every open turn on every sweep is what made the sweep cost
 // grow with the open turns, so a process reads the record of a turn it
 // tracks (it holds a copy: it took the turn in, or saw a result of it)
-// only when RecheckDue says so, or when its copy shows the turn due a
-// look anyway (SweepReads). A turn it does not track it reads on every
-// sweep: that is the turn a dead process left, which the others learn of
-// only so.
+// only when its copy shows the turn due a look (SweepReads), and has its
+// engine look again at the others when RecheckDue says so. A turn it
+// does not track it reads on every sweep: that is the turn a dead
+// process left, which the others learn of only so.
 
 // RecheckEvery is the longest gap between two re-checks of a turn a
 // process tracks.
@@ -32,14 +32,15 @@ func RecheckDue(age, sinceLast time.Duration) bool {
 }
 
 // SweepReads reports whether a sweep reads the record of a turn the
-// process tracks, from its copy's state and deadline, the turn open for
-// age and the last sweep sinceLast ago: when a re-check is due, and on every sweep once
-// the copy shows the turn past its deadline or no longer collecting —
-// a turn its owner should have closed by now, or one a lease may lapse
-// on, whose take-over must not wait for the next re-check. Between
-// re-checks a turn collecting before its deadline can only be stuck by a
-// process that died with its results all in (or the last of them seen
-// only there); the re-check bounds that wait, and the deadline ends it.
-func SweepReads(state State, deadline time.Time, age, sinceLast time.Duration, now time.Time) bool {
-	return state != Collecting || !now.Before(deadline) || RecheckDue(age, sinceLast)
+// process tracks, from its copy's state and deadline: on every sweep once
+// the copy shows the turn past its deadline or no longer collecting — a
+// turn its owner should have closed by now, or one a lease may lapse on,
+// whose take-over must not wait. Before its deadline a turn collecting
+// can only be stuck by a process that died with its results all in (or
+// the last of them seen only there): the sweep reads nothing of it, and
+// has the engine look at it (Close) when its re-check is due
+// (RecheckDue); the engine reads what it needs, and a write of a record
+// that changed meanwhile fails its compare-and-set and reads it again.
+func SweepReads(state State, deadline, now time.Time) bool {
+	return state != Collecting || !now.Before(deadline)
 }
