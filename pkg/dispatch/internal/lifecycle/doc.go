@@ -50,7 +50,8 @@
 //     [Engine.Close] asks the engine to look at a turn, which closes it
 //     if its results are all in or its deadline came and this process
 //     may.
-//   - re-check: a sweep's read of a turn the process tracks, at the ages
-//     [RecheckDue] names; between them the sweep goes by the process's
-//     copy of the record ([SweepReads]).
+//   - re-check: a sweep asking the engine to look again ([Engine.Close])
+//     at a turn the process tracks, at the ages [RecheckDue] names; the
+//     sweep reads such a turn's record only when the process's copy of it
+//     says so ([SweepReads]).
 package lifecycle
