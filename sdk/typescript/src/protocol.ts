@@ -13,6 +13,8 @@ export const HEADER_MSG_ID = "Nats-Msg-Id";
 export const MAX_OUTPUT_SIZE = 256 << 10;
 export const LEASE_TTL_MS = 15_000;
 export const LEASE_RENEWAL_MS = 5_000;
+/** How long to wait for the answer to one declare request before sending it again. */
+export const DECLARE_WAIT_MS = 6_000;
 export const CANCEL_MEMORY_MS = 30 * 60_000;
 export const DEFAULT_ACK_WAIT_MS = 30_000;
 export const DEFAULT_API_PREFIX = "$JS.API";
