@@ -92,9 +92,29 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 	}
 	room := d.opts.MaxDeclarationsPerTeam - d.registry.declarationsOf(team, req.Declarations)
 	// The writes under way, and the registry bytes they add that the
-	// registry does not count yet.
+	// registry does not count yet. settle waits for the oldest and takes
+	// it into the cache.
 	var writes []declWrite
 	var pending int64
+	settle := func() error {
+		w := writes[0]
+		select {
+		case <-w.ack.Done():
+		case <-ctx.Done():
+			return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, ctx.Err())
+		}
+		rev, err := w.ack.Result()
+		if err != nil {
+			return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, err)
+		}
+		writes, pending = writes[1:], pending-w.grows
+		d.registry.putDeclared(w.decl.Key(), w.decl, w.value, rev, true)
+		if w.fresh {
+			d.noteDefinition(ctx, w.decl) // a process starting: has the definition changed?
+		}
+		reply.Accepted = append(reply.Accepted, w.decl.Spec.Name)
+		return nil
+	}
 	for i := range req.Declarations {
 		decl := &req.Declarations[i]
 		// A renewal sends the bytes stored already, which were checked
@@ -155,49 +175,49 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 			d.refuse(ctx, reply, decl, refusedOwned, owner, ownedBy(decl.Spec.Name, owner, owned, team))
 			continue
 		}
-		// Written as the turn engine writes its records: published at
-		// once, the acknowledgements awaited together below, so that a
-		// request's declarations cost one round trip, not one each.
+		// Written as the turn engine writes its records, without
+		// waiting for each acknowledgement: a request's declarations
+		// cost a few round trips, not one each. At most declareWindow
+		// are under way, so that declarations leave the publisher's
+		// room (shared with the turns) to the turns.
+		if len(writes) == declareWindow {
+			if err := settle(); err != nil {
+				reply.Error = err.Error()
+				return reply
+			}
+		}
 		ack, err := d.async.Publish(&nats.Msg{Subject: kvSubject(protocol.DeclarationBucket, decl.Key()), Data: value})
 		if err != nil {
 			reply.Error = fmt.Sprintf("declare %s: %v", decl.Spec.Name, err)
 			return reply
 		}
-		writes = append(writes, declWrite{decl: decl, value: value, ack: ack, fresh: !q.known})
+		w := declWrite{decl: decl, value: value, ack: ack, fresh: !q.known, grows: max(int64(len(value)-q.size), 0)}
+		writes, pending = append(writes, w), pending+w.grows
 		if !q.known {
 			room--
 		}
-		if grows > 0 {
-			pending += int64(len(value) - q.size)
-		}
 	}
-	for _, w := range writes {
-		select {
-		case <-w.ack.Done():
-		case <-ctx.Done():
-			reply.Error = fmt.Sprintf("declare %s: %v", w.decl.Spec.Name, ctx.Err())
+	for len(writes) > 0 {
+		if err := settle(); err != nil {
+			reply.Error = err.Error()
 			return reply
 		}
-		rev, err := w.ack.Result()
-		if err != nil {
-			reply.Error = fmt.Sprintf("declare %s: %v", w.decl.Spec.Name, err)
-			return reply
-		}
-		d.registry.putDeclared(w.decl.Key(), w.decl, w.value, rev, true)
-		if w.fresh {
-			d.noteDefinition(ctx, w.decl) // a process starting: has the definition changed?
-		}
-		reply.Accepted = append(reply.Accepted, w.decl.Spec.Name)
 	}
 	return reply
 }
+
+// declareWindow bounds the declaration writes one request has under way:
+// the declare workers together have at most declareWorkers × declareWindow
+// (512) of the asynchronous publisher's asyncMaxPending (4,096).
+const declareWindow = 32
 
 // declWrite is a declaration on its way to the registry.
 type declWrite struct {
 	decl  *protocol.Declaration
 	value []byte
 	ack   *jspub.Future
-	fresh bool // not live before: a process starting
+	fresh bool  // not live before: a process starting
+	grows int64 // the registry bytes it adds
 }
 
 func (d *Dispatcher) refuse(ctx context.Context, reply *protocol.DeclareReply, decl *protocol.Declaration, reason, owner, msg string) {
