@@ -160,11 +160,11 @@ func (k *kit) success(ctx context.Context) string {
 }
 
 func (k *kit) keepless(ctx context.Context) string {
-	_, res, _, problem := k.call(ctx, FnEcho, `{"text":"kept by MaxAge"}`, callOpts{keepless: true}, short)
+	_, res, _, problem := k.call(ctx, FnEcho, `{"text":"keepless"}`, callOpts{keepless: true}, short)
 	if problem != "" {
 		return problem
 	}
-	return output(res, "kept by MaxAge")
+	return output(res, "keepless")
 }
 
 func (k *kit) invalidArguments(ctx context.Context) string {
