@@ -297,3 +297,45 @@ func TestProvisionTurnsMessageTTLsOn(t *testing.T) {
 		t.Errorf("a Nats-TTL on the turn bucket: %v", err)
 	}
 }
+
+// The turn bucket keeps a record written with a Nats-TTL (a closed
+// turn's) for that long, and one written without (an open turn's) for the
+// bucket's TTL; no delete marker is left behind.
+func TestTurnBucketExpiresClosedRecordsOnly(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	kv, err := KeyValue(ctx, js, TurnBucketConfig(Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "open", []byte(`{"state":"collecting"}`)); err != nil {
+		t.Fatal(err)
+	}
+	closed := nats.NewMsg("$KV." + TurnBucket + ".closed")
+	closed.Data = []byte(`{"state":"submitted"}`)
+	closed.Header.Set(jetstream.MsgTTLHeader, "1s")
+	if _, err := js.PublishMsg(ctx, closed); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := kv.Get(ctx, "closed")
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the closed record is still there after 10 s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := kv.Get(ctx, "open"); err != nil {
+		t.Errorf("the open record: %v", err)
+	}
+	s, err := js.Stream(ctx, "KV_"+TurnBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetLastMsgForSubject(ctx, "$KV."+TurnBucket+".closed"); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the closed record's subject holds %v, want nothing (no marker)", err)
+	}
+}
