@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -168,7 +169,18 @@ func serverCosts(ctx context.Context, srv *child, env *natsEnv, n int) (perID, p
 			if ids {
 				m.Header.Set(nats.MsgIdHdr, key)
 			}
-			if _, err := js.PublishMsgAsync(m); err != nil {
+			_, err := js.PublishMsgAsync(m)
+			for errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				// A loaded host acknowledges slower than the client's
+				// stall wait: let what is in flight land, and go on.
+				select {
+				case <-js.PublishAsyncComplete():
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+				_, err = js.PublishMsgAsync(m)
+			}
+			if err != nil {
 				return 0, err
 			}
 		}
