@@ -262,7 +262,7 @@ func curveResultsFull(ctx context.Context, cfg config, c *curve) error {
 	c.note("Once the stream holds %d MiB of results, every further result is refused (10077, maximum bytes exceeded): executors "+
 		"log \"could not record result; call will be redelivered\", calls stay in their queue, and no turn of the team closes until "+
 		"its deadline cuts it off. A result is kept until 10 minutes past its run's expiry (its Nats-TTL): 20 minutes after intake "+
-		"at the default 10-minute run TTL. At the default 256 MiB and about 650 B a result, a team reaches that after some 410,000 calls "+
+		"at the default 10-minute run TTL. At the default 256 MiB and about 650 B a result, a team reaches that after some 413,000 calls "+
 		"within 20 minutes: at a sustained rate above about 340 calls/s of such turns (59 calls/s when results were kept 2 hours).", maxBytes>>20)
 	return err
 }

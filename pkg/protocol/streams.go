@@ -172,10 +172,10 @@ const (
 	// AttemptTTL is how long an attempt mark is kept: longer than a turn.
 	AttemptTTL = 2 * time.Hour
 	// DefaultResultStreamBytes is the size limit of each team's result
-	// stream unless the dispatcher is given another: about 425,000
-	// results of 630 bytes, kept as Call.KeepResultUntil says (twenty
-	// minutes after a default turn is taken in), so a team sustains
-	// about 350 calls/s of such turns (docs/operations.md).
+	// stream unless the dispatcher is given another: about 410,000
+	// results of 650 bytes, each kept as Call.KeepResultUntil says
+	// (twenty minutes after a default turn is taken in), so a team
+	// sustains about 340 calls/s of such turns (docs/operations.md).
 	DefaultResultStreamBytes = 256 << 20
 	// DefaultAckWait is the function consumers' AckWait unless an
 	// executor chooses another; running calls report progress every
