@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -39,5 +41,37 @@ func TestRetention(t *testing.T) {
 				t.Errorf("resultTTL = %s, want %s", got, tc.result)
 			}
 		})
+	}
+}
+
+// A closed turn the index still shows after its results expired reports
+// them as expired, not pending; one within its keep still reads pending.
+func TestExpiredResultsReadAsExpired(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.Start(t).Connect(t)
+	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.provision(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	turn := func(expired time.Time) *Turn {
+		key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_"+expired.Format("150405.000000000"), []string{"call_1"})
+		return &Turn{Key: key, Ref: Ref{Platform: protocol.PlatformResponses}, State: TurnSubmitted, CreatedAt: expired.Add(-10 * time.Minute),
+			ExpiresAt: expired, Calls: []TurnCall{{ID: "call_1", Name: "noop", Key: key.Call("call_1"), Team: protocol.SystemTeam}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		expired time.Time
+		want    string
+	}{
+		{"past its keep", time.Now().Add(-time.Hour), "expired"},
+		{"within its keep", time.Now().Add(-time.Minute), "pending"},
+	} {
+		reports := d.callReports(t.Context(), turn(tc.expired))
+		if len(reports) != 1 || reports[0].Result != tc.want {
+			t.Errorf("%s: reports %+v, want one %s", tc.name, reports, tc.want)
+		}
 	}
 }
