@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
-	"github.com/toolrelay/toolrelay/internal/testutil"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -49,13 +48,7 @@ func TestRetention(t *testing.T) {
 func TestExpiredResultsReadAsExpired(t *testing.T) {
 	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
-	d, err := New(js, []Platform{idlePlatform{}}, Options{Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.provision(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	d := replica(t, js, "r")
 	turn := func(expired time.Time) *Turn {
 		key := protocol.NewTurnKey(protocol.PlatformResponses, "resp_"+expired.Format("150405.000000000"), []string{"call_1"})
 		return &Turn{Key: key, Ref: Ref{Platform: protocol.PlatformResponses}, State: TurnSubmitted, CreatedAt: expired.Add(-10 * time.Minute),
