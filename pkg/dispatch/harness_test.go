@@ -275,7 +275,11 @@ func (e *env) serveWith(team string, functions []string, fn func(c *protocol.Cal
 				e.t.Errorf("encode result: %v", err)
 				return
 			}
-			if _, err := e.js.Publish(ctx, res.Subject(), data, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+			opts := []jetstream.PublishOpt{jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0)}
+			if ttl := c.ResultTTL(time.Now()); ttl > 0 {
+				opts = append(opts, jetstream.WithMsgTTL(ttl))
+			}
+			if _, err := e.js.Publish(ctx, res.Subject(), data, opts...); err != nil {
 				e.t.Logf("publish result: %v", err)
 			}
 			_ = msg.Ack()

@@ -360,7 +360,7 @@ func (d *Dispatcher) recordFailure(ctx context.Context, t *Turn, c *TurnCall, ce
 		Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 		Error: cerr, Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC(),
 	}
-	if err := firstwins.Record(ctx, d.js.Conn(), res, nil); err != nil && ctx.Err() == nil {
+	if err := firstwins.Record(ctx, d.js.Conn(), res, nil, t.resultTTL(time.Now())); err != nil && ctx.Err() == nil {
 		// The replica that resumes the turn records it again; failing
 		// that, the deadline closes the turn with a failure for this call.
 		d.log.Error("recording failure result failed", "turn", t.Key, "call_key", c.Key, "err", err)

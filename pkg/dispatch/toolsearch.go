@@ -40,7 +40,7 @@ func (d *Dispatcher) answerSearches(ctx context.Context, t *Turn, recorded map[p
 			Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 			Output: string(out), Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC(),
 		}
-		if err := firstwins.Record(ctx, d.js.Conn(), res, nil); err != nil && ctx.Err() == nil {
+		if err := firstwins.Record(ctx, d.js.Conn(), res, nil, t.resultTTL(time.Now())); err != nil && ctx.Err() == nil {
 			// The replica that resumes the turn answers it again.
 			d.log.Error("recording tool search result failed", "turn", t.Key, "call_key", c.Key, "err", err)
 			continue

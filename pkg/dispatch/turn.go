@@ -266,6 +266,7 @@ func (s turnStore) create(ctx context.Context, t *Turn) (uint64, error) {
 }
 
 // update replaces the record at revision rev; errConflict if it moved.
+// The write that closes a turn carries its closedTTL.
 func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, error) {
 	b, err := encodeTurn(t)
 	if err != nil {
@@ -274,6 +275,11 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 	defer b.release() // a synchronous write: done with b when it returns
 	m := &nats.Msg{Subject: kvSubject(provision.TurnBucket, string(t.Key)), Data: b.Bytes(),
 		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(rev, 10)}}}
+	if !t.Open() {
+		// A closed turn is kept for minutes (retention.go), not the
+		// bucket's hours.
+		m.Header[jetstream.MsgTTLHeader] = []string{t.closedTTL(time.Now()).String()}
+	}
 	rev, err = jspub.Publish(ctx, s.nc, m)
 	if firstwins.Lost(err) {
 		return 0, errConflict
