@@ -40,6 +40,11 @@ const (
 	auditRun       auditKind = "run"
 )
 
+// auditRepeatDropped is how long after an entry the audit stream drops a
+// repeat of it (its duplicates window, provision.AuditStreamConfig), less
+// a margin for the clocks.
+const auditRepeatDropped = 10*time.Minute - republishMargin
+
 // decisionKind is the audit entry of each decided state.
 var decisionKind = map[ApprovalState]auditKind{ApprovalApproved: auditApproved, ApprovalDenied: auditDenied, ApprovalExpired: auditExpired}
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,6 +145,12 @@ type Options struct {
 	// AuditBytes bounds the audit trail's storage; when full, the oldest
 	// entries go first. Default: DefaultAuditBytes (1 GiB).
 	AuditBytes int64
+	// MCPServerLabels are the server_label values under which agents are
+	// given this fleet's own /mcp: an MCP approval request under one of
+	// them names a function, and its approval policy decides it; any
+	// other server's requests wait for an admin (mcpapproval.go).
+	// Default: DefaultMCPServerLabels.
+	MCPServerLabels []string
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -270,6 +277,14 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	opts.DeclareQueuePerTeam = cmp.Or(max(opts.DeclareQueuePerTeam, 0), DefaultDeclareQueuePerTeam)
 	opts.AuditRetention = cmp.Or(max(opts.AuditRetention, 0), DefaultAuditRetention)
 	opts.AuditBytes = cmp.Or(max(opts.AuditBytes, 0), DefaultAuditBytes)
+	if len(opts.MCPServerLabels) == 0 {
+		opts.MCPServerLabels = DefaultMCPServerLabels
+	}
+	for _, l := range opts.MCPServerLabels {
+		if l == "" || len(l) > maxMCPNameLength || strings.TrimSpace(l) != l {
+			return nil, fmt.Errorf("dispatch: MCP server label %q: want 1 to %d characters, without surrounding spaces", l, maxMCPNameLength)
+		}
+	}
 	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
@@ -602,7 +617,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64) {
 		}
 		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
-		d.answerSearches(ctx, t, recorded)
+		d.answerSelf(ctx, t, recorded)
 		d.publishCallsAgain(ctx, t, d.settleHeld(ctx, t, recorded))
 		d.gather.recheckSoon(t.Key)
 	case TurnSubmitting:
