@@ -168,6 +168,7 @@ func (d *Dispatcher) announceHolds(ctx context.Context, t *Turn, held map[protoc
 		case ApprovalAwaiting:
 			d.countApproval(ctx, a, "requested")
 			d.announce(protocol.ApprovalRequestedSubject(a.Team), a)
+			d.notify(a)
 			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
 		case ApprovalExpired, ApprovalDenied: // no time to ask, or decided before this repeat
 			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))

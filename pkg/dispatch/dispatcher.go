@@ -151,6 +151,12 @@ type Options struct {
 	// other server's requests wait for an admin (mcpapproval.go).
 	// Default: DefaultMCPServerLabels.
 	MCPServerLabels []string
+	// ApprovalWebhookURL, if set, receives a POST of each call held for
+	// approval (its record, as announced on NATS), signed with
+	// ApprovalWebhookSecret as Standard Webhooks are ("whsec_" and the
+	// key in base64, or the key). Default: none (approvalhook.go).
+	ApprovalWebhookURL    string
+	ApprovalWebhookSecret string
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -204,14 +210,16 @@ type Dispatcher struct {
 	// approvals holds the calls held for a decision (approvals.go);
 	// audits is the audit trail (audit.go).
 	approvals jetstream.KeyValue
-	audits    jetstream.Stream
-	timers    jetstream.Stream
-	registry  *registry
-	gather    *gatherer
-	limiter   *limiter
-	tel       *telemetry
-	inspect   *inspector // what the inspection API and the console read
-	teamAPIs  *teamAPIs
+	// hook sends the approval webhook; nil without one (approvalhook.go).
+	hook     *approvalHook
+	audits   jetstream.Stream
+	timers   jetstream.Stream
+	registry *registry
+	gather   *gatherer
+	limiter  *limiter
+	tel      *telemetry
+	inspect  *inspector // what the inspection API and the console read
+	teamAPIs *teamAPIs
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -285,7 +293,11 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 			return nil, fmt.Errorf("dispatch: MCP server label %q: want 1 to %d characters, without surrounding spaces", l, maxMCPNameLength)
 		}
 	}
-	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
+	hook, err := newApprovalHook(opts.ApprovalWebhookURL, opts.ApprovalWebhookSecret)
+	if err != nil {
+		return nil, err
+	}
+	d := &Dispatcher{js: js, hook: hook, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
 		if _, dup := d.platforms[p.Name()]; dup {
@@ -445,6 +457,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	defer stopDeclarations()
 	wg.Go(func() { d.refreshGaugesEvery(rctx, gaugeInterval) })
+	if d.hook != nil {
+		wg.Go(func() { d.hook.run(rctx, d) })
+	}
 	d.resume(bctx)
 	d.ready.Store(true)
 	d.log.InfoContext(ctx, "dispatcher ready", "platforms", len(d.platforms))
