@@ -229,6 +229,9 @@
 //   - held call: a call its function's approval policy keeps from
 //     executors until a person decides it; approval: its record and
 //     decision; auto-deny: denying it undecided, in time for the deadline.
+//   - MCP approval request: a Responses mcp_approval_request, decided by
+//     the dispatcher like a held call; grant: a person's approval of one,
+//     kept for the MCP call of the fleet's /mcp that follows it.
 //   - audit trail: the stream of approval requests, decisions and runs of
 //     side-effecting functions, kept for Options.AuditRetention.
 package dispatch

@@ -162,9 +162,8 @@ type Observation struct {
 // UnsupportedItem is an output item of a response, or a required action of
 // a session or run, that toolrelay does not serve.
 type UnsupportedItem struct {
-	// Type is the platform's type of it: "mcp_approval_request",
-	// "computer_call", "environment_connection", or one toolrelay does not
-	// know at all.
+	// Type is the platform's type of it: "computer_call",
+	// "environment_connection", or one toolrelay does not know at all.
 	Type string `json:"type"`
 	// ID is its ID on the platform (the item, call, request or
 	// environment), when it has one.
