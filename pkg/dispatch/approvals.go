@@ -205,12 +205,7 @@ func (d *Dispatcher) settleHeld(ctx context.Context, t *Turn, recorded map[proto
 			out[c.Key] = true
 			continue
 		}
-		if time.Since(a.RequestedAt) < auditRepeatDropped {
-			// The intake that held it may have stopped before telling the
-			// trail; within the trail's duplicates window a repeat adds
-			// nothing.
-			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
-		}
+		d.auditRequestedAgain(ctx, a)
 		switch a.State {
 		case ApprovalApproved:
 			if c.MCPServer != "" { // answered, not published
@@ -341,6 +336,7 @@ func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.Cal
 func (d *Dispatcher) afterDecision(ctx context.Context, t *Turn, a *Approval) {
 	d.log.InfoContext(ctx, "a held call was decided", "call_key", a.CallKey, "fn", a.Function, "team", a.Team, "state", a.State, "by", a.DecidedBy)
 	d.countApproval(ctx, a, string(a.State))
+	d.auditRequestedAgain(ctx, a)
 	d.audit(ctx, decisionKind[a.State], a.Team, a.CallKey, "", auditEntryOf(a, decisionKind[a.State]))
 	d.announce(protocol.ApprovalDecidedSubject(a.Team), a)
 	if a.State == ApprovalApproved {
@@ -358,6 +354,16 @@ func (d *Dispatcher) runApproved(ctx context.Context, t *Turn, a *Approval) {
 		return
 	}
 	d.publishApproved(ctx, t, a.CallKey)
+}
+
+// auditRequestedAgain appends a's request to the audit trail again: the
+// intake that held it may have stopped between writing its record and
+// telling the trail. Within the trail's duplicates window a repeat adds
+// nothing; past it, nothing is appended, as the entry would be a second.
+func (d *Dispatcher) auditRequestedAgain(ctx context.Context, a *Approval) {
+	if time.Since(a.RequestedAt) < auditRepeatDropped {
+		d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
+	}
 }
 
 // countApproval counts a held call's step: requested, or its decision.
