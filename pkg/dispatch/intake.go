@@ -135,7 +135,7 @@ func (d *Dispatcher) takeIn(ctx context.Context, t *Turn, channel string, failur
 		c := t.call(k)
 		d.recordFailure(ctx, t, c, cerr)
 	}
-	d.answerSearches(ctx, t, nil)
+	d.answerSelf(ctx, t, nil)
 	if held != nil {
 		d.announceHolds(ctx, t, held)
 	}
@@ -164,7 +164,7 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 		d.log.Warn("a repeated intake could not read the turn's results; publishing none of its calls again", "turn", t.Key, "err", err)
 		return
 	}
-	d.answerSearches(ctx, t, recorded)
+	d.answerSelf(ctx, t, recorded)
 	d.publishCallsAgain(ctx, t, d.settleHeld(ctx, t, recorded))
 }
 
@@ -231,7 +231,15 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 			}
 		default:
 			var h *hold
-			if checked[i], h, cerr = d.resolve(ctx, &tc, d.opts.ServeGrace); h != nil {
+			if c.MCPServer != "" {
+				// Decided by this dispatcher (mcpapproval.go).
+				tc.MCPServer = c.MCPServer
+				h, cerr = d.resolveMCPApproval(ctx, &tc)
+			} else if checked[i], h, cerr = d.resolve(ctx, &tc, d.opts.ServeGrace); h != nil && t.Ref.Platform == protocol.PlatformMCP &&
+				d.takeGrant(ctx, tc.Name, tc.Arguments) {
+				h, tc.Approval = nil, false // its MCP approval request was approved
+			}
+			if h != nil {
 				if holds == nil {
 					holds = map[protocol.CallKey]*hold{}
 				}

@@ -22,6 +22,14 @@ import (
 // maxSearchResults bounds the functions one search returns.
 const maxSearchResults = 10
 
+// answerSelf records the results of the calls of t the dispatcher answers
+// itself without a person (tool searches, MCP approval requests no policy
+// holds) that have no result in recorded (nil: none has).
+func (d *Dispatcher) answerSelf(ctx context.Context, t *Turn, recorded map[protocol.CallKey]bool) {
+	d.answerSearches(ctx, t, recorded)
+	d.answerMCPApprovals(ctx, t, recorded)
+}
+
 // answerSearches records the result of each tool search of t that has no
 // result in recorded (nil: none has).
 func (d *Dispatcher) answerSearches(ctx context.Context, t *Turn, recorded map[protocol.CallKey]bool) {

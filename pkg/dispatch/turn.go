@@ -138,6 +138,10 @@ type TurnCall struct {
 	// CallRequest.ToolSearch): never published, its result recorded at
 	// intake.
 	ToolSearch bool `json:"tool_search,omitempty"`
+	// MCPServer, when set, marks an MCP approval request the dispatcher
+	// answers itself (see CallRequest.MCPServer): never published, its
+	// result is the decision.
+	MCPServer string `json:"mcp_server,omitempty"`
 	// Approval marks a call its function's policy held for a person's
 	// decision at intake: published only once approved (approvals.go).
 	Approval bool `json:"approval,omitempty"`
@@ -147,8 +151,9 @@ type TurnCall struct {
 }
 
 // published reports whether the call goes to executors: not one rejected
-// at intake, nor a tool search the dispatcher answers.
-func (c *TurnCall) published() bool { return !c.Rejected && !c.ToolSearch }
+// at intake, nor a tool search or an MCP approval request the dispatcher
+// answers.
+func (c *TurnCall) published() bool { return !c.Rejected && !c.ToolSearch && c.MCPServer == "" }
 
 // resultSubject is where this call's result is recorded.
 func (c *TurnCall) resultSubject() string { return protocol.ResultSubject(c.Team, c.Key) }
