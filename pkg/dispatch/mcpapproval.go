@@ -123,7 +123,7 @@ func (d *Dispatcher) recordMCPDecision(ctx context.Context, t *Turn, c *TurnCall
 	out, _ := json.Marshal(mcpReason(a))
 	res := &protocol.Result{Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 		Output: string(out), Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC()}
-	if err := firstwins.Record(ctx, d.js.Conn(), res, nil); err != nil && ctx.Err() == nil {
+	if err := firstwins.Record(ctx, d.js.Conn(), res, nil, t.resultTTL(time.Now())); err != nil && ctx.Err() == nil {
 		d.log.Error("recording an MCP approval failed", "turn", t.Key, "call_key", c.Key, "err", err)
 	}
 }
