@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,7 +41,9 @@ type curve struct {
 	yLabel string
 	cols   []column
 	rows   []curveRow
-	// load is the load average when the curve started.
+	// on is when the curve was measured; load is the load average when
+	// it started.
+	on    time.Time
 	load  string
 	notes []string
 	took  time.Duration
@@ -100,7 +103,7 @@ func measureCurves(ctx context.Context, cfg config, r *report) error {
 		if len(cfg.curves) > 0 && !cfg.curves[s.name] {
 			continue
 		}
-		c := &curve{name: s.name, load: loadAverage()}
+		c := &curve{name: s.name, on: time.Now(), load: loadAverage()}
 		fmt.Printf("-- curve %s (load %s)\n", s.name, c.load)
 		t0 := time.Now()
 		err := s.f(ctx, cfg, c)
@@ -171,7 +174,8 @@ func (c *curve) rowText(r curveRow) string {
 func (c *curve) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## %s\n\n", c.title)
-	fmt.Fprintf(&b, "`cd bench && go run . -only curves -curves %s`; load average before: %s; %s.\n\n", c.name, c.load, c.took.Round(time.Second))
+	fmt.Fprintf(&b, "`cd bench && go run . -only curves -curves %s`; measured %s, load average before: %s; %s.\n\n",
+		c.name, c.on.UTC().Format("2006-01-02 15:04 UTC"), c.load, c.took.Round(time.Second))
 	b.WriteString("| " + c.size + " |")
 	for _, col := range c.cols {
 		b.WriteString(" " + col.name + " |")
@@ -295,7 +299,7 @@ func (c *curve) plot(dir string) error {
 // scaleMarkdown is docs/scale.md.
 func (r *report) scaleMarkdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# How cost grows with the fleet\n\nMeasured by `cd bench && go run . -only curves` on %s, %s (%s in all)",
+	fmt.Fprintf(&b, "# How cost grows with the fleet\n\nMeasured by `cd bench && go run . -only curves` on %s, %s (%s in all; each curve says when it was measured)",
 		r.started.UTC().Format("2006-01-02"), r.machine, r.elapsed.Round(time.Second))
 	if r.cfg.quick {
 		b.WriteString(", with -quick (small sizes only)")
@@ -345,6 +349,7 @@ func (r *report) failedCurves() error {
 
 type curveJSON struct {
 	Name, Title, Size, Load string
+	Measured                time.Time
 	LogX                    bool
 	YLabel                  string `json:",omitempty"`
 	Cols                    []columnJSON
@@ -376,7 +381,7 @@ type curvesJSON struct {
 func (r *report) curvesJSON() curvesJSON {
 	out := curvesJSON{Started: r.started, Machine: r.machine, ElapsedSeconds: r.elapsed.Seconds(), Quick: r.cfg.quick}
 	for _, c := range r.curves {
-		cj := curveJSON{Name: c.name, Title: c.title, Size: c.size, Load: c.load, LogX: c.logX, YLabel: c.yLabel, Notes: c.notes,
+		cj := curveJSON{Name: c.name, Title: c.title, Size: c.size, Measured: c.on, Load: c.load, LogX: c.logX, YLabel: c.yLabel, Notes: c.notes,
 			TookSeconds: c.took.Seconds()}
 		if c.failed != nil {
 			cj.Failed = c.failed.Error()
@@ -412,7 +417,7 @@ func (r *report) loadCurves(path string) error {
 	}
 	r.started, r.machine, r.elapsed, r.cfg.quick = in.Started, in.Machine, time.Duration(in.ElapsedSeconds*float64(time.Second)), in.Quick
 	for _, cj := range in.Curves {
-		c := &curve{name: cj.Name, title: cj.Title, size: cj.Size, load: cj.Load, logX: cj.LogX, yLabel: cj.YLabel, notes: cj.Notes,
+		c := &curve{name: cj.Name, title: cj.Title, size: cj.Size, on: cmp.Or(cj.Measured, in.Started), load: cj.Load, logX: cj.LogX, yLabel: cj.YLabel, notes: cj.Notes,
 			took: time.Duration(cj.TookSeconds * float64(time.Second))}
 		if cj.Failed != "" {
 			c.failed = errors.New(cj.Failed)
@@ -432,6 +437,45 @@ func (r *report) loadCurves(path string) error {
 			c.rows = append(c.rows, row)
 		}
 		r.curves = append(r.curves, c)
+	}
+	return nil
+}
+
+// keepOthers adds to r the curves of the scale.json at path that r did
+// not measure, in the order the curves run, so that measuring some
+// curves again (-curves) rewrites their sections and keeps the others'.
+// Each curve says when it was measured. No file: nothing to keep.
+func (r *report) keepOthers(path string) error {
+	old := &report{}
+	if err := old.loadCurves(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	measured := map[string]*curve{}
+	for _, c := range r.curves {
+		measured[c.name] = c
+	}
+	var all []*curve
+	var took time.Duration
+	for _, s := range curveSteps {
+		c := measured[s.name]
+		if c == nil {
+			c = old.curveNamed(s.name)
+		}
+		if c != nil {
+			all, took = append(all, c), took+c.took
+		}
+	}
+	r.curves, r.elapsed = all, took
+	return nil
+}
+
+func (r *report) curveNamed(name string) *curve {
+	for _, c := range r.curves {
+		if c.name == name {
+			return c
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -119,9 +120,11 @@ func curveTime(ctx context.Context, cfg config, c *curve) error {
 		"of its own, its heap after a GC). Per call taken in, the streams held at the end: %s.", rate, duration, strings.Join(per, "; "))
 	c.note("The server's heap grew %.0f B per call over the run. Measured in the same run on streams of %d messages of their own: "+
 		"a message ID held in a duplicates window costs the server %.0f B of heap, and a subject of its own (which every turn record "+
-		"and every result has, for the 2 hours they are kept) %.0f B. A call holds two IDs, its call's in its team's call stream for "+
-		"protocol.CallDuplicateWindow (2 min, 15 in streams created before it) and its result's for protocol.ResultDuplicateWindow (2 min), and two subjects for 2 hours, "+
-		"its turn record's (KV_toolrelay_turns, turnTTL) and its result's (FNRESULTS_<team>, protocol.ResultMaxAge).",
+		"and every result has, for as long as they are kept) %.0f B. A call holds two IDs, its call's in its team's call stream for "+
+		"protocol.CallDuplicateWindow (2 min, 15 in streams created before it) and its result's for protocol.ResultDuplicateWindow (2 min), and two subjects "+
+		"until 10 minutes past its run's expiry (20 minutes after intake at the default 10-minute run TTL; an MCP task's an hour after its start): "+
+		"its closed turn record's (KV_toolrelay_turns, by the Nats-TTL of the write that closes it) and its result's (FNRESULTS_<team>, by its Nats-TTL, "+
+		"keep_result_until). The run is shorter than that, so nothing expires within it: what a call leaves is read from the bytes per call above.",
 		(float64(heap1)-float64(heap0))/done, min(rate*int(duration.Seconds()), 100000), perID, perSubject)
 	return nil
 }
@@ -166,7 +169,18 @@ func serverCosts(ctx context.Context, srv *child, env *natsEnv, n int) (perID, p
 			if ids {
 				m.Header.Set(nats.MsgIdHdr, key)
 			}
-			if _, err := js.PublishMsgAsync(m); err != nil {
+			_, err := js.PublishMsgAsync(m)
+			for errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				// A loaded host acknowledges slower than the client's
+				// stall wait: let what is in flight land, and go on.
+				select {
+				case <-js.PublishAsyncComplete():
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+				_, err = js.PublishMsgAsync(m)
+			}
+			if err != nil {
 				return 0, err
 			}
 		}
@@ -199,10 +213,10 @@ func serverCosts(ctx context.Context, srv *child, env *natsEnv, n int) (perID, p
 	return (withIDs - plain) / float64(n), (withSubjects - plain) / float64(n), nil
 }
 
-// curveResultsFull: a team whose result stream fills. Results stay for
-// protocol.ResultMaxAge (2 h) whether or not their turn is closed, and a
+// curveResultsFull: a team whose result stream fills. Results stay until
+// their call's keep_result_until (10 minutes past the run's expiry), and a
 // full result stream refuses new ones (Discard: new): a team whose rate
-// times ResultMaxAge times a result's size passes its stream's MaxBytes
+// times that time times a result's size passes its stream's MaxBytes
 // (TOOLRELAY_TEAM_RESULT_BYTES) stops completing calls. Here the stream
 // is small enough to fill within the run.
 func curveResultsFull(ctx context.Context, cfg config, c *curve) error {
@@ -247,8 +261,9 @@ func curveResultsFull(ctx context.Context, cfg config, c *curve) error {
 	})
 	c.note("Once the stream holds %d MiB of results, every further result is refused (10077, maximum bytes exceeded): executors "+
 		"log \"could not record result; call will be redelivered\", calls stay in their queue, and no turn of the team closes until "+
-		"its deadline cuts it off. At the default 256 MiB and about 630 B a result, a team reaches that after 425,000 calls within "+
-		"2 hours: at any sustained rate above about 59 calls/s.", maxBytes>>20)
+		"its deadline cuts it off. A result is kept until 10 minutes past its run's expiry (its Nats-TTL): 20 minutes after intake "+
+		"at the default 10-minute run TTL. At the default 256 MiB and about 650 B a result, a team reaches that after some 413,000 calls "+
+		"within 20 minutes: at a sustained rate above about 340 calls/s of such turns (59 calls/s when results were kept 2 hours).", maxBytes>>20)
 	return err
 }
 

@@ -235,6 +235,11 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	if len(r.curves) > 0 {
+		if len(cfg.curves) > 0 && !cfg.quick {
+			if err := r.keepOthers(filepath.Join(cfg.out, "scale.json")); err != nil {
+				return err
+			}
+		}
 		if err := r.writeScale(cfg.out, true); err != nil {
 			return err
 		}

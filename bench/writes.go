@@ -61,7 +61,7 @@ func newWritesPipeline(ctx context.Context, env *natsEnv) (*writesPipeline, erro
 	if _, err := js.CreateStream(ctx, provision.TimerStreamConfig(popts)); err != nil {
 		return nil, err
 	}
-	kv, err := js.CreateKeyValue(ctx, provision.TurnBucketConfig(popts))
+	kv, err := js.CreateKeyValue(ctx, provision.TurnBucketConfig(popts).KeyValueConfig)
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,7 @@ func TestSettingsDefaultToTheLibrarysDefaults(t *testing.T) {
 		{"TOOLRELAY_DECLARE_QUEUE_PER_TEAM", cfg.DeclareQueue, dispatch.DefaultDeclareQueuePerTeam},
 		{"TOOLRELAY_AUDIT_RETENTION", cfg.AuditKeep, dispatch.DefaultAuditRetention},
 		{"TOOLRELAY_AUDIT_MAX_BYTES", cfg.AuditBytes, dispatch.DefaultAuditBytes},
+		{"TOOLRELAY_MCP_SERVER_LABELS", cfg.MCPLabels, dispatch.DefaultMCPServerLabels},
 		{"TOOLRELAY_HTTP_READ_TIMEOUT", cfg.ReadTimeout, httpapi.DefaultReadTimeout},
 		{"TOOLRELAY_HTTP_WRITE_TIMEOUT", cfg.WriteTimeout, httpapi.DefaultWriteTimeout},
 		{"TOOLRELAY_HTTP_IDLE_TIMEOUT", cfg.IdleTimeout, httpapi.DefaultIdleTimeout},

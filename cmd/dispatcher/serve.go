@@ -68,6 +68,9 @@ type config struct {
 	DefApproval   bool          `envconfig:"TOOLRELAY_DEFINITION_APPROVAL" default:"false" desc:"hold a changed description or schema of a served function back from agents until an admin accepts it (POST /v1/functions/{name}/accept); false: a change reaches agents at once, logged and counted"`
 	AuditKeep     time.Duration `envconfig:"TOOLRELAY_AUDIT_RETENTION" default:"2160h" desc:"how long the audit trail (approval requests and decisions, runs of side-effecting functions) keeps an entry; 2160h is 90 days"`
 	AuditBytes    int64         `envconfig:"TOOLRELAY_AUDIT_MAX_BYTES" default:"1073741824" desc:"storage the audit trail may take; when full, its oldest entries go first"`
+	HookURL       string        `envconfig:"TOOLRELAY_APPROVAL_WEBHOOK_URL" desc:"receives a POST of each call held for approval, signed as Standard Webhooks are; empty: none (the NATS announcements remain)"`
+	HookSecret    secret        `envconfig:"TOOLRELAY_APPROVAL_WEBHOOK_SECRET" desc:"signs the approval webhook: whsec_ and the key in base64, or the key; required with the URL"`
+	MCPLabels     []string      `envconfig:"TOOLRELAY_MCP_SERVER_LABELS" default:"toolrelay" desc:"server_label values agents give this dispatcher's /mcp, comma-separated: an mcp_approval_request under one of them is decided by its function's approval policy; any other server's waits for an admin"`
 	TeamAPIPrefix string        `envconfig:"TOOLRELAY_TEAM_API_PREFIX" desc:"where each team's account's JetStream API is reached, {team} for the team: $JS.team.{team}.API under dispatcher nats-config (dispatcher.env sets it), read-only, for queue figures and dead letters; empty: one shared account"`
 	Shutdown      time.Duration `envconfig:"TOOLRELAY_SHUTDOWN_TIMEOUT" default:"10s" desc:"after SIGTERM, how long submissions in progress may finish before they are left to another replica or the restart"`
 	OpenAIAPIKey  secret        `envconfig:"OPENAI_API_KEY" desc:"platform API key, or a bearer token for Foundry project endpoints"`
@@ -179,6 +182,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		ResultStreamBytes: cfg.ResultBytes, MaxDeclarationsPerTeam: cfg.MaxDecls, TeamAPIPrefix: cfg.TeamAPIPrefix,
 		MaxRegistryBytesPerTeam: cfg.MaxRegBytes, ClaimGrace: cfg.ClaimGrace, DeclareQueuePerTeam: cfg.DeclareQueue,
 		DefinitionApproval: cfg.DefApproval, AuditRetention: cfg.AuditKeep, AuditBytes: cfg.AuditBytes,
+		MCPServerLabels: cfg.MCPLabels, ApprovalWebhookURL: cfg.HookURL, ApprovalWebhookSecret: string(cfg.HookSecret),
 	}
 	if cfg.WebhookSecret != "" {
 		dopts.Webhooks = openaiplatform.Webhooks(string(cfg.WebhookSecret))

@@ -150,6 +150,13 @@ func TestAccountLimitsHoldUnderAttack(t *testing.T) {
 	})
 
 	t.Run("consumers", func(t *testing.T) {
+		// The subtest before filled orders' connections and closed them
+		// as it ended; the server counts them out a moment later.
+		orders, err := x.srv.LookupAccount(tenancy.TeamAccount("orders"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitForWhat(t, 5*time.Second, "orders' connections of the subtest before to be counted out", func() bool { return orders.NumLocalConnections() == 0 })
 		_, ojs := x.connect("orders")
 		s, err := ojs.CreateStream(short(t), jetstream.StreamConfig{Name: "HOARD_CONSUMERS", Subjects: []string{"hoard.>"}, MaxBytes: 1 << 20})
 		if err != nil {

@@ -85,7 +85,7 @@ func New(d *dispatch.Dispatcher, api *httpapi.Handler, opts Options) (*Console, 
 	funcs := template.FuncMap{"traceURL": c.traceURL, "pct": pct, "clock": clock, "join": strings.Join, "ago": ago, "ms": ms,
 		"unixms": func(t time.Time) int64 { return t.UnixMilli() }, "short": short, "shortid": shortID, "list": func(s ...string) []string { return s },
 		"deref": func(s *string) string { return *s }, "percent": func(f float64) float64 { return 100 * f }, "jsontext": jsonText}
-	for _, page := range []string{"turns", "turn", "functions", "deadletters", "watches", "approvals", "login"} {
+	for _, page := range []string{"turns", "turn", "functions", "deadletters", "watches", "approvals", "audit", "login"} {
 		// The held calls' table is on the approvals page and atop the turns.
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/approvalrows.html", "templates/"+page+".html")
 		if err != nil {
@@ -112,6 +112,7 @@ func (c *Console) Mount(mux *http.ServeMux) {
 	m.HandleFunc("GET /ui/deadletters", c.deadLettersPage)
 	m.HandleFunc("GET /ui/watches", c.watchesPage)
 	m.HandleFunc("GET /ui/approvals", c.approvalsPage)
+	m.HandleFunc("GET /ui/audit", c.auditPage)
 	m.HandleFunc("GET /v1/deadletters", c.getDeadLetters)
 	m.HandleFunc("POST /v1/deadletters/replay", c.postReplay)
 	m.Handle("GET /ui", http.RedirectHandler("/ui/turns", http.StatusSeeOther))

@@ -186,6 +186,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 			return fmt.Errorf("demo: %s: %w", sc.title, err)
 		}
 	}
+	if err := playMCPApproval(ctx, out, &wg, natsURL, client, d, mcpURL, tp, opts); err != nil {
+		return fmt.Errorf("demo: MCP approval: %w", err)
+	}
 	r2, err := startTaskReplica(ctx, &wg, natsURL, client, out, tp, opts)
 	if err != nil {
 		return fmt.Errorf("demo: MCP task: %w", err)
@@ -207,7 +210,7 @@ func startSimulator(logger *slog.Logger) (baseURL string, stop func(), err error
 	sim := platformsim.New(platformsim.Options{
 		// The first scenario a prompt matches wins: the demo's horoscope
 		// before the seed one.
-		Model:  &platformsim.Model{Scenarios: append([]platformsim.Scenario{horoscopeScenario}, platformsim.SeedScenarios()...)},
+		Model:  &platformsim.Model{Scenarios: append([]platformsim.Scenario{horoscopeScenario, refundScenario}, platformsim.SeedScenarios()...)},
 		APIKey: "sk-demo", Logger: logger,
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

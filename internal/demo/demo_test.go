@@ -9,9 +9,10 @@ import (
 	"github.com/toolrelay/toolrelay/pkg/exec"
 )
 
-// The demo plays a scenario per platform, one through /mcp, and an MCP
-// client's call longer than the client waits, as a task: created on a
-// second replica, which stops, and read from the first.
+// The demo plays a scenario per platform, one through /mcp, one whose MCP
+// approval request a person approves before the conversation goes on,
+// and an MCP client's call longer than the client waits, as a task:
+// created on a second replica, which stops, and read from the first.
 func TestDemoPlaysEveryPlatform(t *testing.T) {
 	var out bytes.Buffer
 	if err := Run(t.Context(), Options{Out: &out, DataDir: t.TempDir(), Timeout: 30 * time.Second}); err != nil {
@@ -31,6 +32,10 @@ func TestDemoPlaysEveryPlatform(t *testing.T) {
 		"[mcp]", "platform: mcp_list_tools, 6 tools from toolrelay",
 		`platform: mcp_call getCurrentWeatherAtLocation{"location":"Seattle, WA","unit":"f"} -> 70f`,
 		"tools/call getUserFavoriteCity", "turn mcp",
+		"[mcp approval]", `platform: mcp_approval_request issue_refund{"order":"A-1001","amount":250} on toolrelay`,
+		"toolrelay: issue_refund awaiting_approval by admin or team", `: "the carrier confirmed the loss"`, "Calling issue_refund...",
+		"platform: mcp_approval_response approve=true, then mcp_call issue_refund -> refunded 250.00 for order A-1001",
+		"answer: Done: refunded 250.00 for order A-1001",
 		"[mcp task]", "Calling build_report...", "replica 2: resultType task, ", " working (ttlMs 3600000, pollIntervalMs 2000)",
 		"the client disconnects; replica 2 stops",
 		`client -> replica 1: tasks/get -> completed: {"orders":1284,"quarter":"2026-Q3","revenue":"412,300 USD"}`,

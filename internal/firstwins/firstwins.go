@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,9 +27,13 @@ import (
 
 // Record publishes res on its result subject, on nc, unless a result of
 // the call is recorded already, which is not an error. header (may be nil)
-// carries trace context; Record adds the call key. The acknowledgement is
-// read by jspub.
-func Record(ctx context.Context, nc *nats.Conn, res *protocol.Result, header nats.Header) error {
+// carries trace context; Record adds the call key, and ttl (the call's
+// protocol.Call.ResultTTL; 0: none) as the result's Nats-TTL. A result
+// stream that does not allow per-message TTLs (created by a dispatcher
+// older than them, and not yet updated) refuses a TTL; the result is then
+// recorded without one, kept for the stream's MaxAge. The acknowledgement
+// is read by jspub.
+func Record(ctx context.Context, nc *nats.Conn, res *protocol.Result, header nats.Header, ttl time.Duration) error {
 	data, err := protocol.EncodeResult(res)
 	if err != nil {
 		return err
@@ -37,7 +42,14 @@ func Record(ctx context.Context, nc *nats.Conn, res *protocol.Result, header nat
 		protocol.HeaderCallKey, string(res.Key),
 		jetstream.MsgIDHeader, protocol.ResultMsgID(res.Key),
 		jetstream.ExpectedLastSubjSeqHeader, "0")}
+	if ttl > 0 {
+		m.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	}
 	_, err = jspub.Publish(ctx, nc, m)
+	if ttl > 0 && isAPIError(err, errCodeMsgTTLDisabled) {
+		m.Header.Del(jetstream.MsgTTLHeader)
+		_, err = jspub.Publish(ctx, nc, m)
+	}
 	if stored(err) {
 		return nil
 	}
@@ -52,11 +64,20 @@ func Record(ctx context.Context, nc *nats.Conn, res *protocol.Result, header nat
 	return err
 }
 
+// errCodeMsgTTLDisabled is the server's answer to a Nats-TTL on a stream
+// that does not allow per-message TTLs ("per-message TTL is disabled").
+const errCodeMsgTTLDisabled jetstream.ErrorCode = 10166
+
+// isAPIError reports whether err is JetStream's answer code.
+func isAPIError(err error, code jetstream.ErrorCode) bool {
+	var apiErr *jetstream.APIError
+	return err != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == code
+}
+
 // stored reports whether err says the subject holds a message already: the
 // server compared the subject's last sequence and found one.
 func stored(err error) bool {
-	var apiErr *jetstream.APIError
-	return err != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+	return isAPIError(err, jetstream.JSErrCodeStreamWrongLastSequence)
 }
 
 // Lost reports whether err says a publication conditioned on a subject's

@@ -11,6 +11,7 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,7 +28,7 @@ import (
 )
 
 // requestTimeout bounds one exchange with a dispatcher.
-const requestTimeout = 2 * time.Second
+const requestTimeout = protocol.DeclareWait
 
 // retryAfterFailure is how soon a failed renewal is tried again.
 const retryAfterFailure = 500 * time.Millisecond
@@ -155,16 +156,23 @@ func (k *Keeper) send(ctx context.Context, body []byte) error {
 	return nil
 }
 
-// sendAll makes one exchange per request, in order; the first error ends
-// it, except a refusal, which the others' are joined to.
+// sendAll makes one exchange per request, in order, and returns the
+// first error other than a refusal, else the refusals joined. A request
+// that fails does not keep the others from being sent: each declaration
+// lapses on its own, and a slow answer to one request must not let the
+// next requests' declarations lapse too.
 func (k *Keeper) sendAll(ctx context.Context, bodies [][]byte) error {
 	var refused *RefusedError
+	var failed error
 	for _, b := range bodies {
+		if ctx.Err() != nil {
+			return cmp.Or(failed, ctx.Err())
+		}
 		err := k.send(ctx, b)
 		var r *RefusedError
 		if !errors.As(err, &r) {
-			if err != nil {
-				return err
+			if err != nil && failed == nil {
+				failed = err
 			}
 			continue
 		}
@@ -173,7 +181,10 @@ func (k *Keeper) sendAll(ctx context.Context, bodies [][]byte) error {
 		}
 		refused.Refusals = append(refused.Refusals, r.Refusals...)
 	}
-	if refused != nil {
+	switch {
+	case failed != nil:
+		return failed
+	case refused != nil:
 		return refused
 	}
 	return nil

@@ -264,3 +264,36 @@ func TestManyDeclarationsGoInSeveralRequests(t *testing.T) {
 		}
 	}
 }
+
+// A request the dispatcher fails does not keep the process's other
+// requests from being sent: their declarations would lapse with it.
+func TestAFailedRequestDoesNotHoldBackTheOthers(t *testing.T) {
+	nc, _ := natstest.Start(t).Connect(t)
+	got := dispatcher(t, nc, func(req *protocol.DeclareRequest) protocol.DeclareReply {
+		if req.Declarations[0].Spec.Name == "fn_0000" {
+			return protocol.DeclareReply{Version: protocol.Version, Error: "declare fn_0000: nats: timeout"}
+		}
+		return accept(req)
+	})
+	decls := make([]*protocol.Declaration, 2*protocol.MaxDeclarations)
+	for i := range decls {
+		d := declaration("many")
+		d.Spec.Name = fmt.Sprintf("fn_%04d", i)
+		decls[i] = d
+	}
+	k, err := Declare(t.Context(), nc, "orders", decls, testutil.Logger(t))
+	if err != nil {
+		t.Fatalf("Declare answered with a dispatcher error: %v, want nil (declare again)", err)
+	}
+	next(t, got)
+	if req := next(t, got); req.Declarations[0].Spec.Name != fmt.Sprintf("fn_%04d", protocol.MaxDeclarations) {
+		t.Fatalf("second request starts with %s, want the second batch", req.Declarations[0].Spec.Name)
+	}
+	var failed *dispatcherError
+	if err := k.Renew(t.Context()); !errors.As(err, &failed) {
+		t.Fatalf("Renew: %v, want the first request's failure", err)
+	}
+	for range 2 {
+		next(t, got)
+	}
+}

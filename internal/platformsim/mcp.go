@@ -69,6 +69,7 @@ type pendingApproval struct {
 type approvalAnswer struct {
 	requestID string
 	approve   bool
+	reason    string
 }
 
 // mcpServers reads the mcp tools of a request; the first malformed one is
@@ -316,6 +317,9 @@ func (s *Server) playMCP(ctx context.Context, resp *response) turnOutcome {
 	for _, a := range resp.answers {
 		p := resp.answering[a.requestID]
 		output := fmt.Sprintf("The user did not approve the call to %s on %s.", p.call.Name, p.server)
+		if a.reason != "" {
+			output += " Reason: " + a.reason
+		}
 		if a.approve {
 			var item map[string]any
 			item, output = run.call(ctx, p.server, p.call, a.requestID)

@@ -80,6 +80,7 @@ type inputItem struct {
 	// ApprovalRequestID and Approve answer an mcp_approval_request.
 	ApprovalRequestID string `json:"approval_request_id"`
 	Approve           *bool  `json:"approve"`
+	Reason            string `json:"reason"`
 	// Tools and Execution are a tool_search_output's.
 	Tools     json.RawMessage `json:"tools"`
 	Execution string          `json:"execution"`
@@ -404,6 +405,10 @@ func (s *Server) newResponse(req *responseRequest, convID, prompt string, output
 			conv.items = append(conv.items, map[string]any{"id": newID("fco_"), "type": cmpOr(o.Type, "function_call_output"),
 				"call_id": o.CallID, "output": outputText(o.Output), "status": "completed"})
 		}
+		for _, a := range answers {
+			conv.items = append(conv.items, map[string]any{"id": newID("mcpa_"), "type": "mcp_approval_response",
+				"approval_request_id": a.requestID, "approve": a.approve, "reason": a.reason})
+		}
 		if prompt != "" {
 			conv.items = append(conv.items, map[string]any{"id": newID("msg_"), "type": "message", "role": "user", "status": "completed",
 				"content": []map[string]any{{"type": "input_text", "text": prompt}}})
@@ -425,7 +430,7 @@ func approvalAnswers(prev *response, outputs []inputItem) (rest []inputItem, ans
 		if prev == nil || prev.approvals[o.ApprovalRequestID].server == "" {
 			return nil, nil, invalid(fmt.Sprintf("No MCP approval request found with id %s.", o.ApprovalRequestID), "input")
 		}
-		answers = append(answers, approvalAnswer{requestID: o.ApprovalRequestID, approve: *o.Approve})
+		answers = append(answers, approvalAnswer{requestID: o.ApprovalRequestID, approve: *o.Approve, reason: o.Reason})
 	}
 	if prev != nil {
 		for id := range prev.approvals {

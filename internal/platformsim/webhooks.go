@@ -2,15 +2,11 @@ package platformsim
 
 import (
 	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/toolrelay/toolrelay/internal/stdwebhook"
 )
 
 // Webhook configures the simulator to deliver signed webhooks (Standard
@@ -32,27 +28,7 @@ type WebhookEvent struct {
 // Sign returns the Standard Webhooks headers for body: webhook-id,
 // webhook-timestamp and webhook-signature ("v1,<base64 HMAC-SHA256>").
 func Sign(secret, id string, at time.Time, body []byte) (http.Header, error) {
-	key, err := webhookKey(secret)
-	if err != nil {
-		return nil, err
-	}
-	ts := strconv.FormatInt(at.Unix(), 10)
-	mac := hmac.New(sha256.New, key)
-	fmt.Fprintf(mac, "%s.%s.", id, ts)
-	mac.Write(body)
-	h := http.Header{}
-	h.Set("webhook-id", id)
-	h.Set("webhook-timestamp", ts)
-	h.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
-	h.Set("Content-Type", "application/json")
-	return h, nil
-}
-
-func webhookKey(secret string) ([]byte, error) {
-	if rest, ok := strings.CutPrefix(secret, "whsec_"); ok {
-		return base64.StdEncoding.Strict().DecodeString(rest)
-	}
-	return []byte(secret), nil
+	return stdwebhook.Sign(secret, id, at, body)
 }
 
 // WebhookBody builds an event envelope as the platform sends it.

@@ -109,9 +109,18 @@ func maxBytesOrNone(n int64) int64 {
 	return n
 }
 
+// BucketConfig is a bucket's configuration: what jetstream's
+// KeyValueConfig says, and whether its stream allows per-message TTLs,
+// which KeyValueConfig cannot say without delete markers (KeyValue sets it
+// on the bucket's stream).
+type BucketConfig struct {
+	jetstream.KeyValueConfig
+	AllowMsgTTL bool
+}
+
 // KeyValueConfig translates a bucket of the wire contract.
-func KeyValueConfig(spec protocol.BucketSpec, o Options) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
+func KeyValueConfig(spec protocol.BucketSpec, o Options) BucketConfig {
+	return BucketConfig{KeyValueConfig: jetstream.KeyValueConfig{
 		Bucket:         spec.Name,
 		Description:    spec.Description,
 		History:        uint8(spec.History),
@@ -119,7 +128,7 @@ func KeyValueConfig(spec protocol.BucketSpec, o Options) jetstream.KeyValueConfi
 		LimitMarkerTTL: spec.LimitMarkerTTL,
 		Storage:        jetstream.FileStorage,
 		Replicas:       o.replicas(),
-	}
+	}, AllowMsgTTL: spec.AllowMsgTTL}
 }
 
 // ConsumerConfig translates a consumer of the wire contract.
@@ -202,24 +211,24 @@ func CancelStreamConfig(o Options) jetstream.StreamConfig {
 }
 
 // RegistryBucketConfig holds the functions executors announce.
-func RegistryBucketConfig(o Options) jetstream.KeyValueConfig {
+func RegistryBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.RegistryBucketSpec(), o)
 }
 
 // DeclarationBucketConfig holds the declarations of live executor
 // processes, each a lease (see protocol.DeclarationBucketSpec).
-func DeclarationBucketConfig(o Options) jetstream.KeyValueConfig {
+func DeclarationBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.DeclarationBucketSpec(), o)
 }
 
 // NameBucketConfig holds the owners of function names by canonical form
 // (see protocol.NameBucketSpec).
-func NameBucketConfig(o Options) jetstream.KeyValueConfig {
+func NameBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.NameBucketSpec(), o)
 }
 
 // AttemptBucketConfig records started attempts of side-effect functions.
-func AttemptBucketConfig(o Options) jetstream.KeyValueConfig {
+func AttemptBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.AttemptBucketSpec(), o)
 }
 
@@ -249,13 +258,16 @@ func TimerStreamConfig(o Options) jetstream.StreamConfig {
 }
 
 // TurnBucketConfig holds turn records, changed only by compare-and-set.
-func TurnBucketConfig(o Options) jetstream.KeyValueConfig {
-	return KeyValueConfig(protocol.BucketSpec{Name: TurnBucket, Description: "toolrelay turn state", History: 1, TTL: turnTTL}, o)
+// An open turn's record is kept turnTTL after its last write; the write
+// that closes a turn carries a Nats-TTL of minutes (pkg/dispatch), which
+// the bucket allows.
+func TurnBucketConfig(o Options) BucketConfig {
+	return KeyValueConfig(protocol.BucketSpec{Name: TurnBucket, Description: "toolrelay turn state", History: 1, TTL: turnTTL, AllowMsgTTL: true}, o)
 }
 
 // ApprovalBucketConfig holds the calls awaiting approval and their
 // decisions: kept as long as any turn.
-func ApprovalBucketConfig(o Options) jetstream.KeyValueConfig {
+func ApprovalBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: ApprovalBucket, Description: "toolrelay calls held for approval", History: 1, TTL: turnTTL}, o)
 }
 
@@ -278,30 +290,30 @@ func AuditStreamConfig(retention time.Duration, maxBytes int64, o Options) jetst
 }
 
 // WatchBucketConfig holds what the dispatcher watches on request.
-func WatchBucketConfig(o Options) jetstream.KeyValueConfig {
+func WatchBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: WatchBucket, Description: "toolrelay watches", History: 1, TTL: turnTTL}, o)
 }
 
 // WebhookBucketConfig remembers webhook-ids longer than the 5-minute
 // timestamp tolerance, after which a replay is refused anyway.
-func WebhookBucketConfig(o Options) jetstream.KeyValueConfig {
+func WebhookBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: WebhookBucket, Description: "toolrelay webhook-ids taken in", History: 1, TTL: 15 * time.Minute}, o)
 }
 
 // ResponseBucketConfig maps driven responses to their watches.
-func ResponseBucketConfig(o Options) jetstream.KeyValueConfig {
+func ResponseBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: ResponseBucket, Description: "toolrelay responses driven by a watch", History: 1, TTL: turnTTL}, o)
 }
 
 // StepBucketConfig holds the calls of each Agents session turn's latest
 // step.
-func StepBucketConfig(o Options) jetstream.KeyValueConfig {
+func StepBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: StepBucket, Description: "toolrelay steps of Agents session turns", History: 1, TTL: turnTTL}, o)
 }
 
 // TaskBucketConfig indexes started calls by their client; an entry lives
 // as long as the turn it names.
-func TaskBucketConfig(o Options) jetstream.KeyValueConfig {
+func TaskBucketConfig(o Options) BucketConfig {
 	return KeyValueConfig(protocol.BucketSpec{Name: TaskBucket, Description: "toolrelay MCP tasks by client", History: 1, TTL: turnTTL}, o)
 }
 
@@ -326,11 +338,32 @@ func Stream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamCo
 	if diffs := streamDiffs(want, s.CachedInfo().Config); len(diffs) > 0 {
 		return nil, &IncompatibleError{Kind: "stream", Name: want.Name, Diffs: diffs}
 	}
+	if want.AllowMsgTTL {
+		return allowMsgTTL(ctx, js, s)
+	}
 	return s, nil
 }
 
+// allowMsgTTL lets s take per-message TTLs if it does not yet: a stream
+// created before toolrelay set them (results, turn records) is updated in
+// place. The server allows turning them on, never off, and nothing stored
+// changes: messages without a Nats-TTL keep the stream's MaxAge.
+func allowMsgTTL(ctx context.Context, js jetstream.JetStream, s jetstream.Stream) (jetstream.Stream, error) {
+	cfg := s.CachedInfo().Config
+	if cfg.AllowMsgTTL {
+		return s, nil
+	}
+	cfg.AllowMsgTTL = true
+	u, err := js.UpdateStream(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("provision: allow per-message TTLs on stream %s (nats-server 2.11 or later, and the right to update it): %w", cfg.Name, err)
+	}
+	return u, nil
+}
+
 // streamDiffs lists the differences that change toolrelay's semantics.
-// Sizes and ages may differ: operators tune them.
+// Sizes and ages may differ: operators tune them. Per-message TTLs are
+// not among them: Stream turns them on where they are missing.
 func streamDiffs(want, have jetstream.StreamConfig) []string {
 	var d []string
 	add := func(field string, w, h any) {
@@ -350,9 +383,6 @@ func streamDiffs(want, have jetstream.StreamConfig) []string {
 	}
 	if want.DiscardNewPerSubject != have.DiscardNewPerSubject {
 		add("discard_new_per_subject", want.DiscardNewPerSubject, have.DiscardNewPerSubject)
-	}
-	if want.AllowMsgTTL && !have.AllowMsgTTL {
-		add("allow_msg_ttl", want.AllowMsgTTL, have.AllowMsgTTL)
 	}
 	if want.AllowMsgSchedules && !have.AllowMsgSchedules {
 		add("allow_msg_schedules", want.AllowMsgSchedules, have.AllowMsgSchedules)
@@ -380,12 +410,15 @@ func sorted(s []string) []string {
 // leader (leaderread): every bucket allows direct gets, which a replica
 // that lags answers with what it has, and toolrelay decides on what it
 // reads.
-func KeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+//
+// A bucket that should allow per-message TTLs (want.AllowMsgTTL) has
+// them turned on on its stream, whether created here or before.
+func KeyValue(ctx context.Context, js jetstream.JetStream, want BucketConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, want.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, want)
+		kv, err = js.CreateKeyValue(ctx, want.KeyValueConfig)
 		if err == nil {
-			return leaderread.KV(js, kv), nil
+			return bucketTTLs(ctx, js, want, kv)
 		}
 		if !errors.Is(err, jetstream.ErrBucketExists) {
 			return nil, fmt.Errorf("provision: create bucket %s: %w", want.Bucket, err)
@@ -411,6 +444,21 @@ func KeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyVal
 	}
 	if len(diffs) > 0 {
 		return nil, &IncompatibleError{Kind: "bucket", Name: want.Bucket, Diffs: diffs}
+	}
+	return bucketTTLs(ctx, js, want, kv)
+}
+
+// bucketTTLs turns per-message TTLs on on kv's stream if want asks for
+// them, and returns kv read from its leader.
+func bucketTTLs(ctx context.Context, js jetstream.JetStream, want BucketConfig, kv jetstream.KeyValue) (jetstream.KeyValue, error) {
+	if want.AllowMsgTTL {
+		s, err := js.Stream(ctx, "KV_"+want.Bucket)
+		if err != nil {
+			return nil, fmt.Errorf("provision: look up the stream of bucket %s: %w", want.Bucket, err)
+		}
+		if _, err := allowMsgTTL(ctx, js, s); err != nil {
+			return nil, err
+		}
 	}
 	return leaderread.KV(js, kv), nil
 }

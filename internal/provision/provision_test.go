@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
@@ -159,7 +160,7 @@ func TestConfigsMatchProtocolSpecs(t *testing.T) {
 
 	buckets := []struct {
 		spec protocol.BucketSpec
-		cfg  jetstream.KeyValueConfig
+		cfg  BucketConfig
 	}{
 		{protocol.RegistryBucketSpec(), RegistryBucketConfig(o)},
 		{protocol.DeclarationBucketSpec(), DeclarationBucketConfig(o)},
@@ -183,6 +184,8 @@ func TestConfigsMatchProtocolSpecs(t *testing.T) {
 			got := protocol.BucketSpec{
 				Name: st.Bucket(), Description: info.Config.Description, History: int(st.History()),
 				TTL: st.TTL(), LimitMarkerTTL: st.LimitMarkerTTL(),
+				// Markers need TTLs: the server turns them on with them.
+				AllowMsgTTL: info.Config.AllowMsgTTL && st.LimitMarkerTTL() == 0,
 			}
 			if diff := cmp.Diff(tc.spec, got); diff != "" {
 				t.Errorf("server's bucket differs from the protocol spec (-spec +server):\n%s", diff)
@@ -236,4 +239,103 @@ func jsonName(v interface{ MarshalJSON() ([]byte, error) }) string {
 		panic(err)
 	}
 	return strings.Trim(string(b), `"`)
+}
+
+// Streams and buckets created before toolrelay set per-message TTLs (a
+// result stream, the turn bucket) have them turned on in place: what they
+// hold stays, and a write with a Nats-TTL is taken from then on.
+func TestProvisionTurnsMessageTTLsOn(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+
+	older := ResultStreamConfig("geo", 0, Options{})
+	older.AllowMsgTTL = false
+	if _, err := js.CreateStream(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "fnresult.geo.before", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	ttl := func(subject string) error {
+		m := nats.NewMsg(subject)
+		m.Header.Set(jetstream.MsgTTLHeader, "1m")
+		_, err := js.PublishMsg(ctx, m)
+		return err
+	}
+	if err := ttl("fnresult.geo.refused"); err == nil {
+		t.Fatal("a Nats-TTL was taken before the update: the test shows nothing")
+	}
+	s, err := Stream(ctx, js, ResultStreamConfig("geo", 0, Options{}))
+	if err != nil {
+		t.Fatalf("a result stream without per-message TTLs: %v", err)
+	}
+	if !s.CachedInfo().Config.AllowMsgTTL {
+		t.Error("the stream still refuses per-message TTLs")
+	}
+	if _, err := s.GetLastMsgForSubject(ctx, "fnresult.geo.before"); err != nil {
+		t.Errorf("the message stored before the update: %v", err)
+	}
+	if err := ttl("fnresult.geo.after"); err != nil {
+		t.Errorf("a Nats-TTL after the update: %v", err)
+	}
+
+	old := TurnBucketConfig(Options{}).KeyValueConfig
+	if _, err := js.CreateKeyValue(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := KeyValue(ctx, js, TurnBucketConfig(Options{})); err != nil {
+		t.Fatalf("a turn bucket without per-message TTLs: %v", err)
+	}
+	bs, err := js.Stream(ctx, "KV_"+TurnBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := bs.CachedInfo().Config; !cfg.AllowMsgTTL || cfg.SubjectDeleteMarkerTTL != 0 {
+		t.Errorf("turn bucket: allow_msg_ttl %t, subject_delete_marker_ttl %s; want true and none", cfg.AllowMsgTTL, cfg.SubjectDeleteMarkerTTL)
+	}
+	if err := ttl("$KV." + TurnBucket + ".k"); err != nil {
+		t.Errorf("a Nats-TTL on the turn bucket: %v", err)
+	}
+}
+
+// The turn bucket keeps a record written with a Nats-TTL (a closed
+// turn's) for that long, and one written without (an open turn's) for the
+// bucket's TTL; no delete marker is left behind.
+func TestTurnBucketExpiresClosedRecordsOnly(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	ctx := t.Context()
+	kv, err := KeyValue(ctx, js, TurnBucketConfig(Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "open", []byte(`{"state":"collecting"}`)); err != nil {
+		t.Fatal(err)
+	}
+	closed := nats.NewMsg("$KV." + TurnBucket + ".closed")
+	closed.Data = []byte(`{"state":"submitted"}`)
+	closed.Header.Set(jetstream.MsgTTLHeader, "1s")
+	if _, err := js.PublishMsg(ctx, closed); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := kv.Get(ctx, "closed")
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the closed record is still there after 10 s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := kv.Get(ctx, "open"); err != nil {
+		t.Errorf("the open record: %v", err)
+	}
+	s, err := js.Stream(ctx, "KV_"+TurnBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetLastMsgForSubject(ctx, "$KV."+TurnBucket+".closed"); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the closed record's subject holds %v, want nothing (no marker)", err)
+	}
 }

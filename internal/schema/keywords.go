@@ -3,7 +3,6 @@ package schema
 import (
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/toolrelay/toolrelay/internal/suggest"
 )
@@ -115,5 +114,5 @@ func sortedKeys(m map[string]any) []string {
 
 // escapePointer escapes a key as a JSON Pointer token (RFC 6901).
 func escapePointer(k string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(k)
+	return pointerEscaper.Replace(k)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,14 +47,17 @@ const (
 // Approval is a held call's record in the approval bucket, and what the
 // approval API, the console and the announcements show.
 type Approval struct {
-	CallKey   protocol.CallKey  `json:"call_key"`
-	Turn      protocol.TurnKey  `json:"turn"`
-	CallID    string            `json:"call_id"`
-	Platform  protocol.Platform `json:"platform"`
-	Team      string            `json:"team"`
-	Function  string            `json:"function"`
-	Arguments json.RawMessage   `json:"arguments"`
-	State     ApprovalState     `json:"state"`
+	CallKey  protocol.CallKey  `json:"call_key"`
+	Turn     protocol.TurnKey  `json:"turn"`
+	CallID   string            `json:"call_id"`
+	Platform protocol.Platform `json:"platform"`
+	Team     string            `json:"team"`
+	Function string            `json:"function"`
+	// MCPServer is the server label of an MCP approval request (Function
+	// is then its tool); empty for a held function call.
+	MCPServer string          `json:"mcp_server,omitempty"`
+	Arguments json.RawMessage `json:"arguments"`
+	State     ApprovalState   `json:"state"`
 	// Condition is the policy's when, if the call was held by one.
 	Condition string   `json:"condition,omitempty"`
 	Approvers []string `json:"approvers"`
@@ -124,7 +128,7 @@ func (d *Dispatcher) holdCalls(ctx context.Context, t *Turn, holds map[protocol.
 		c := t.call(key)
 		spec := h.policy.Spec()
 		a := &Approval{CallKey: key, Turn: t.Key, CallID: c.ID, Platform: t.Ref.Platform, Team: c.Team, Function: c.Name,
-			Arguments: c.Arguments, State: ApprovalAwaiting, Condition: spec.When, Approvers: h.policy.Approvers(),
+			MCPServer: c.MCPServer, Arguments: c.Arguments, State: ApprovalAwaiting, Condition: spec.When, Approvers: h.policy.Approvers(),
 			RequestedAt: now, Deadline: t.Deadline, TraceID: traceID, AutoDenyAt: t.Deadline.Add(-max(h.timeout, MinApprovalRunWindow)).UTC()}
 		if !a.AutoDenyAt.After(now) {
 			// No time to ask: the call could not run in time if approved.
@@ -164,6 +168,7 @@ func (d *Dispatcher) announceHolds(ctx context.Context, t *Turn, held map[protoc
 		case ApprovalAwaiting:
 			d.countApproval(ctx, a, "requested")
 			d.announce(protocol.ApprovalRequestedSubject(a.Team), a)
+			d.notify(a)
 			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
 		case ApprovalExpired, ApprovalDenied: // no time to ask, or decided before this repeat
 			d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
@@ -200,8 +205,13 @@ func (d *Dispatcher) settleHeld(ctx context.Context, t *Turn, recorded map[proto
 			out[c.Key] = true
 			continue
 		}
+		d.auditRequestedAgain(ctx, a)
 		switch a.State {
 		case ApprovalApproved:
+			if c.MCPServer != "" { // answered, not published
+				out[c.Key] = true
+				d.recordMCPDecision(ctx, t, c, a)
+			}
 		case ApprovalAwaiting:
 			out[c.Key] = true
 			_, _ = jspub.Publish(ctx, d.js.Conn(), approvalTimerMsg(a)) // deduplicated: armed at intake
@@ -326,13 +336,34 @@ func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.Cal
 func (d *Dispatcher) afterDecision(ctx context.Context, t *Turn, a *Approval) {
 	d.log.InfoContext(ctx, "a held call was decided", "call_key", a.CallKey, "fn", a.Function, "team", a.Team, "state", a.State, "by", a.DecidedBy)
 	d.countApproval(ctx, a, string(a.State))
+	d.auditRequestedAgain(ctx, a)
 	d.audit(ctx, decisionKind[a.State], a.Team, a.CallKey, "", auditEntryOf(a, decisionKind[a.State]))
 	d.announce(protocol.ApprovalDecidedSubject(a.Team), a)
 	if a.State == ApprovalApproved {
-		d.publishApproved(ctx, t, a.CallKey)
+		d.runApproved(ctx, t, a)
 		return
 	}
 	d.settleDenied(ctx, t, a)
+}
+
+// runApproved carries the approval a into t: an MCP approval request gets
+// its answer, any other call is published.
+func (d *Dispatcher) runApproved(ctx context.Context, t *Turn, a *Approval) {
+	if c := t.call(a.CallKey); c != nil && c.MCPServer != "" {
+		d.recordMCPDecision(ctx, t, c, a)
+		return
+	}
+	d.publishApproved(ctx, t, a.CallKey)
+}
+
+// auditRequestedAgain appends a's request to the audit trail again: the
+// intake that held it may have stopped between writing its record and
+// telling the trail. Within the trail's duplicates window a repeat adds
+// nothing; past it, nothing is appended, as the entry would be a second.
+func (d *Dispatcher) auditRequestedAgain(ctx context.Context, a *Approval) {
+	if time.Since(a.RequestedAt) < auditRepeatDropped {
+		d.audit(ctx, auditRequested, a.Team, a.CallKey, "", auditEntryOf(a, auditRequested))
+	}
 }
 
 // countApproval counts a held call's step: requested, or its decision.
@@ -360,6 +391,10 @@ func (d *Dispatcher) publishApproved(ctx context.Context, t *Turn, key protocol.
 func (d *Dispatcher) settleDenied(ctx context.Context, t *Turn, a *Approval) {
 	c := t.call(a.CallKey)
 	if c == nil {
+		return
+	}
+	if c.MCPServer != "" {
+		d.recordMCPDecision(ctx, t, c, a)
 		return
 	}
 	var msg string
@@ -465,7 +500,7 @@ func (d *Dispatcher) autoDeny(ctx context.Context, key protocol.CallKey) error {
 		}
 		if c := t.call(key); c != nil && t.Open() {
 			if res, err := d.gather.result(ctx, t, c); err == nil && res == nil {
-				d.publishApproved(ctx, t, key)
+				d.runApproved(ctx, t, a)
 			}
 		}
 		return nil
@@ -507,6 +542,9 @@ func (d *Dispatcher) Approvals(ctx context.Context, caller Caller, q ApprovalQue
 		}
 		if e == nil {
 			break // the current values are all in
+		}
+		if strings.HasPrefix(e.Key(), grantPrefix) {
+			continue
 		}
 		var a Approval
 		if json.Unmarshal(e.Value(), &a) != nil {

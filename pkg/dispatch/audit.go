@@ -40,6 +40,11 @@ const (
 	auditRun       auditKind = "run"
 )
 
+// auditRepeatDropped is how long after an entry the audit stream drops a
+// repeat of it (its duplicates window, provision.AuditStreamConfig), less
+// a margin for the clocks.
+const auditRepeatDropped = 10*time.Minute - republishMargin
+
 // decisionKind is the audit entry of each decided state.
 var decisionKind = map[ApprovalState]auditKind{ApprovalApproved: auditApproved, ApprovalDenied: auditDenied, ApprovalExpired: auditExpired}
 
@@ -54,6 +59,9 @@ type AuditEntry struct {
 	CallKey  protocol.CallKey  `json:"call_key"`
 	Turn     protocol.TurnKey  `json:"turn"`
 	Platform protocol.Platform `json:"platform,omitempty"`
+	// MCPServer is the server label of an MCP approval request (Function
+	// is its tool).
+	MCPServer string `json:"mcp_server,omitempty"`
 	// Arguments are the call's, on a request.
 	Arguments json.RawMessage `json:"arguments,omitempty"`
 	// Approvers and Condition are the policy's, on a request.
@@ -75,7 +83,7 @@ type AuditEntry struct {
 
 func auditEntryOf(a *Approval, kind auditKind) *AuditEntry {
 	e := &AuditEntry{Kind: string(kind), At: time.Now().UTC(), Team: a.Team, Function: a.Function, CallKey: a.CallKey,
-		Turn: a.Turn, Platform: a.Platform, TraceID: a.TraceID}
+		Turn: a.Turn, Platform: a.Platform, MCPServer: a.MCPServer, TraceID: a.TraceID}
 	if kind == auditRequested {
 		e.At, e.Arguments, e.Approvers, e.Condition = a.RequestedAt, a.Arguments, a.Approvers, a.Condition
 	} else {

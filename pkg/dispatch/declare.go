@@ -7,10 +7,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -26,8 +28,9 @@ import (
 // is one whose schema does not compile or breaks a bound of package schema,
 // with the error naming the bound.
 
-// declareTimeout bounds the registry writes of one request.
-const declareTimeout = 5 * time.Second
+// declareTimeout bounds the registry writes of one request: the answer
+// must reach the executor before it gives up waiting (protocol.DeclareWait).
+const declareTimeout = protocol.DeclareWait - time.Second
 
 // Reasons a declaration is refused, as the refused counter labels them.
 const (
@@ -88,26 +91,54 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 		return reply
 	}
 	room := d.opts.MaxDeclarationsPerTeam - d.registry.declarationsOf(team, req.Declarations)
+	// The writes under way, and the registry bytes they add that the
+	// registry does not count yet. settle waits for the oldest and takes
+	// it into the cache.
+	var writes []declWrite
+	var pending int64
+	settle := func() error {
+		w := writes[0]
+		select {
+		case <-w.ack.Done():
+		case <-ctx.Done():
+			return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, ctx.Err())
+		}
+		rev, err := w.ack.Result()
+		if err != nil {
+			return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, err)
+		}
+		writes, pending = writes[1:], pending-w.grows
+		d.registry.putDeclared(w.decl.Key(), w.decl, w.value, rev, true)
+		if w.fresh {
+			d.noteDefinition(ctx, w.decl) // a process starting: has the definition changed?
+		}
+		reply.Accepted = append(reply.Accepted, w.decl.Spec.Name)
+		return nil
+	}
 	for i := range req.Declarations {
 		decl := &req.Declarations[i]
-		// Before the claim: text that breaks a bound claims no name.
-		// The schema's bounds first: they cost one pass to check, where
-		// reading the tool text of a schema nested thousands deep does not.
-		if _, err := d.registry.compiled(&decl.Spec); err != nil && !errors.Is(err, protocol.ErrToolText) {
-			d.refuse(ctx, reply, decl, refusedSchema, "", err.Error())
-			continue
-		}
-		if err := decl.Spec.ValidateToolText(); err != nil {
-			d.refuse(ctx, reply, decl, refusedToolText, "", err.Error())
-			continue
-		}
+		// A renewal sends the bytes stored already, which were checked
+		// then. Anything else is checked before the claim: text that
+		// breaks a bound claims no name. The schema's bounds first: they
+		// cost one pass to check, where reading the tool text of a schema
+		// nested thousands deep does not.
 		value, err := protocol.EncodeDeclaration(decl)
-		if err == nil {
-			err = decl.ValidateSize(len(value))
-		}
-		if err != nil {
-			d.refuse(ctx, reply, decl, refusedTooLarge, "", err.Error())
-			continue
+		if err != nil || !d.registry.unchanged(decl.Key(), decl.Spec.Name, value) {
+			if _, err := d.registry.compiled(&decl.Spec); err != nil && !errors.Is(err, protocol.ErrToolText) {
+				d.refuse(ctx, reply, decl, refusedSchema, "", err.Error())
+				continue
+			}
+			if err := decl.Spec.ValidateToolText(); err != nil {
+				d.refuse(ctx, reply, decl, refusedToolText, "", err.Error())
+				continue
+			}
+			if err == nil {
+				err = decl.ValidateSize(len(value))
+			}
+			if err != nil {
+				d.refuse(ctx, reply, decl, refusedTooLarge, "", err.Error())
+				continue
+			}
 		}
 		// So is a name over the team's quotas, or another team's.
 		q := d.registry.standing(decl)
@@ -129,10 +160,10 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 		if !q.owns {
 			grows += int64(len(value)) // and its claim
 		}
-		if grows > 0 && q.bytes+grows > d.opts.MaxRegistryBytesPerTeam {
+		if grows > 0 && q.bytes+pending+grows > d.opts.MaxRegistryBytesPerTeam {
 			d.refuse(ctx, reply, decl, refusedTooLarge, "",
 				fmt.Sprintf("%v: team %q's declarations and claims take %d bytes of the registry; this one (%d bytes) would take it over the limit of %d (TOOLRELAY_MAX_REGISTRY_BYTES_PER_TEAM)",
-					protocol.ErrTooLarge, team, q.bytes, len(value), d.opts.MaxRegistryBytesPerTeam))
+					protocol.ErrTooLarge, team, q.bytes+pending, len(value), d.opts.MaxRegistryBytesPerTeam))
 			continue
 		}
 		owner, owned, err := d.registry.claim(ctx, &decl.Spec, !q.served)
@@ -144,20 +175,51 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 			d.refuse(ctx, reply, decl, refusedOwned, owner, ownedBy(decl.Spec.Name, owner, owned, team))
 			continue
 		}
-		rev, err := d.registry.decls.Put(ctx, decl.Key(), value)
+		// Written as the turn engine writes its records, without
+		// waiting for each acknowledgement: a request's declarations
+		// cost a few round trips, not one each. At most declareWindow
+		// are under way, so that declarations leave the publisher's
+		// room (shared with the turns) to the turns.
+		if len(writes) == declareWindow {
+			if err := settle(); err != nil {
+				reply.Error = err.Error()
+				return reply
+			}
+		}
+		ack, err := d.async.Publish(&nats.Msg{Subject: kvSubject(protocol.DeclarationBucket, decl.Key()), Data: value})
 		if err != nil {
 			reply.Error = fmt.Sprintf("declare %s: %v", decl.Spec.Name, err)
 			return reply
 		}
-		d.registry.putDeclared(decl.Key(), decl, len(value), rev, true)
+		w := declWrite{decl: decl, value: value, ack: ack, fresh: !q.known, grows: max(int64(len(value)-q.size), 0)}
+		writes, pending = append(writes, w), pending+w.grows
 		if !q.known {
 			room--
-			d.noteDefinition(ctx, decl) // a process starting: has the definition changed?
 		}
-		reply.Accepted = append(reply.Accepted, decl.Spec.Name)
+	}
+	for len(writes) > 0 {
+		if err := settle(); err != nil {
+			reply.Error = err.Error()
+			return reply
+		}
 	}
 	return reply
 }
+
+// declareWindow bounds the declaration writes one request has under way:
+// the declare workers together have at most declareWorkers × declareWindow
+// (512) of the asynchronous publisher's asyncMaxPending (4,096).
+const declareWindow = 32
+
+// declWrite is a declaration on its way to the registry.
+type declWrite struct {
+	decl  *protocol.Declaration
+	value []byte
+	ack   *jspub.Future
+	fresh bool  // not live before: a process starting
+	grows int64 // the registry bytes it adds
+}
+
 func (d *Dispatcher) refuse(ctx context.Context, reply *protocol.DeclareReply, decl *protocol.Declaration, reason, owner, msg string) {
 	reply.Refused = append(reply.Refused, protocol.Refusal{Function: decl.Spec.Name, Owner: owner, Reason: msg})
 	d.tel.refused.Add(ctx, 1, metric.WithAttributes(attrTeam.String(decl.Spec.Team), attribute.String("reason", reason)))

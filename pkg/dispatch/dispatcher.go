@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,6 +145,18 @@ type Options struct {
 	// AuditBytes bounds the audit trail's storage; when full, the oldest
 	// entries go first. Default: DefaultAuditBytes (1 GiB).
 	AuditBytes int64
+	// MCPServerLabels are the server_label values under which agents are
+	// given this fleet's own /mcp: an MCP approval request under one of
+	// them names a function, and its approval policy decides it; any
+	// other server's requests wait for an admin (mcpapproval.go).
+	// Default: DefaultMCPServerLabels.
+	MCPServerLabels []string
+	// ApprovalWebhookURL, if set, receives a POST of each call held for
+	// approval (its record, as announced on NATS), signed with
+	// ApprovalWebhookSecret as Standard Webhooks are ("whsec_" and the
+	// key in base64, or the key). Default: none (approvalhook.go).
+	ApprovalWebhookURL    string
+	ApprovalWebhookSecret string
 	// TracerProvider and MeterProvider receive the dispatcher's spans and
 	// metrics. Default: the OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -197,14 +210,16 @@ type Dispatcher struct {
 	// approvals holds the calls held for a decision (approvals.go);
 	// audits is the audit trail (audit.go).
 	approvals jetstream.KeyValue
-	audits    jetstream.Stream
-	timers    jetstream.Stream
-	registry  *registry
-	gather    *gatherer
-	limiter   *limiter
-	tel       *telemetry
-	inspect   *inspector // what the inspection API and the console read
-	teamAPIs  *teamAPIs
+	// hook sends the approval webhook; nil without one (approvalhook.go).
+	hook     *approvalHook
+	audits   jetstream.Stream
+	timers   jetstream.Stream
+	registry *registry
+	gather   *gatherer
+	limiter  *limiter
+	tel      *telemetry
+	inspect  *inspector // what the inspection API and the console read
+	teamAPIs *teamAPIs
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -270,7 +285,19 @@ func New(js jetstream.JetStream, platforms []Platform, opts Options) (*Dispatche
 	opts.DeclareQueuePerTeam = cmp.Or(max(opts.DeclareQueuePerTeam, 0), DefaultDeclareQueuePerTeam)
 	opts.AuditRetention = cmp.Or(max(opts.AuditRetention, 0), DefaultAuditRetention)
 	opts.AuditBytes = cmp.Or(max(opts.AuditBytes, 0), DefaultAuditBytes)
-	d := &Dispatcher{js: js, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
+	if len(opts.MCPServerLabels) == 0 {
+		opts.MCPServerLabels = DefaultMCPServerLabels
+	}
+	for _, l := range opts.MCPServerLabels {
+		if l == "" || len(l) > maxMCPNameLength || strings.TrimSpace(l) != l {
+			return nil, fmt.Errorf("dispatch: MCP server label %q: want 1 to %d characters, without surrounding spaces", l, maxMCPNameLength)
+		}
+	}
+	hook, err := newApprovalHook(opts.ApprovalWebhookURL, opts.ApprovalWebhookSecret)
+	if err != nil {
+		return nil, err
+	}
+	d := &Dispatcher{js: js, hook: hook, async: jspub.NewAsync(js.Conn(), asyncMaxPending, ackTimeout), recent: newRecentlyClosed(recentlyClosedFor), opts: opts,
 		log: opts.Logger.With("dispatcher", opts.Name), platforms: map[protocol.Platform]Platform{}, unavailableFor: unavailableRetryFor}
 	for _, p := range platforms {
 		if _, dup := d.platforms[p.Name()]; dup {
@@ -430,6 +457,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	defer stopDeclarations()
 	wg.Go(func() { d.refreshGaugesEvery(rctx, gaugeInterval) })
+	if d.hook != nil {
+		wg.Go(func() { d.hook.run(rctx, d) })
+	}
 	d.resume(bctx)
 	d.ready.Store(true)
 	d.log.InfoContext(ctx, "dispatcher ready", "platforms", len(d.platforms))
@@ -608,7 +638,7 @@ func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64, known 
 		}
 		d.gather.track(t, rev)
 		d.failRejected(ctx, t, recorded)
-		d.answerSearches(ctx, t, recorded)
+		d.answerSelf(ctx, t, recorded)
 		d.publishCallsAgain(ctx, t, d.settleHeld(ctx, t, recorded))
 		if known == nil || len(recorded) == len(t.Calls) {
 			d.gather.recheckSoon(t.Key)

@@ -55,6 +55,13 @@
 // [Dispatcher.Audit] reads the audit trail: every request, decision and
 // result of a side-effecting function (docs/approvals.md).
 //
+// A Responses mcp_approval_request ([CallRequest].MCPServer) is a call the
+// dispatcher decides itself by the same policy: that of the function it
+// names when its server is the fleet's own ([Options].MCPServerLabels),
+// an admin's otherwise; held, it is an [Approval] like any held call, and
+// its result is the decision, which the adapter answers as an
+// mcp_approval_response.
+//
 // # Platforms
 //
 // [Platform] is the small interface a platform adapter implements, and
@@ -222,6 +229,9 @@
 //   - held call: a call its function's approval policy keeps from
 //     executors until a person decides it; approval: its record and
 //     decision; auto-deny: denying it undecided, in time for the deadline.
+//   - MCP approval request: a Responses mcp_approval_request, decided by
+//     the dispatcher like a held call; grant: a person's approval of one,
+//     kept for the MCP call of the fleet's /mcp that follows it.
 //   - audit trail: the stream of approval requests, decisions and runs of
 //     side-effecting functions, kept for Options.AuditRetention.
 package dispatch

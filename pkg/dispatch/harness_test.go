@@ -40,7 +40,7 @@ import (
 // written against the wire contract (pkg/protocol) alone, as a team in
 // another language would.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *natstest.Server
 	js     jetstream.JetStream
 	sim    *platformsim.Server
@@ -63,7 +63,7 @@ func newEnv(t *testing.T, scenarios ...platformsim.Scenario) *env {
 
 // newEnvWith starts the simulator with opts; it sends its webhooks, signed
 // with testWebhookSecret, to the handler set by e.webhooksTo.
-func newEnvWith(t *testing.T, opts platformsim.Options, scenarios ...platformsim.Scenario) *env {
+func newEnvWith(t testing.TB, opts platformsim.Options, scenarios ...platformsim.Scenario) *env {
 	t.Helper()
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
@@ -275,7 +275,11 @@ func (e *env) serveWith(team string, functions []string, fn func(c *protocol.Cal
 				e.t.Errorf("encode result: %v", err)
 				return
 			}
-			if _, err := e.js.Publish(ctx, res.Subject(), data, jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+			opts := []jetstream.PublishOpt{jetstream.WithMsgID(string(res.Key)), jetstream.WithExpectLastSequencePerSubject(0)}
+			if ttl := c.ResultTTL(time.Now()); ttl > 0 {
+				opts = append(opts, jetstream.WithMsgTTL(ttl))
+			}
+			if _, err := e.js.Publish(ctx, res.Subject(), data, opts...); err != nil {
 				e.t.Logf("publish result: %v", err)
 			}
 			_ = msg.Ack()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -183,6 +185,8 @@ func (d *Dispatcher) callReports(ctx context.Context, t *Turn) []CallReport {
 			cr.Result = "timed_out"
 		} else if res, err := d.gather.result(ctx, t, c); err == nil {
 			cr.describe(res)
+		} else if !t.Open() && errors.Is(err, jetstream.ErrMsgNotFound) && time.Now().After(t.keepUntil()) {
+			cr.Result = "expired" // its Nats-TTL removed it (retention.go)
 		}
 		out = append(out, cr)
 	}

@@ -135,7 +135,7 @@ func (d *Dispatcher) takeIn(ctx context.Context, t *Turn, channel string, failur
 		c := t.call(k)
 		d.recordFailure(ctx, t, c, cerr)
 	}
-	d.answerSearches(ctx, t, nil)
+	d.answerSelf(ctx, t, nil)
 	if held != nil {
 		d.announceHolds(ctx, t, held)
 	}
@@ -164,7 +164,7 @@ func (d *Dispatcher) republishCalls(ctx context.Context, t *Turn) {
 		d.log.Warn("a repeated intake could not read the turn's results; publishing none of its calls again", "turn", t.Key, "err", err)
 		return
 	}
-	d.answerSearches(ctx, t, recorded)
+	d.answerSelf(ctx, t, recorded)
 	d.publishCallsAgain(ctx, t, d.settleHeld(ctx, t, recorded))
 }
 
@@ -231,7 +231,15 @@ func (d *Dispatcher) resolveCalls(ctx context.Context, t *Turn, calls []CallRequ
 			}
 		default:
 			var h *hold
-			if checked[i], h, cerr = d.resolve(ctx, &tc, d.opts.ServeGrace); h != nil {
+			if c.MCPServer != "" {
+				// Decided by this dispatcher (mcpapproval.go).
+				tc.MCPServer = c.MCPServer
+				h, cerr = d.resolveMCPApproval(ctx, &tc)
+			} else if checked[i], h, cerr = d.resolve(ctx, &tc, d.opts.ServeGrace); h != nil && t.Ref.Platform == protocol.PlatformMCP &&
+				d.takeGrant(ctx, tc.Name, tc.Arguments) {
+				h, tc.Approval = nil, false // its MCP approval request was approved
+			}
+			if h != nil {
 				if holds == nil {
 					holds = map[protocol.CallKey]*hold{}
 				}
@@ -360,7 +368,7 @@ func (d *Dispatcher) recordFailure(ctx context.Context, t *Turn, c *TurnCall, ce
 		Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 		Error: cerr, Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC(),
 	}
-	if err := firstwins.Record(ctx, d.js.Conn(), res, nil); err != nil && ctx.Err() == nil {
+	if err := firstwins.Record(ctx, d.js.Conn(), res, nil, t.resultTTL(time.Now())); err != nil && ctx.Err() == nil {
 		// The replica that resumes the turn records it again; failing
 		// that, the deadline closes the turn with a failure for this call.
 		d.log.Error("recording failure result failed", "turn", t.Key, "call_key", c.Key, "err", err)

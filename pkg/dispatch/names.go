@@ -247,10 +247,6 @@ func (r *registry) readName(ctx context.Context, c string) (nameEntry, bool, err
 // claimName is claim for the name itself, once its canonical form is
 // spec's team's.
 func (r *registry) claimName(ctx context.Context, spec *protocol.FunctionSpec, fresh bool) (owner, owned string, err error) {
-	data, err := protocol.EncodeFunctionSpec(spec)
-	if err != nil {
-		return "", "", err
-	}
 	r.mu.RLock()
 	cur, rev := r.owners[spec.Name], r.claimRevs[spec.Name]
 	r.mu.RUnlock()
@@ -263,6 +259,10 @@ func (r *registry) claimName(ctx context.Context, spec *protocol.FunctionSpec, f
 		case cur != nil:
 			err = r.touchClaim(ctx, spec.Name, rev)
 		default:
+			var data []byte
+			if data, err = protocol.EncodeFunctionSpec(spec); err != nil {
+				return "", "", err
+			}
 			var created uint64
 			if created, err = r.claims.Create(ctx, spec.Name, data); err == nil {
 				r.log.InfoContext(ctx, "function claimed", "fn", spec.Name, "team", spec.Team)

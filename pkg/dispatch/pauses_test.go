@@ -13,7 +13,7 @@ import (
 // TestPausesToolrelayDoesNotServeAreReported: a platform object that
 // waits on what toolrelay does not serve is reported so, naming the item,
 // never taken for done. A response ending on an item type no SDK knows,
-// or on an MCP approval request beside a function call, ends its watch
+// or on a computer call beside a function call, ends its watch
 // unsupported without answering the call (the continuation would have to
 // answer both); an Agents session waiting on an environment connection
 // beside a function call has the call answered and reads unsupported while
@@ -22,8 +22,8 @@ func TestPausesToolrelayDoesNotServeAreReported(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t,
 		platformsim.Scenario{Name: "unknown", Prompt: "new item", Steps: []platformsim.Step{{{Kind: "hologram_call"}}}},
-		platformsim.Scenario{Name: "approval", Prompt: "needs approval", Steps: []platformsim.Step{{
-			{Name: "get_weather", Arguments: `{"location":"Oz"}`}, {Name: "delete_repo", Kind: "mcp_approval_request"},
+		platformsim.Scenario{Name: "computer", Prompt: "needs a screen", Steps: []platformsim.Step{{
+			{Name: "get_weather", Arguments: `{"location":"Oz"}`}, {Name: "screen", Kind: "computer_call"},
 		}}},
 		platformsim.Scenario{Name: "environment", Prompt: "connect env", Steps: []platformsim.Step{{
 			{Name: "get_weather", Arguments: `{"location":"Oz"}`}, {Name: "env_1", Kind: "environment_connection"},
@@ -40,7 +40,7 @@ func TestPausesToolrelayDoesNotServeAreReported(t *testing.T) {
 		answered int    // function calls run
 	}{
 		{e.response("a new item"), "hologram_call", "", 0},
-		{e.response("this needs approval"), "mcp_approval_request", "", 0},
+		{e.response("this needs a screen"), "computer_call", "", 0},
 		{e.session("connect env"), "environment_connection", "env_1", 1},
 	} {
 		before := ran.Load()

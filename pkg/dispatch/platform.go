@@ -162,9 +162,8 @@ type Observation struct {
 // UnsupportedItem is an output item of a response, or a required action of
 // a session or run, that toolrelay does not serve.
 type UnsupportedItem struct {
-	// Type is the platform's type of it: "mcp_approval_request",
-	// "computer_call", "environment_connection", or one toolrelay does not
-	// know at all.
+	// Type is the platform's type of it: "computer_call",
+	// "environment_connection", or one toolrelay does not know at all.
 	Type string `json:"type"`
 	// ID is its ID on the platform (the item, call, request or
 	// environment), when it has one.
@@ -209,6 +208,13 @@ type CallRequest struct {
 	// [protocol.FunctionSpec]s, which the adapter submits as a
 	// tool_search_output of their tool definitions.
 	ToolSearch bool `json:"tool_search,omitempty"`
+	// MCPServer, when set, makes this an MCP approval request (Responses
+	// mcp_approval_request): the platform asks the client whether it may
+	// call the MCP tool Name with Arguments on the server so labelled. ID
+	// is the request's ID. The dispatcher decides it itself
+	// (mcpapproval.go), and runs it nowhere: the result is the decision,
+	// an output to approve, a failure (its message the reason) to deny.
+	MCPServer string `json:"mcp_server,omitempty"`
 }
 
 // Key is the turn's key.

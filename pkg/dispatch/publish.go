@@ -134,7 +134,7 @@ func (d *Dispatcher) callMsg(t *Turn, c *TurnCall, deadline, checked string) (*n
 	call := &protocol.Call{
 		Version: protocol.Version, Key: c.Key, Platform: t.Ref.Platform, Scope: t.Scope, CallID: c.ID,
 		Team: c.Team, Function: c.Name, Arguments: c.Arguments, Deadline: t.Deadline, CreatedAt: t.CreatedAt,
-		Format: callFormat(c),
+		Format: callFormat(c), KeepResultUntil: t.keepUntil(),
 	}
 	data, err := protocol.EncodeCall(call)
 	if err != nil {

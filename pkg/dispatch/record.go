@@ -281,6 +281,7 @@ func appendCall(b []byte, c *TurnCall) ([]byte, error) {
 	if c.ToolSearch {
 		b = append(b, `,"tool_search":true`...)
 	}
+	b = protocol.AppendJSONOptional(b, "mcp_server", c.MCPServer)
 	if c.Approval {
 		b = append(b, `,"approval":true`...)
 	}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,6 +103,9 @@ type declared struct {
 	policy *approval.Policy
 	digest string
 	size   int // encoded, in the bucket
+	// sum is the encoded declaration's SHA-256: a renewal that writes the
+	// same bytes again only extends the lease (renewed).
+	sum [sha256.Size]byte
 	// expires is when the lease lapses unless renewed, by this process's
 	// clock from when the declaration arrived: a backstop for the server's
 	// removal marker, which a watcher can miss across a reconnect.
@@ -210,6 +214,9 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.mu.Unlock()
 		return
 	}
+	if r.renewed(e.Key(), name, sha256.Sum256(e.Value()), e.Revision(), false) {
+		return
+	}
 	decl, err := protocol.DecodeDeclaration(e.Value())
 	if err == nil && (decl.Spec.Team != team || decl.Spec.Name != name || decl.Instance != instance) {
 		err = errors.New("declaration does not match its key")
@@ -219,7 +226,7 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.sawDeclaration(e.Revision())
 		return
 	}
-	r.putDeclared(e.Key(), decl, len(e.Value()), e.Revision(), false)
+	r.putDeclared(e.Key(), decl, e.Value(), e.Revision(), false)
 }
 
 // sawDeclaration notes that the watcher delivered the declarations'
@@ -232,13 +239,17 @@ func (r *registry) sawDeclaration(rev uint64) {
 	r.declSeen = max(r.declSeen, rev)
 }
 
-// putDeclared adds a declaration stored at rev, of size bytes, to the
-// cache: from the watcher, or early, from the replica that stored it, so
+// putDeclared adds a declaration stored at rev, encoded as value, to the
+// cache (or renews it there): from the watcher, or early, from the replica that stored it, so
 // that the team's next declarations count it at once. Early, it is added
 // only if the watcher has not delivered rev yet (it delivers the
 // declaration's later removal, then).
-func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int, rev uint64, early bool) {
+func (r *registry) putDeclared(key string, decl *protocol.Declaration, value []byte, rev uint64, early bool) {
 	name, team := decl.Spec.Name, decl.Spec.Team
+	sum, size := sha256.Sum256(value), len(value)
+	if r.renewed(key, name, sum, rev, early) {
+		return
+	}
 	// Dispatchers store only declarations within the tool text bounds;
 	// one that is not (written by an older dispatcher) is not served. The
 	// schema's strings are checked once per schema, with its compilation.
@@ -280,9 +291,41 @@ func (r *registry) putDeclared(key string, decl *protocol.Declaration, size int,
 	delete(r.lapsed, team+"/"+name)
 	r.forgetDeclaration(name, key)
 	r.teamBytes[team] += int64(size)
-	r.live[name][key] = &declared{decl: decl, schema: s, policy: policy, digest: digest, size: size, expires: time.Now().Add(protocol.LeaseTTL)}
+	r.live[name][key] = &declared{decl: decl, schema: s, policy: policy, digest: digest, size: size, sum: sum, expires: time.Now().Add(protocol.LeaseTTL)}
 	r.checkAgreement(name)
 	r.notify()
+}
+
+// renewed extends the lease of the declaration under key, of function
+// name, if the cache holds it with the same bytes (sum), and reports
+// whether it did. Executors renew by sending the same declarations every
+// protocol.LeaseRenewal: checked, compiled and cached when they were first
+// stored, they need not be again, here or in any replica's watcher.
+func (r *registry) renewed(key, name string, sum [sha256.Size]byte, rev uint64, early bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.live[name][key]
+	if d == nil || d.sum != sum {
+		return false
+	}
+	if early && rev <= r.declSeen {
+		return true
+	}
+	if !early {
+		r.declSeen = max(r.declSeen, rev)
+	}
+	delete(r.lapsed, d.decl.Spec.Team+"/"+name)
+	d.expires = time.Now().Add(protocol.LeaseTTL)
+	return true
+}
+
+// unchanged reports whether the cache holds the declaration under key,
+// of function name, with the same bytes as value.
+func (r *registry) unchanged(key, name string, value []byte) bool {
+	r.mu.RLock()
+	d := r.live[name][key]
+	r.mu.RUnlock()
+	return d != nil && d.sum == sha256.Sum256(value)
 }
 
 // compiled returns spec's schema compiled, from r.schemas if it is there.

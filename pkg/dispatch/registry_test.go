@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolrelay/toolrelay/internal/lease"
@@ -108,16 +109,7 @@ func TestDispatcherDecidesOwnership(t *testing.T) {
 				Executor: team, StartedAt: time.Now(), Spec: protocol.FunctionSpec{Version: protocol.Version, Name: n, Team: team,
 					Parameters: []byte(`{"type":"object"}`), UpdatedAt: time.Now()}})
 		}
-		body, _ := json.Marshal(&req)
-		m, err := nc.Request(protocol.DeclareSubject(subjectTeam), body, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reply, err := protocol.DecodeDeclareReply(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return reply
+		return declareRequest(t, nc, subjectTeam, &req)
 	}
 	if r := declare("geo", "geo", "get_weather"); len(r.Accepted) != 1 || len(r.Refused) != 0 || r.Error != "" {
 		t.Fatalf("first claim: %+v, want accepted", r)
@@ -254,15 +246,7 @@ func TestDispatcherRefusesPoisonedToolText(t *testing.T) {
 			StartedAt: time.Now(), Spec: protocol.FunctionSpec{Version: protocol.Version, Name: s.name, Team: "orders",
 				Description: s.description, Parameters: json.RawMessage(s.parameters), UpdatedAt: time.Now()}})
 	}
-	body, _ := json.Marshal(&req)
-	m, err := e.js.Conn().Request(protocol.DeclareSubject("orders"), body, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reply, err := protocol.DecodeDeclareReply(m.Data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reply := declareRequest(t, e.js.Conn(), "orders", &req)
 	if reply.Error != "" || len(reply.Accepted) != 1 || reply.Accepted[0] != "get_invoice" || len(reply.Refused) != 2 {
 		t.Fatalf("reply %+v: want get_invoice accepted and two refused", reply)
 	}
@@ -287,4 +271,81 @@ func TestDispatcherRefusesPoisonedToolText(t *testing.T) {
 	if !errors.As(err, &refused) || refused.Owned() || !strings.Contains(err.Error(), "MaxDescriptionSize") {
 		t.Fatalf("lease.Declare of the poisoned declaration: %v, want a refusal naming MaxDescriptionSize, not ownership", err)
 	}
+}
+
+// A renewal that sends the bytes stored already only extends the lease;
+// one that changes them under the same key is checked and taken in again,
+// by the replica that answers and by the others, which follow the bucket.
+// Renewed for longer than a lease, the declaration stays served everywhere.
+func TestARenewalThatChangesTheDeclarationIsCheckedAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d1, _ := e.dispatcher(dispatch.Options{})
+	d2, _ := e.dispatcher(dispatch.Options{})
+	at := time.Now().UTC()
+	decl := protocol.Declaration{Version: protocol.Version, Instance: "i1", Executor: "orders-exec", StartedAt: at,
+		Spec: protocol.FunctionSpec{Version: protocol.Version, Name: "get_order", Team: "orders",
+			Description: "Looks up an order.", Parameters: json.RawMessage(weatherV1), UpdatedAt: at}}
+	send := func(decl protocol.Declaration) *protocol.DeclareReply {
+		t.Helper()
+		return declareRequest(t, e.js.Conn(), "orders", &protocol.DeclareRequest{Version: protocol.Version, Op: protocol.DeclareServe, Declarations: []protocol.Declaration{decl}})
+	}
+	describedAs := func(want string) func() bool {
+		return func() bool {
+			for _, d := range []*dispatch.Dispatcher{d1, d2} {
+				fns := d.ServedFunctions(func(string) bool { return true })
+				if len(fns) != 1 || fns[0].Description != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	for _, description := range []string{"Looks up an order.", "Looks up an order.", "Looks up an order by its id."} {
+		decl.Spec.Description = description
+		if r := send(decl); r.Error != "" || len(r.Accepted) != 1 {
+			t.Fatalf("declaring %q: %+v, want it accepted", description, r)
+		}
+		testutil.WaitForWhat(t, 10*time.Second, "both replicas to serve get_order described as "+description, describedAs(description))
+	}
+
+	poisoned := decl
+	poisoned.Spec.Description = "Looks up an order.\u200b"
+	if r := send(poisoned); len(r.Refused) != 1 || !strings.Contains(r.Refused[0].Reason, "U+200B") {
+		t.Fatalf("a renewal with poisoned tool text: %+v, want it refused", r)
+	}
+
+	// Renewed by its keeper past a lease, the declaration stays live on
+	// both replicas: a renewal extends the lease where the bytes match.
+	k, err := lease.Declare(t.Context(), e.js.Conn(), "orders", []*protocol.Declaration{&decl}, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	renewing := make(chan struct{})
+	go func() { k.Run(ctx); close(renewing) }()
+	defer func() { cancel(); <-renewing }()
+	until := time.Now().Add(protocol.LeaseTTL + protocol.LeaseRenewal)
+	for time.Now().Before(until) {
+		if !describedAs(decl.Spec.Description)() {
+			t.Fatalf("a replica stopped serving get_order while its declaration was renewed")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// declareRequest sends req on team's declare subject, as an executor
+// does, and returns the dispatcher's answer.
+func declareRequest(t *testing.T, nc *nats.Conn, team string, req *protocol.DeclareRequest) *protocol.DeclareReply {
+	t.Helper()
+	body, _ := json.Marshal(req)
+	m, err := nc.Request(protocol.DeclareSubject(team), body, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, err := protocol.DecodeDeclareReply(m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply
 }

@@ -22,6 +22,14 @@ import (
 // maxSearchResults bounds the functions one search returns.
 const maxSearchResults = 10
 
+// answerSelf records the results of the calls of t the dispatcher answers
+// itself without a person (tool searches, MCP approval requests no policy
+// holds) that have no result in recorded (nil: none has).
+func (d *Dispatcher) answerSelf(ctx context.Context, t *Turn, recorded map[protocol.CallKey]bool) {
+	d.answerSearches(ctx, t, recorded)
+	d.answerMCPApprovals(ctx, t, recorded)
+}
+
 // answerSearches records the result of each tool search of t that has no
 // result in recorded (nil: none has).
 func (d *Dispatcher) answerSearches(ctx context.Context, t *Turn, recorded map[protocol.CallKey]bool) {
@@ -40,7 +48,7 @@ func (d *Dispatcher) answerSearches(ctx context.Context, t *Turn, recorded map[p
 			Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 			Output: string(out), Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC(),
 		}
-		if err := firstwins.Record(ctx, d.js.Conn(), res, nil); err != nil && ctx.Err() == nil {
+		if err := firstwins.Record(ctx, d.js.Conn(), res, nil, t.resultTTL(time.Now())); err != nil && ctx.Err() == nil {
 			// The replica that resumes the turn answers it again.
 			d.log.Error("recording tool search result failed", "turn", t.Key, "call_key", c.Key, "err", err)
 			continue

@@ -138,6 +138,10 @@ type TurnCall struct {
 	// CallRequest.ToolSearch): never published, its result recorded at
 	// intake.
 	ToolSearch bool `json:"tool_search,omitempty"`
+	// MCPServer, when set, marks an MCP approval request the dispatcher
+	// answers itself (see CallRequest.MCPServer): never published, its
+	// result is the decision.
+	MCPServer string `json:"mcp_server,omitempty"`
 	// Approval marks a call its function's policy held for a person's
 	// decision at intake: published only once approved (approvals.go).
 	Approval bool `json:"approval,omitempty"`
@@ -147,8 +151,9 @@ type TurnCall struct {
 }
 
 // published reports whether the call goes to executors: not one rejected
-// at intake, nor a tool search the dispatcher answers.
-func (c *TurnCall) published() bool { return !c.Rejected && !c.ToolSearch }
+// at intake, nor a tool search or an MCP approval request the dispatcher
+// answers.
+func (c *TurnCall) published() bool { return !c.Rejected && !c.ToolSearch && c.MCPServer == "" }
 
 // resultSubject is where this call's result is recorded.
 func (c *TurnCall) resultSubject() string { return protocol.ResultSubject(c.Team, c.Key) }
@@ -266,6 +271,7 @@ func (s turnStore) create(ctx context.Context, t *Turn) (uint64, error) {
 }
 
 // update replaces the record at revision rev; errConflict if it moved.
+// The write that closes a turn carries its closedTTL.
 func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, error) {
 	b, err := encodeTurn(t)
 	if err != nil {
@@ -274,6 +280,11 @@ func (s turnStore) update(ctx context.Context, t *Turn, rev uint64) (uint64, err
 	defer b.release() // a synchronous write: done with b when it returns
 	m := &nats.Msg{Subject: kvSubject(provision.TurnBucket, string(t.Key)), Data: b.Bytes(),
 		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(rev, 10)}}}
+	if !t.Open() {
+		// A closed turn is kept for minutes (retention.go), not the
+		// bucket's hours.
+		m.Header[jetstream.MsgTTLHeader] = []string{t.closedTTL(time.Now()).String()}
+	}
 	rev, err = jspub.Publish(ctx, s.nc, m)
 	if firstwins.Lost(err) {
 		return 0, errConflict

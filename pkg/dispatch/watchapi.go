@@ -162,7 +162,7 @@ type CallReport struct {
 	ID       string              `json:"id"`
 	Function string              `json:"function"`
 	Team     string              `json:"team"`
-	Result   string              `json:"result"` // ok | error | pending | timed_out
+	Result   string              `json:"result"` // ok | error | pending | timed_out | expired (a closed turn's, past its keep)
 	Error    *protocol.CallError `json:"error,omitempty"`
 	// Output is the output of a successful call, whole, when it is at most
 	// 1 KiB; a larger one is shown by OutputPreview, its first bytes.

@@ -109,6 +109,9 @@ func (d *DeadLetters) Replay(ctx context.Context, key protocol.CallKey, timeout 
 	n := replays + 1
 	call := *orig.Call
 	call.Deadline = time.Now().Add(timeout).UTC()
+	// No dispatcher reads a replay's result: it is kept while the
+	// replayed call itself may be redelivered.
+	call.KeepResultUntil = call.Deadline.Add(time.Minute)
 	data, err := protocol.EncodeCall(&call)
 	if err != nil {
 		return 0, fmt.Errorf("exec: replay %s: %w", key, err)

@@ -70,6 +70,17 @@ func TestDeadLettersGetAndReplayOneCall(t *testing.T) {
 			return len(all) == 5+want
 		})
 	}
+	// A replay's result is kept while the replayed call may be
+	// redelivered, whatever the original call asked.
+	all, err := dls.List(t.Context(), "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		if r.Replay > 0 && !r.Call.KeepResultUntil.Equal(r.Call.Deadline.Add(time.Minute)) {
+			t.Errorf("replay %d ran a call keeping its result until %s, want its deadline %s + 1m", r.Replay, r.Call.KeepResultUntil, r.Call.Deadline)
+		}
+	}
 	if again, err := dls.Get(t.Context(), target.Key); err != nil || again.Replay != 0 || again.Reason != protocol.ReasonPermanent {
 		t.Errorf("Get after replays = %+v, %v; want the dead letter itself", again, err)
 	}

@@ -143,13 +143,25 @@ func (h *harness) call(team, fn, args string, deadline time.Time) *protocol.Call
 // callWith is call with headers on the message.
 func (h *harness) callWith(team, fn, args string, deadline time.Time, header nats.Header) *protocol.Call {
 	h.t.Helper()
+	c := h.newCall(team, fn, args, deadline)
+	h.publish(c, header)
+	return c
+}
+
+// newCall is a call of fn in a turn of its own, not yet published.
+func (h *harness) newCall(team, fn, args string, deadline time.Time) *protocol.Call {
 	callID := "call_" + strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", "")
 	turn := protocol.NewTurnKey(protocol.PlatformResponses, "resp_test", []string{callID})
-	c := &protocol.Call{
+	return &protocol.Call{
 		Version: protocol.Version, Key: turn.Call(callID), Platform: protocol.PlatformResponses,
 		Scope: "resp_test", CallID: callID, Team: team, Function: fn,
 		Arguments: json.RawMessage(args), Deadline: deadline, CreatedAt: time.Now(),
 	}
+}
+
+// publish publishes c with header on its subject, as a dispatcher does.
+func (h *harness) publish(c *protocol.Call, header nats.Header) {
+	h.t.Helper()
 	data, err := protocol.EncodeCall(c)
 	if err != nil {
 		h.t.Fatal(err)
@@ -158,7 +170,6 @@ func (h *harness) callWith(team, fn, args string, deadline time.Time, header nat
 	if _, err := h.js.PublishMsg(context.Background(), m, jetstream.WithMsgID(string(c.Key))); err != nil {
 		h.t.Fatal(err)
 	}
-	return c
 }
 
 func (h *harness) result(c *protocol.Call, within time.Duration) *protocol.Result {
@@ -196,6 +207,45 @@ func TestCallRunsAndResultIsRecorded(t *testing.T) {
 	}
 	if res.Key != c.Key || res.CallID != c.CallID || res.Attempt != 1 {
 		t.Errorf("result identity = %s %s attempt %d", res.Key, res.CallID, res.Attempt)
+	}
+}
+
+// A result carries the Nats-TTL its call's keep_result_until gives; a call
+// without one (from an older dispatcher) gets a result without, and one
+// whose keep_result_until has passed still gets the least TTL.
+func TestResultCarriesTheCallsTTL(t *testing.T) {
+	h := start(t, "team-a", exec.Options{}, echo())
+	for _, tc := range []struct {
+		name   string
+		keep   time.Duration // from now; 0: none
+		lo, hi time.Duration
+	}{
+		{"twenty minutes", 20 * time.Minute, 20*time.Minute - 10*time.Second, 20*time.Minute + time.Second},
+		{"passed", -time.Hour, protocol.ResultMinTTL, protocol.ResultMinTTL},
+		{"far off", 30 * 24 * time.Hour, protocol.ResultMaxAge, protocol.ResultMaxAge},
+		{"none", 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := h.newCall("team-a", "echo", `{}`, time.Now().Add(time.Minute))
+			if tc.keep != 0 {
+				c.KeepResultUntil = time.Now().Add(tc.keep)
+			}
+			h.publish(c, nil)
+			h.result(c, 10*time.Second)
+			m, err := h.results.GetLastMsgForSubject(t.Context(), c.ResultSubject())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ttl time.Duration
+			if v := m.Header.Get(jetstream.MsgTTLHeader); v != "" {
+				if ttl, err = time.ParseDuration(v); err != nil {
+					t.Fatalf("Nats-TTL %q: %v", v, err)
+				}
+			}
+			if ttl < tc.lo || ttl > tc.hi {
+				t.Errorf("Nats-TTL = %s, want between %s and %s", ttl, tc.lo, tc.hi)
+			}
+		})
 	}
 }
 

@@ -457,7 +457,9 @@ func (d decision) finish(ctx context.Context, res *protocol.Result, reason strin
 	}
 	header := nats.Header{}
 	send := d.w.tel.send(ctx, d.w.spanNames.send, res, header)
-	err := d.persist(ctx, func(ctx context.Context) error { return firstwins.Record(ctx, js.Conn(), res, header) })
+	err := d.persist(ctx, func(ctx context.Context) error {
+		return firstwins.Record(ctx, js.Conn(), res, header, d.call.ResultTTL(time.Now()))
+	})
 	send.End()
 	if err != nil {
 		d.log().Error("could not record result; call will be redelivered", "err", err)

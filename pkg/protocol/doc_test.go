@@ -116,8 +116,11 @@ func renderValues() string {
 		{"max arguments size", fmt.Sprint(MaxArgumentsSize), "bytes of one call's `arguments`: larger ones fail at intake (`invalid_arguments`)"},
 		{"lease TTL", LeaseTTL.String(), "a declaration not renewed within it is removed by the server"},
 		{"lease renewal", LeaseRenewal.String(), "how often an executor sends its declarations again"},
+		{"declare wait", DeclareWait.String(), "how long an executor waits for the answer to one declare request before sending it again; a dispatcher answers within it"},
 		{"cancel memory", CancelMemory.String(), "how long cancellations are kept, and how far back an executor reads them"},
 		{"default ack wait", DefaultAckWait.String(), "report progress (`+WPI`) every third of it"},
+		{"result max age", ResultMaxAge.String(), "the most a result's `Nats-TTL` may be, and how long a result without one is kept"},
+		{"result min TTL", ResultMinTTL.String(), "the least a result's `Nats-TTL` is, even past the call's `keep_result_until`"},
 	}
 	var b strings.Builder
 	b.WriteString("| name | value | meaning |\n|---|---|---|\n")

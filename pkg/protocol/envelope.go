@@ -57,6 +57,24 @@ type Call struct {
 	// call's result. Handlers run under it.
 	Deadline  time.Time `json:"deadline"`
 	CreatedAt time.Time `json:"created_at"`
+	// KeepResultUntil is how long the dispatcher may read the call's
+	// result: its writer keeps it that long and no longer (see
+	// [Call.ResultTTL]). Zero: the result stream's MaxAge alone bounds it.
+	KeepResultUntil time.Time `json:"keep_result_until,omitzero"`
+}
+
+// ResultTTL is the Nats-TTL a result of c carries when recorded at now:
+// until KeepResultUntil, at least ResultMinTTL (a result recorded after
+// every reader is done still answers a redelivery's recorded-result
+// check) and at most ResultMaxAge, rounded up to a whole second, which is
+// what the server counts in. Zero when c names no KeepResultUntil: the
+// result is then kept for the stream's MaxAge.
+func (c *Call) ResultTTL(now time.Time) time.Duration {
+	if c.KeepResultUntil.IsZero() {
+		return 0
+	}
+	ttl := min(max(c.KeepResultUntil.Sub(now), ResultMinTTL), ResultMaxAge)
+	return (ttl + time.Second - 1).Truncate(time.Second)
 }
 
 // Validate reports whether c is complete and consistent.
@@ -232,6 +250,11 @@ func appendCall(b []byte, c *Call) ([]byte, error) {
 	}
 	if b, err = AppendJSONTime(b, "created_at", c.CreatedAt); err != nil {
 		return nil, err
+	}
+	if !c.KeepResultUntil.IsZero() {
+		if b, err = AppendJSONTime(b, "keep_result_until", c.KeepResultUntil); err != nil {
+			return nil, err
+		}
 	}
 	return append(b, '}'), nil
 }

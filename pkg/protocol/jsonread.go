@@ -360,12 +360,13 @@ const (
 	keyType
 	keyMessage
 	keyFormat
+	keyKeepResultUntil
 )
 
 // The keys each object may have.
 const (
 	callFields = keyV | keyKey | keyPlatform | keyScope | keyCallID | keyTeam | keyFunction |
-		keyArguments | keyFormat | keyDeadline | keyCreatedAt
+		keyArguments | keyFormat | keyDeadline | keyCreatedAt | keyKeepResultUntil
 	resultFields = keyV | keyKey | keyCallID | keyTeam | keyFunction | keyOutput | keyError |
 		keyExecutor | keyAttempt | keyStartedAt | keyFinishedAt
 	errorFields = keyType | keyMessage
@@ -413,6 +414,8 @@ func keyBit(k []byte) uint {
 		return keyMessage
 	case "format":
 		return keyFormat
+	case "keep_result_until":
+		return keyKeepResultUntil
 	}
 	return 0
 }
@@ -444,6 +447,8 @@ func readCall(data []byte, c *Call) bool {
 			c.Deadline = r.time()
 		case keyCreatedAt:
 			c.CreatedAt = r.time()
+		case keyKeepResultUntil:
+			c.KeepResultUntil = r.time()
 		}
 	})
 	r.end()

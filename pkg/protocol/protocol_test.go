@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -147,6 +148,8 @@ func sampleCall() *Call {
 		Arguments: json.RawMessage(`{"location":"Seattle, WA","unit":"f"}`),
 		Deadline:  time.Date(2026, 1, 1, 0, 9, 30, 0, time.UTC),
 		CreatedAt: time.Date(2026, 1, 1, 0, 0, 1, 500, time.UTC),
+		// KeepResultUntil: the run's expiry (deadline + 30 s) + 10 minutes.
+		KeepResultUntil: time.Date(2026, 1, 1, 0, 20, 0, 0, time.UTC),
 	}
 }
 
@@ -246,6 +249,51 @@ func TestCallRoundTrip(t *testing.T) {
 	}
 	if diff := cmp.Diff(c, got); diff != "" {
 		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+}
+
+func TestCallResultTTL(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		keep time.Time
+		want time.Duration
+	}{
+		{"none: the stream's MaxAge", time.Time{}, 0},
+		{"until keep, rounded up to a second", now.Add(20*time.Minute + 300*time.Millisecond), 20*time.Minute + time.Second},
+		{"keep passed: the least", now.Add(-time.Hour), ResultMinTTL},
+		{"keep soon: the least", now.Add(time.Second), ResultMinTTL},
+		{"keep far off: the most", now.Add(30 * 24 * time.Hour), ResultMaxAge},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := sampleCall()
+			c.KeepResultUntil = tc.keep
+			if got := c.ResultTTL(now); got != tc.want {
+				t.Errorf("ResultTTL = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCallWithoutKeepResultUntil(t *testing.T) {
+	// An envelope of a dispatcher older than the field decodes, and
+	// encodes back without it.
+	c := sampleCall()
+	c.KeepResultUntil = time.Time{}
+	b, err := EncodeCall(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(b, []byte("keep_result_until")) {
+		t.Errorf("encoded %s: want no keep_result_until", b)
+	}
+	got, err := DecodeCall(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.KeepResultUntil.IsZero() || got.ResultTTL(time.Now()) != 0 {
+		t.Errorf("decoded keep_result_until %v, TTL %s: want none", got.KeepResultUntil, got.ResultTTL(time.Now()))
 	}
 }
 

@@ -189,9 +189,15 @@ func DecodeFunctionSpec(data []byte) (*FunctionSpec, error) {
 // LeaseTTL, so the declaration of a process that stopped renewing (killed,
 // partitioned) is removed by the server LeaseTTL after its last renewal,
 // and a process that stops cleanly deletes its own.
+//
+// DeclareWait is how long an executor waits for the answer to one request
+// before sending it again: longer than a dispatcher takes to store a
+// request's declarations (it gives up a second sooner), so that the answer
+// of a busy dispatcher is not abandoned and its work asked for twice.
 const (
 	LeaseTTL     = 15 * time.Second
 	LeaseRenewal = LeaseTTL / 3
+	DeclareWait  = 6 * time.Second
 )
 
 // Declaration is one executor process's announcement that it serves a

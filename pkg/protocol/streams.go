@@ -88,6 +88,9 @@ type BucketSpec struct {
 	// LimitMarkerTTL, when set, makes the server leave a delete marker,
 	// seen by watchers, when TTL removes a value (semantic).
 	LimitMarkerTTL time.Duration
+	// AllowMsgTTL lets a write carry a Nats-TTL of its own, shorter than
+	// TTL, without the markers LimitMarkerTTL adds (semantic).
+	AllowMsgTTL bool
 }
 
 // AckPolicy is a consumer's acknowledgement policy, as JetStream's API
@@ -147,9 +150,18 @@ const (
 	// CallMaxAge bounds how long a call can sit in a work queue; calls also
 	// carry a Nats-TTL that removes them a minute after their deadline.
 	CallMaxAge = time.Hour
-	// ResultMaxAge keeps results well past their turn, so a restarted
-	// dispatcher and late redeliveries still find them.
+	// ResultMaxAge bounds how long a result is kept: the backstop of a
+	// result recorded with no Nats-TTL (an executor older than
+	// Call.KeepResultUntil, or a call that names none), and the most
+	// Call.ResultTTL asks for. It outlasts every reader: a turn lives at
+	// most an hour, and the result of a call an MCP client started as a
+	// task is read for an hour after the call was taken in.
 	ResultMaxAge = 2 * time.Hour
+	// ResultMinTTL is the shortest Nats-TTL of a result: one recorded
+	// after its KeepResultUntil still answers the recorded-result check
+	// of a redelivery of its call, whose own TTL ends a minute after its
+	// deadline.
+	ResultMinTTL = time.Minute
 	// DeadLetterMaxAge is how long dead letters are kept for operators.
 	DeadLetterMaxAge = 14 * 24 * time.Hour
 	// CancelMemory is how long a cancellation is kept, and how far back an
@@ -160,8 +172,10 @@ const (
 	// AttemptTTL is how long an attempt mark is kept: longer than a turn.
 	AttemptTTL = 2 * time.Hour
 	// DefaultResultStreamBytes is the size limit of each team's result
-	// stream unless the dispatcher is given another: about 256k results
-	// of 1 KiB, far more than any team has in flight within ResultMaxAge.
+	// stream unless the dispatcher is given another: about 410,000
+	// results of 650 bytes, each kept as Call.KeepResultUntil says
+	// (twenty minutes after a default turn is taken in), so a team
+	// sustains about 340 calls/s of such turns (docs/operations.md).
 	DefaultResultStreamBytes = 256 << 20
 	// DefaultAckWait is the function consumers' AckWait unless an
 	// executor chooses another; running calls report progress every
@@ -195,10 +209,12 @@ func CallStreamSpec(team string) StreamSpec {
 // subject: the first result recorded wins, whoever writes it (an executor,
 // or the dispatcher failing a call). Writers also publish with
 // Nats-Expected-Last-Subject-Sequence: 0, and a repeat of the same
-// publication soon after is dropped by its Nats-Msg-Id, within Duplicates. MaxBytes
+// publication soon after is dropped by its Nats-Msg-Id, within Duplicates.
+// AllowMsgTTL lets each result carry Call.ResultTTL as its Nats-TTL, so
+// that it goes once nothing reads it; MaxAge bounds one without. MaxBytes
 // bounds what one team can store (the dispatcher's setting; see
-// DefaultResultStreamBytes): a team that floods its results stream only
-// fills its own.
+// DefaultResultStreamBytes): a team that floods its results stream, or
+// pins its results with a Nats-TTL of "never", only fills its own.
 func ResultStreamSpec(team string, maxBytes int64) StreamSpec {
 	return StreamSpec{
 		Name:                 ResultStream(team),
@@ -212,6 +228,7 @@ func ResultStreamSpec(team string, maxBytes int64) StreamSpec {
 		MaxBytes:             maxBytes,
 		Duplicates:           ResultDuplicateWindow,
 		MaxMsgSize:           MaxEnvelopeSize,
+		AllowMsgTTL:          true,
 		AllowDirect:          true,
 	}
 }

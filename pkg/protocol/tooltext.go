@@ -177,7 +177,7 @@ func (w *textWalk) walk(v any, at string) error {
 		}
 		slices.Sort(keys) // the same error for the same schema
 		for _, k := range keys {
-			here := at + "/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(k)
+			here := at + "/" + pointerEscaper.Replace(k)
 			if err := checkRunes(k); err != nil {
 				return fmt.Errorf("%s (a key): %w", pointer(here), err)
 			}
@@ -283,3 +283,6 @@ func refusedRune(r rune) string {
 	}
 	return ""
 }
+
+// pointerEscaper escapes a key as a JSON Pointer token (RFC 6901).
+var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")

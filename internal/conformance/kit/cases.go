@@ -24,6 +24,7 @@ var cases = []testCase{
 	{name: "declare: every test function has a live declaration and a consumer", check: (*kit).declare},
 	{name: "ownership: another team is refused the names", fn: FnEcho, check: (*kit).ownership},
 	{name: "success: output recorded as the result", fn: FnEcho, check: (*kit).success},
+	{name: "result TTL: a call without keep_result_until gets a result without Nats-TTL", fn: FnEcho, check: (*kit).keepless},
 	{name: "invalid arguments: checked without a Toolrelay-Schema header", fn: FnEcho, check: (*kit).invalidArguments},
 	{name: "schema digest: arguments not checked again under the declared schema's digest", fn: FnEcho, check: (*kit).digestTrusted},
 	{name: "schema digest: checked again under another digest", fn: FnEcho, check: (*kit).digestOther},
@@ -156,6 +157,14 @@ func (k *kit) success(ctx context.Context) string {
 		return fmt.Sprintf("expected headers Toolrelay-Call-Key and Nats-Msg-Id %s, saw %q and %q", c.Key, h.Get(protocol.HeaderCallKey), h.Get(jetstream.MsgIDHeader))
 	}
 	return ""
+}
+
+func (k *kit) keepless(ctx context.Context) string {
+	_, res, _, problem := k.call(ctx, FnEcho, `{"text":"keepless"}`, callOpts{keepless: true}, short)
+	if problem != "" {
+		return problem
+	}
+	return output(res, "keepless")
 }
 
 func (k *kit) invalidArguments(ctx context.Context) string {

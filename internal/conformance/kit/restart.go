@@ -120,7 +120,7 @@ func (k *kit) recordedRedelivery(ctx context.Context) string {
 		recorded.Key: func() error {
 			res := &protocol.Result{Version: protocol.Version, Key: recorded.Key, CallID: recorded.CallID, Team: k.team,
 				Function: FnEffect, Output: "recorded by the kit", Executor: kitExecutor, Attempt: 1, FinishedAt: time.Now().UTC()}
-			return firstwins.Record(ctx, k.nc, res, nil)
+			return firstwins.Record(ctx, k.nc, res, nil, recorded.ResultTTL(time.Now()))
 		},
 		k.restart.mayHaveRun.Key: func() error {
 			kv, err := k.js.KeyValue(ctx, protocol.AttemptBucket)

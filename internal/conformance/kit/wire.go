@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,7 +23,13 @@ type callOpts struct {
 	schema      string        // Toolrelay-Schema header
 	traceparent string        // traceparent header
 	deadline    time.Duration // from now; default 30s (negative: passed)
+	keepless    bool          // no keep_result_until, as older dispatchers send
 }
+
+// keepAfterDeadline is how long past its deadline the kit's calls ask
+// their results kept (keep_result_until), as a dispatcher asks for ten
+// minutes past its run's expiry.
+const keepAfterDeadline = 10 * time.Minute
 
 // newCall returns a call of fn in a turn of its own.
 func (k *kit) newCall(fn, args string, o callOpts) *protocol.Call {
@@ -31,11 +38,40 @@ func (k *kit) newCall(fn, args string, o callOpts) *protocol.Call {
 	}
 	turn := protocol.NewTurnKey(protocol.PlatformMCP, "mcp/conformance-"+uuid.NewString(), []string{"call_1"})
 	now := time.Now().UTC()
-	return &protocol.Call{
+	c := &protocol.Call{
 		Version: protocol.Version, Key: turn.Call("call_1"), Platform: protocol.PlatformMCP,
 		Scope: "mcp/conformance", CallID: "call_1", Team: k.team, Function: fn,
 		Arguments: json.RawMessage(args), Deadline: now.Add(o.deadline), CreatedAt: now,
 	}
+	if !o.keepless {
+		c.KeepResultUntil = c.Deadline.Add(keepAfterDeadline)
+	}
+	return c
+}
+
+// resultTTL checks the Nats-TTL of c's result, recorded between sent and
+// seen: what protocol.Call.ResultTTL gives at some moment between them,
+// or none when c names no keep_result_until.
+func resultTTL(c *protocol.Call, h nats.Header, sent, seen time.Time) string {
+	got := h.Get(jetstream.MsgTTLHeader)
+	if c.KeepResultUntil.IsZero() {
+		if got != "" {
+			return fmt.Sprintf("expected no %s on the result of a call without keep_result_until, saw %q", jetstream.MsgTTLHeader, got)
+		}
+		return ""
+	}
+	ttl, err := time.ParseDuration(got)
+	if err != nil {
+		if n, nerr := strconv.ParseInt(got, 10, 64); nerr == nil {
+			ttl, err = time.Duration(n)*time.Second, nil // a bare number counts seconds
+		}
+	}
+	lo, hi := c.ResultTTL(seen), c.ResultTTL(sent)
+	if err != nil || ttl < lo || ttl > hi {
+		return fmt.Sprintf("expected %s between %s and %s (keep_result_until %s), saw %q", jetstream.MsgTTLHeader, lo, hi,
+			c.KeepResultUntil.Format(time.RFC3339), got)
+	}
+	return ""
 }
 
 // publish publishes c as a dispatcher does: on fncall.<team>.<function>
@@ -61,15 +97,20 @@ func (k *kit) publish(ctx context.Context, c *protocol.Call, o callOpts) error {
 	return err
 }
 
-// call publishes a call of fn and waits up to within for its result.
+// call publishes a call of fn and waits up to within for its result,
+// which must carry the Nats-TTL the call asks for.
 func (k *kit) call(ctx context.Context, fn, args string, o callOpts, within time.Duration) (*protocol.Call, *protocol.Result, nats.Header, string) {
 	c := k.newCall(fn, args, o)
+	sent := time.Now()
 	if err := k.publish(ctx, c, o); err != nil {
 		return c, nil, nil, fmt.Sprintf("expected to publish the call, saw %v", err)
 	}
 	res, h, err := k.result(ctx, c.Key, within)
 	if err != nil {
 		return c, nil, nil, err.Error()
+	}
+	if p := resultTTL(c, h, sent, time.Now()); p != "" {
+		return c, res, h, p
 	}
 	return c, res, h, ""
 }

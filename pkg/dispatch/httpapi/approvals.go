@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -146,25 +147,10 @@ func writeDecisionError(w http.ResponseWriter, err error) {
 }
 
 func (a *Handler) getAudit(w http.ResponseWriter, r *http.Request) {
-	v := r.URL.Query()
-	q := dispatch.AuditQuery{Team: v.Get("team")}
-	if s := v.Get("since"); s != "" {
-		if t, err := time.Parse(time.RFC3339, s); err == nil {
-			q.Since = t
-		} else if d, err := time.ParseDuration(s); err == nil && d > 0 {
-			q.Since = time.Now().Add(-d)
-		} else {
-			writeFieldError(w, &dispatch.FieldError{Field: "since", Message: "since must be an RFC 3339 time or a duration back from now (24h)"})
-			return
-		}
-	}
-	if s := v.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > dispatch.MaxAuditEntries {
-			writeFieldError(w, &dispatch.FieldError{Field: "limit", Message: fmt.Sprintf("limit must be 1 to %d", dispatch.MaxAuditEntries)})
-			return
-		}
-		q.Limit = n
+	q, fe := ParseAuditQuery(r.URL.Query())
+	if fe != nil {
+		writeFieldError(w, fe)
+		return
 	}
 	entries, err := a.d.Audit(r.Context(), CallerOf(r), q)
 	if err != nil {
@@ -176,4 +162,28 @@ func (a *Handler) getAudit(w http.ResponseWriter, r *http.Request) {
 	for i := range entries {
 		_ = enc.Encode(&entries[i])
 	}
+}
+
+// ParseAuditQuery reads the audit trail's query parameters: team, since
+// (an RFC 3339 time, or a duration back from now) and limit (1 to
+// dispatch.MaxAuditEntries). The error names the field.
+func ParseAuditQuery(v url.Values) (dispatch.AuditQuery, *dispatch.FieldError) {
+	q := dispatch.AuditQuery{Team: v.Get("team")}
+	if s := v.Get("since"); s != "" {
+		if t, err := time.Parse(time.RFC3339, s); err == nil {
+			q.Since = t
+		} else if d, err := time.ParseDuration(s); err == nil && d > 0 {
+			q.Since = time.Now().Add(-d)
+		} else {
+			return q, &dispatch.FieldError{Field: "since", Message: "since must be an RFC 3339 time or a duration back from now (24h)"}
+		}
+	}
+	if s := v.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > dispatch.MaxAuditEntries {
+			return q, &dispatch.FieldError{Field: "limit", Message: fmt.Sprintf("limit must be 1 to %d", dispatch.MaxAuditEntries)}
+		}
+		q.Limit = n
+	}
+	return q, nil
 }

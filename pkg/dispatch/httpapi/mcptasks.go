@@ -35,9 +35,10 @@ const (
 	// the experimental tasks: the one that introduced them.
 	protocolTasks = "2025-11-25"
 	// MCPTaskTTL is every task's ttl: how long after its creation any
-	// replica answers for it. Clients' requested ttls are overridden, as
+	// replica answers for it, as long as the dispatcher keeps a started
+	// call's record and result. Clients' requested ttls are overridden, as
 	// the specification allows.
-	MCPTaskTTL = time.Hour
+	MCPTaskTTL = dispatch.StartedCallTTL
 	// MCPTaskMaxRun bounds how long a task's call may run: its function's
 	// timeout, or MCPCallTimeout where it declares none, up to this.
 	MCPTaskMaxRun = time.Hour

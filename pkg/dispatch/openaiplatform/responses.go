@@ -109,9 +109,15 @@ func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []d
 		params.Background = openai.Bool(true)
 	}
 	items := make(responses.ResponseInputParam, 0, len(outputs))
+	approvals := false
 	for _, o := range outputs {
 		if o.Call.ToolSearch {
 			items = append(items, toolSearchOutput(o))
+			continue
+		}
+		if o.Call.MCPServer != "" {
+			items = append(items, mcpApprovalResponse(o))
+			approvals = true
 			continue
 		}
 		out := modelOutput(o.Result, maxResponsesOutput)
@@ -131,6 +137,19 @@ func (a *Responses) Submit(ctx context.Context, turn *dispatch.Turn, outputs []d
 			agent["version"] = ref.Agent.Version
 		}
 		opts = append(opts, option.WithJSONSet("agent_reference", agent))
+	}
+	if approvals && ref.Agent == nil && ref.ResponseID != "" {
+		// The platform makes the approved MCP calls with the servers the
+		// request names, and a continuation inherits no tools: it names
+		// those of the response it continues. (A Foundry agent has its
+		// own.)
+		prev, err := a.client.Responses.Get(ctx, ref.ResponseID, responses.ResponseGetParams{})
+		if err != nil {
+			return nil, classify("get response "+ref.ResponseID, err)
+		}
+		if raw := prev.JSON.Tools.Raw(); raw != "" && raw != "null" && raw != "[]" {
+			opts = append(opts, option.WithJSONSet("tools", json.RawMessage(raw)))
+		}
 	}
 	r, err := a.client.Responses.New(ctx, params, opts...)
 	if err != nil {
@@ -159,10 +178,11 @@ var hostedItems = map[string]bool{
 // outputCall returns the call toolrelay answers for an output item, or
 // nil; served reports whether the item needs nothing from toolrelay (a
 // call it answers, or an item the platform finished). Anything else
-// (mcp_approval_request, computer_call, local_shell_call, shell_call,
-// apply_patch_call, a type this SDK does not know) is unsupported. A
-// client-executed tool_search_call is a call the dispatcher answers
-// itself, from the registry.
+// (computer_call, local_shell_call, shell_call, apply_patch_call, a type
+// this SDK does not know) is unsupported. A client-executed
+// tool_search_call is a call the dispatcher answers itself, from the
+// registry, and an mcp_approval_request one it decides itself, by the
+// approval policy.
 func outputCall(it responses.ResponseOutputItemUnion) (call *dispatch.CallRequest, served bool) {
 	switch it.Type {
 	case "function_call":
@@ -177,8 +197,51 @@ func outputCall(it responses.ResponseOutputItemUnion) (call *dispatch.CallReques
 			return nil, true // the platform searched
 		}
 		return &dispatch.CallRequest{ID: ts.CallID, Name: "tool_search", Arguments: searchArguments(ts.JSON.Arguments.Raw()), ToolSearch: true}, true
+	case "mcp_approval_request":
+		ar := it.AsMcpApprovalRequest()
+		return mcpApprovalCall(ar.ID, ar.ServerLabel, ar.Name, ar.Arguments), true
 	}
 	return nil, hostedItems[it.Type]
+}
+
+// mcpApprovalCall is the call an mcp_approval_request asks the dispatcher
+// to decide; its ID is the request's. Arguments (a JSON string on the
+// wire) that are not JSON are kept as text, which intake refuses.
+func mcpApprovalCall(id, server, name, args string) *dispatch.CallRequest {
+	if args == "" {
+		args = "{}"
+	}
+	return &dispatch.CallRequest{ID: id, Name: name, Arguments: json.RawMessage(args), MCPServer: cmp.Or(server, "(no label)")}
+}
+
+// mcpApprovalResponse answers an mcp_approval_request with the
+// dispatcher's decision: approved when the call's result is an output,
+// denied when it is a failure; the reason is the output's text, or the
+// failure's message.
+func mcpApprovalResponse(o dispatch.Output) responses.ResponseInputItemUnionParam {
+	approve := o.Result != nil && o.Result.OK()
+	reason := "not decided"
+	switch {
+	case approve:
+		if json.Unmarshal([]byte(o.Result.Output), &reason) != nil {
+			reason = o.Result.Output
+		}
+	case o.Result != nil && o.Result.Error != nil:
+		reason = o.Result.Error.Message
+	}
+	item := responses.ResponseInputItemParamOfMcpApprovalResponse(o.Call.ID, approve)
+	item.OfMcpApprovalResponse.Reason = openai.String(truncate(reason, maxApprovalReason))
+	return item
+}
+
+// maxApprovalReason bounds the reason of an mcp_approval_response.
+const maxApprovalReason = 2048
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
 }
 
 // searchArguments are a tool_search_call's arguments as a call carries
@@ -233,8 +296,11 @@ func (a *Responses) answered(ctx context.Context, conversation string, outputs [
 		return false, classify("list conversation items "+conversation, err)
 	}
 	for _, it := range page.Data {
-		if it.Type == "function_call_output" || it.Type == "custom_tool_call_output" || it.Type == "tool_search_output" {
+		switch it.Type {
+		case "function_call_output", "custom_tool_call_output", "tool_search_output":
 			delete(want, it.CallID)
+		case "mcp_approval_response":
+			delete(want, it.ApprovalRequestID)
 		}
 	}
 	return len(want) == 0, nil
@@ -255,11 +321,7 @@ func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*di
 		it := iter.Current()
 		switch it.Type {
 		case "function_call":
-			raw := it.JSON.Arguments.Raw()
-			var args string
-			if json.Unmarshal([]byte(raw), &args) != nil {
-				args = raw
-			}
+			args := stringArguments(it.JSON.Arguments.Raw())
 			pending[it.CallID] = dispatch.CallRequest{ID: it.CallID, Name: it.Name, Arguments: []byte(args)}
 			order = append(order, it.CallID)
 		case "custom_tool_call":
@@ -278,10 +340,10 @@ func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*di
 		case "computer_call_output", "local_shell_call_output", "shell_call_output", "apply_patch_call_output":
 			delete(waiting, it.CallID)
 		case "mcp_approval_request":
-			waiting[it.ID] = dispatch.UnsupportedItem{Type: it.Type, ID: it.ID}
-			waitOrder = append(waitOrder, it.ID)
+			pending[it.ID] = *mcpApprovalCall(it.ID, it.ServerLabel, it.Name, stringArguments(it.JSON.Arguments.Raw()))
+			order = append(order, it.ID)
 		case "mcp_approval_response":
-			delete(waiting, it.ApprovalRequestID)
+			delete(pending, it.ApprovalRequestID)
 		case "message":
 			if it.Role == "assistant" {
 				answer = messageText(it.RawJSON())
@@ -311,6 +373,15 @@ func (a *Responses) pollConversation(ctx context.Context, ref dispatch.Ref) (*di
 		return &dispatch.Observation{State: dispatch.ObjectDone, Answer: answer}, nil
 	}
 	return &dispatch.Observation{State: dispatch.ObjectRequiresAction, Turn: turn}, nil
+}
+
+// stringArguments reads an item's arguments, a JSON string on the wire.
+func stringArguments(raw string) string {
+	var args string
+	if json.Unmarshal([]byte(raw), &args) != nil {
+		return raw
+	}
+	return args
 }
 
 // messageText joins the text parts of a message item.

@@ -8,7 +8,6 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { DeclarationRefusedError, type Refusal } from "./errors.js";
 import * as p from "./protocol.js";
 
-const REQUEST_TIMEOUT_MS = 2_000;
 const RETRY_AFTER_FAILURE_MS = 500;
 
 export interface Reply {
@@ -28,6 +27,8 @@ export class Lease {
   private readonly held = new Set<string>();
   /** Whether declare has begun: only then is there anything to withdraw. */
   private declaring = false;
+  /** Whether renewals fail now: their failure is logged once, not every retry. */
+  private failing = false;
   /** The last exchange: one at a time, so a renewal never overtakes a withdrawal. */
   private last: Promise<unknown> = Promise.resolve();
   /** declarations: the JSON text of each declaration, by function. */
@@ -75,25 +76,29 @@ export class Lease {
   /**
    * send sends the requests of op after the exchange before has ended, one
    * per batch, and joins their replies; declaring nothing is answered at
-   * once. The first batch no dispatcher answers ends it.
+   * once. A batch no dispatcher answers does not keep the next from being
+   * sent (each declaration lapses on its own); the exchange is then
+   * unanswered as a whole, and sent again.
    */
   private send(op: "declare" | "withdraw", names?: string[]): Promise<Sent> {
     const sent = this.last.then(async (): Promise<Sent> => {
       const which = names ?? (op === "declare" ? this.serving() : [...this.declarations.keys()]);
       const joined: Reply = { v: p.VERSION };
+      let unanswered: string | undefined;
       for (const batch of this.batches(which)) {
         let reply: Reply;
         try {
-          const m = await this.nc.request(p.declareSubject(this.team), this.body(op, batch), { timeout: REQUEST_TIMEOUT_MS });
+          const m = await this.nc.request(p.declareSubject(this.team), this.body(op, batch), { timeout: p.DECLARE_WAIT_MS });
           reply = JSON.parse(m.string()) as Reply;
         } catch (e) {
-          return { unanswered: e instanceof Error ? e.message : String(e) };
+          unanswered ??= e instanceof Error ? e.message : String(e);
+          continue;
         }
         if (reply.accepted?.length) joined.accepted = [...(joined.accepted ?? []), ...reply.accepted];
         if (reply.refused?.length) joined.refused = [...(joined.refused ?? []), ...reply.refused];
         joined.error ??= reply.error || undefined;
       }
-      return { reply: joined };
+      return unanswered === undefined ? { reply: joined } : { unanswered };
     });
     this.last = sent;
     return sent;
@@ -129,12 +134,19 @@ export class Lease {
       if (this.stopped) return;
       const sent = await this.send("declare");
       if (this.stopped) return;
-      if ("unanswered" in sent) this.log("renewing the declarations: no answer", { err: sent.unanswered });
-      else if (sent.reply.error) {
-        this.log("renewing the declarations failed; sending again", { err: sent.reply.error });
+      const failed = "unanswered" in sent ? sent.unanswered : sent.reply.error || undefined;
+      if (failed !== undefined) {
+        // Sent again soon, not a renewal period later: the lease lapses
+        // LEASE_TTL_MS after the last renewal that was stored. Logged
+        // once per outage.
+        if (!this.failing) this.log("renewing the declarations failed; sending again until a dispatcher stores them", { err: failed });
+        this.failing = true;
         this.timer = setTimeout(tick, RETRY_AFTER_FAILURE_MS);
         return;
-      } else if (sent.reply.refused?.length) this.log("declarations refused on renewal", { refused: sent.reply.refused });
+      }
+      if (this.failing) this.log("a dispatcher has the declarations again");
+      this.failing = false;
+      if ("reply" in sent && sent.reply.refused?.length) this.log("declarations refused on renewal", { refused: sent.reply.refused });
       this.timer = setTimeout(tick, p.LEASE_RENEWAL_MS);
     };
     this.timer = setTimeout(tick, p.LEASE_RENEWAL_MS);

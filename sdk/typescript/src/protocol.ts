@@ -13,8 +13,14 @@ export const HEADER_MSG_ID = "Nats-Msg-Id";
 export const MAX_OUTPUT_SIZE = 256 << 10;
 export const LEASE_TTL_MS = 15_000;
 export const LEASE_RENEWAL_MS = 5_000;
+/** How long to wait for the answer to one declare request before sending it again. */
+export const DECLARE_WAIT_MS = 6_000;
 export const CANCEL_MEMORY_MS = 30 * 60_000;
 export const DEFAULT_ACK_WAIT_MS = 30_000;
+/** The most a result is kept: the result streams' MaxAge, and the longest Nats-TTL resultTTL gives. */
+export const RESULT_MAX_AGE_MS = 2 * 60 * 60_000;
+/** The shortest Nats-TTL of a result: it answers a redelivery's recorded-result check. */
+export const RESULT_MIN_TTL_MS = 60_000;
 export const DEFAULT_API_PREFIX = "$JS.API";
 /** Where a team's account reaches the control plane's API, with an account per team. */
 export const CONTROL_API_PREFIX = "$JS.toolrelay.API";
@@ -71,6 +77,8 @@ export interface Call {
   arguments: unknown;
   deadline: string;
   created_at: string;
+  /** How long the dispatcher reads the result: it is recorded with resultTTL as its Nats-TTL. */
+  keep_result_until?: string;
 }
 
 export interface Result {
@@ -124,7 +132,21 @@ export function decodeCall(data: Uint8Array): Call {
   if (typeof c.function !== "string" || !validFunction(c.function)) throw new Error("call has an invalid function");
   if (typeof c.deadline !== "string" || Number.isNaN(Date.parse(c.deadline))) throw new Error("call has no valid deadline");
   if (c.arguments === undefined) throw new Error("call has no arguments");
+  if (c.keep_result_until !== undefined && (typeof c.keep_result_until !== "string" || Number.isNaN(Date.parse(c.keep_result_until)))) {
+    throw new Error("call has an invalid keep_result_until");
+  }
   return c;
+}
+
+/**
+ * resultTTL is the Nats-TTL of call's result recorded at nowMs: until keep_result_until, at least
+ * RESULT_MIN_TTL_MS and at most RESULT_MAX_AGE_MS, in whole seconds rounded up ("1200s"); undefined
+ * when the call names no keep_result_until (the result is then kept for the stream's MaxAge).
+ */
+export function resultTTL(call: Call, nowMs: number = Date.now()): string | undefined {
+  if (call.keep_result_until === undefined) return undefined;
+  const ms = Math.min(Math.max(Date.parse(call.keep_result_until) - nowMs, RESULT_MIN_TTL_MS), RESULT_MAX_AGE_MS);
+  return `${Math.ceil(ms / 1000)}s`;
 }
 
 /** failure is a failed result of call. */

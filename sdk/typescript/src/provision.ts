@@ -2,7 +2,8 @@
 // buckets, Consuming calls): its team's call stream and one durable consumer
 // per function, FNDLQ, FNCANCELS, the attempts bucket, and the team's results
 // stream when the control plane shares the account. An existing stream that
-// differs in what the contract rests on is refused, not changed.
+// differs in what the contract rests on is refused, not changed; one that
+// lacks per-message TTLs has them turned on.
 
 import {
   AckPolicy, DeliverPolicy, DiscardPolicy, JetStreamApiError, RetentionPolicy, StorageType,
@@ -29,7 +30,8 @@ export function resultStreamConfig(team: string, replicas: number): Spec {
     name: p.resultStream(team), description: `toolrelay results of team ${team}, first result per call wins`,
     subjects: [`fnresult.${team}.>`], retention: RetentionPolicy.Limits, discard: DiscardPolicy.New,
     max_msgs_per_subject: 1, discard_new_per_subject: true, max_age: ns(2 * HOUR), max_bytes: 256 << 20,
-    duplicate_window: ns(2 * MINUTE), max_msg_size: 1 << 20, allow_direct: true, storage: StorageType.File, num_replicas: replicas,
+    duplicate_window: ns(2 * MINUTE), max_msg_size: 1 << 20, allow_msg_ttl: true, allow_direct: true, storage: StorageType.File,
+    num_replicas: replicas,
   };
 }
 
@@ -79,11 +81,19 @@ export async function ensureStream(jsm: JetStreamManager, want: Spec): Promise<v
   check("max_msgs_per_subject", (have.max_msgs_per_subject ?? -1) === (want.max_msgs_per_subject ?? -1) ||
     (want.max_msgs_per_subject === undefined && (have.max_msgs_per_subject ?? 0) <= 0));
   check("discard_new_per_subject", !!have.discard_new_per_subject === !!want.discard_new_per_subject);
-  if (want.allow_msg_ttl) check("allow_msg_ttl", !!have.allow_msg_ttl);
   if (want.allow_rollup_hdrs) check("allow_rollup_hdrs", !!have.allow_rollup_hdrs);
   if (want.allow_direct) check("allow_direct", !!have.allow_direct);
   for (const s of want.subjects) check("subjects", (have.subjects ?? []).includes(s));
   if (diffs.length) throw new Error(`toolrelay: stream ${want.name} is incompatible: ${diffs.join("; ")}`);
+  if (want.allow_msg_ttl && !have.allow_msg_ttl) {
+    // Created before toolrelay set per-message TTLs: the server turns them on
+    // in place (never off), and what the stream holds stays.
+    try {
+      await jsm.streams.update(want.name, { ...have, allow_msg_ttl: true });
+    } catch (e) {
+      throw new Error(`toolrelay: allow per-message TTLs on stream ${want.name} (nats-server 2.11 or later, and the right to update it): ${e}`);
+    }
+  }
 }
 
 /**

@@ -497,10 +497,19 @@ class Delivery {
     h.set(p.HEADER_CALL_KEY, res.key);
     const send = this.env.tracer.startSpan(`send fnresult.${this.env.team}`, { kind: SpanKind.PRODUCER }, this.ctx);
     inject(trace.setSpan(this.ctx, send), h);
+    const publish = (ttl: string | undefined) => this.env.js.publish(p.resultSubject(res.team, res.key), JSON.stringify(res), {
+      msgID: res.key, expect: { lastSubjectSequence: 0 }, headers: h, ...(ttl ? { ttl } : {}),
+    });
     try {
-      await this.env.js.publish(p.resultSubject(res.team, res.key), JSON.stringify(res), {
-        msgID: res.key, expect: { lastSubjectSequence: 0 }, headers: h,
-      });
+      const ttl = p.resultTTL(this.call);
+      try {
+        await publish(ttl);
+      } catch (e) {
+        // 10166: the stream does not take per-message TTLs yet (its dispatcher
+        // has not updated it); the result is recorded without, kept for MaxAge.
+        if (!(ttl && e instanceof JetStreamApiError && e.code === 10166)) throw e;
+        await publish(undefined);
+      }
     } catch (e) {
       // 10071: a result is recorded already (first wins). That is success.
       if (!(e instanceof JetStreamApiError && e.code === 10071)) throw e;

@@ -179,11 +179,12 @@ export const newCallKey = () => `${randomBytes(16).toString("hex")}.${randomByte
 
 /** publishCall publishes a call as the dispatcher would, for tests that drive the executor directly. */
 export async function publishCall(nc: NatsConnection, team: string, fn: string, args: unknown,
-  o: { key?: string; deadlineMs?: number; header?: Record<string, string> } = {}): Promise<string> {
+  o: { key?: string; deadlineMs?: number; header?: Record<string, string>; keepResultUntil?: string } = {}): Promise<string> {
   const key = o.key ?? newCallKey();
   const deadline = new Date(Date.now() + (o.deadlineMs ?? 30_000)).toISOString();
   const call = { v: 1, key, platform: "mcp", scope: "mcp/test", call_id: `call_${key.slice(-6)}`, team, function: fn,
-    arguments: args, deadline, created_at: new Date().toISOString() };
+    arguments: args, deadline, created_at: new Date().toISOString(),
+    ...(o.keepResultUntil ? { keep_result_until: o.keepResultUntil } : {}) };
   const h = headers();
   h.set("Toolrelay-Call-Key", key);
   h.set("Toolrelay-Deadline", deadline);
@@ -199,6 +200,15 @@ export async function result(nc: NatsConnection, team: string, key: string, ms =
   return waitFor(`the result of ${key}`, async () => {
     const m = await jsm.streams.getMessage(`FNRESULTS_${team}`, { last_by_subj: `fnresult.${team}.${key}` }).catch(() => null);
     return m ? m.json() : undefined;
+  }, ms);
+}
+
+/** resultTTL waits for the result of key and returns its Nats-TTL header ("" for none). */
+export async function resultTTL(nc: NatsConnection, team: string, key: string, ms = 15_000): Promise<string> {
+  const jsm = await jetstreamManager(nc);
+  return waitFor(`the result of ${key}`, async () => {
+    const m = await jsm.streams.getMessage(`FNRESULTS_${team}`, { last_by_subj: `fnresult.${team}.${key}` }).catch(() => null);
+    return m ? (m.header?.get("Nats-TTL") ?? "") : undefined;
   }, ms);
 }
 

@@ -5,8 +5,9 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { jetstream } from "@nats-io/jetstream";
-import { deadLetter, newCallKey, publishCall, result, sleep, start, waitFor, type Env } from "./harness.js";
+import { deadLetter, newCallKey, publishCall, result, resultTTL, sleep, start, waitFor, type Env } from "./harness.js";
 import { CallCancelledError, DeclarationRefusedError, DidNotRunError, Executor, ShutdownError } from "../src/index.js";
+import * as p from "../src/protocol.js";
 
 let env: Env;
 const declares: Array<{ op: string; names: string[]; raw: string }> = [];
@@ -122,6 +123,38 @@ test("a call whose result is recorded already is acknowledged without running", 
   assert.equal(runs, 0);
   assert.equal((await result(env.nc, team, key)).output, "earlier");
   await ex2.shutdown();
+});
+
+test("resultTTL: until keep_result_until, at least a minute, at most two hours, in whole seconds", () => {
+  const now = Date.parse("2026-01-01T00:00:00Z");
+  const key = newCallKey();
+  const call = (keep?: string) => ({ v: 1, key, platform: "mcp", scope: "s", call_id: "c", team: "t", function: "f",
+    arguments: {}, deadline: "2026-01-01T00:09:30Z", created_at: "2026-01-01T00:00:00Z", ...(keep ? { keep_result_until: keep } : {}) });
+  assert.equal(p.resultTTL(call(), now), undefined);
+  assert.equal(p.resultTTL(call("2026-01-01T00:20:00.300Z"), now), "1201s");
+  assert.equal(p.resultTTL(call("2025-12-31T00:00:00Z"), now), "60s");
+  assert.equal(p.resultTTL(call("2027-01-01T00:00:00Z"), now), "7200s");
+  assert.throws(() => p.decodeCall(new TextEncoder().encode(JSON.stringify(call("soon")))), /keep_result_until/);
+});
+
+test("results carry the Nats-TTL their call asks for; a call asking none gets none; an older result stream is updated", async () => {
+  const team = "tsttl";
+  const jsm = await jetstream(env.nc).jetstreamManager();
+  // A result stream as an older version created it: no per-message TTLs.
+  await jsm.streams.add({ name: `FNRESULTS_${team}`, subjects: [`fnresult.${team}.>`], retention: "limits" as any, discard: "new" as any,
+    max_msgs_per_subject: 1, discard_new_per_subject: true, max_age: 2 * 3600 * 1e9, allow_direct: true });
+  const ex = new Executor(env.nc, team, { name: "ttl" });
+  ex.register({ name: "echo", handler: () => "ok" });
+  await ex.start();
+  assert.equal((await jsm.streams.info(`FNRESULTS_${team}`)).config.allow_msg_ttl, true);
+  const keep = new Date(Date.now() + 20 * 60_000);
+  const kept = await publishCall(env.nc, team, "echo", {}, { keepResultUntil: keep.toISOString() });
+  const ttl = await resultTTL(env.nc, team, kept);
+  const secs = Number(ttl.replace(/s$/, ""));
+  assert.ok(ttl.endsWith("s") && secs > 19 * 60 && secs <= 20 * 60 + 1, `Nats-TTL ${ttl}, want about 1200s`);
+  const plain = await publishCall(env.nc, team, "echo", {});
+  assert.equal(await resultTTL(env.nc, team, plain), "");
+  await ex.shutdown();
 });
 
 test("a cancelled turn aborts its running call with CallCancelledError and fails it as unavailable", async () => {
