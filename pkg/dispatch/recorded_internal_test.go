@@ -42,7 +42,7 @@ func TestARestartLearnsTheRecordedResultsFromOneListing(t *testing.T) {
 		for c := range recorded {
 			res := &protocol.Result{Version: protocol.Version, Key: tn.Calls[c].Key, CallID: tn.Calls[c].ID, Team: "geo",
 				Function: tn.Calls[c].Name, Output: "ok", FinishedAt: now.UTC()}
-			if err := firstwins.Record(ctx, js.Conn(), res, nil); err != nil {
+			if err := firstwins.Record(ctx, js.Conn(), res, nil, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
