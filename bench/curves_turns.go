@@ -151,8 +151,10 @@ func openTurnsPoint(ctx context.Context, c *curve, n int, sweep bool, profileDir
 	return nil
 }
 
-// sweepAfterLease is how old a turn must be before the sweep reads its
-// record (pkg/dispatch's sweepAfter, the lease), with a second to spare.
+// sweepAfterLease is how old a turn must be before the sweep looks at it
+// (pkg/dispatch's sweepAfter, the lease), with a second to spare. It reads
+// the record only of a turn it does not track, or whose copy shows it past
+// its deadline; the others it hands to their engine on their re-checks.
 const sweepAfterLease = 16 * time.Second
 
 // nextSweep waits until the dispatcher child has finished n sweeps.
