@@ -348,3 +348,13 @@ func waitDeclared(ctx context.Context, js jetstream.JetStream, fn string) error 
 	}
 	return fmt.Errorf("%s was not declared within %s", fn, 2*protocol.LeaseTTL)
 }
+
+// runExecutor runs ex until ctx ends, and says so when it stops before:
+// a measurement that waits for what the executor never does (its
+// declarations, say) must not wait without a word. A full disk refusing
+// its streams was such a stop.
+func runExecutor(ctx context.Context, ex *exec.Executor, team string) {
+	if err := ex.Run(ctx); err != nil && ctx.Err() == nil {
+		fmt.Fprintf(os.Stderr, "bench: the executor of team %s stopped: %v\n", team, err)
+	}
+}

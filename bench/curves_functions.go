@@ -94,7 +94,7 @@ func functionsPoint(ctx context.Context, c *curve, n int, window time.Duration) 
 				return err
 			}
 		}
-		wg.Go(func() { _ = ex.Run(ectx); ejs.Conn().Close() })
+		wg.Go(func() { runExecutor(ectx, ex, team); ejs.Conn().Close() })
 	}
 	for {
 		specs, err := dispatch.Functions(ctx, js)

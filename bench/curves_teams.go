@@ -118,7 +118,7 @@ func teamsPoint(ctx context.Context, c *curve, n, samples int) error {
 		if err := ex.Register(f); err != nil {
 			return err
 		}
-		wg.Go(func() { _ = ex.Run(ectx); nc.Close() })
+		wg.Go(func() { runExecutor(ectx, ex, team); nc.Close() })
 	}
 	if _, err := d.ask(childReq{Op: "served", N: n, Timeout: "5m"}); err != nil {
 		return err

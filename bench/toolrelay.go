@@ -173,7 +173,7 @@ func newStack(ctx context.Context, env *natsEnv, executors int, fn func() exec.F
 			s.stop()
 			return nil, err
 		}
-		ewg.Go(func() { _ = ex.Run(ectx); js.Conn().Close() })
+		ewg.Go(func() { runExecutor(ectx, ex, benchTeam); js.Conn().Close() })
 	}
 	if fn == nil { // no executors: the caller starts its own
 		return s, nil
