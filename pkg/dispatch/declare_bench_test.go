@@ -36,7 +36,7 @@ func BenchmarkRenewDeclarations(b *testing.B) {
 	testutil.WaitForWhat(b, time.Minute, "the declarations served", func() bool {
 		return len(d.ServedFunctions(func(string) bool { return true })) == n
 	})
-	cpu0 := processCPU()
+	cpu0, in0 := processCPU(), serverIn(b, e)
 	for b.Loop() {
 		if err := keeper.Renew(b.Context()); err != nil {
 			b.Fatal(err)
@@ -44,6 +44,18 @@ func BenchmarkRenewDeclarations(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*n), "µs/declaration")
 	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N*n), "cpu-µs/declaration")
+	in1 := serverIn(b, e)
+	b.ReportMetric(float64(in1[0]-in0[0])/float64(b.N*n), "server-msgs-in/declaration")
+	b.ReportMetric(float64(in1[1]-in0[1])/float64(b.N*n), "server-bytes-in/declaration")
+}
+
+// serverIn is the messages and bytes the server has received.
+func serverIn(b *testing.B, e *env) [2]int64 {
+	v, err := e.srv.Varz(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return [2]int64{v.InMsgs, v.InBytes}
 }
 
 // processCPU is the CPU time this process (the server's included) has
