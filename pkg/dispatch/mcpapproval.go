@@ -113,7 +113,7 @@ func (d *Dispatcher) recordMCPDecision(ctx context.Context, t *Turn, c *TurnCall
 		return
 	}
 	if c.Approval && d.ownMCPServer(c.MCPServer) {
-		if err := d.grant(ctx, c.Name, c.Arguments, t.Deadline); err != nil {
+		if err := d.grant(ctx, c.Key, c.Name, c.Arguments, t.Deadline); err != nil {
 			// Unrecorded, the approval is not given: the timer or a
 			// resuming replica records it again.
 			d.log.Error("granting an approved MCP call failed", "turn", t.Key, "call_key", c.Key, "err", err)
@@ -147,15 +147,21 @@ func mcpReason(a *Approval) string {
 // and the arguments, in the approval bucket under grant.<digest>, and
 // taken (by compare-and-set) by the first such direct call until the
 // turn's deadline. Two requests approved with the same function and
-// arguments grant two calls.
+// arguments grant two calls; one request grants one call however often
+// its approval is recorded (the timer and a resuming replica record it
+// again when recording failed), as the grant names the requests it was
+// given for, and those whose call it let run.
 
 const grantPrefix = "grant."
 
-// grantRecord is a grant's value in the approval bucket.
+// grantRecord is a grant's value in the approval bucket: the requests
+// (their call keys) whose approval may still let a call run, and those
+// whose approval let one run already.
 type grantRecord struct {
-	Function string    `json:"function"`
-	Count    int       `json:"count"`
-	Until    time.Time `json:"until"`
+	Function string             `json:"function"`
+	Open     []protocol.CallKey `json:"open,omitempty"`
+	Taken    []protocol.CallKey `json:"taken,omitempty"`
+	Until    time.Time          `json:"until"`
 }
 
 // grantKey is the bucket key of the grant of function with args.
@@ -184,11 +190,12 @@ func canonicalJSON(b json.RawMessage) []byte {
 	return out
 }
 
-// grant adds one grant for a call of function with args, good until.
-func (d *Dispatcher) grant(ctx context.Context, function string, args json.RawMessage, until time.Time) error {
+// grant lets one call of function with args run, good until, for the
+// approved request request; a request granted already grants nothing more.
+func (d *Dispatcher) grant(ctx context.Context, request protocol.CallKey, function string, args json.RawMessage, until time.Time) error {
 	key := grantKey(function, args)
 	for range 8 {
-		g := grantRecord{Function: function, Count: 1, Until: until.UTC()}
+		g := grantRecord{Function: function, Open: []protocol.CallKey{request}, Until: until.UTC()}
 		e, err := d.approvals.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -198,9 +205,15 @@ func (d *Dispatcher) grant(ctx context.Context, function string, args json.RawMe
 			return err
 		default:
 			var old grantRecord
-			if json.Unmarshal(e.Value(), &old) == nil && old.Until.After(time.Now()) {
-				g.Count += old.Count
-				g.Until = maxTime(g.Until, old.Until)
+			if json.Unmarshal(e.Value(), &old) == nil {
+				if slices.Contains(old.Open, request) || slices.Contains(old.Taken, request) {
+					return nil
+				}
+				if old.Until.After(time.Now()) {
+					g.Open = append(old.Open, request)
+					g.Until = maxTime(g.Until, old.Until)
+				}
+				g.Taken = old.Taken
 			}
 			b, _ := json.Marshal(g)
 			_, err = d.approvals.Update(ctx, key, b, e.Revision())
@@ -222,16 +235,15 @@ func (d *Dispatcher) takeGrant(ctx context.Context, function string, args json.R
 			return false
 		}
 		var g grantRecord
-		if json.Unmarshal(e.Value(), &g) != nil || g.Count <= 0 || !g.Until.After(time.Now()) {
+		if json.Unmarshal(e.Value(), &g) != nil || len(g.Open) == 0 || !g.Until.After(time.Now()) {
 			return false
 		}
-		if g.Count == 1 {
-			err = d.approvals.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
-		} else {
-			g.Count--
-			b, _ := json.Marshal(g)
-			_, err = d.approvals.Update(ctx, key, b, e.Revision())
-		}
+		// Kept, with the request it was taken for, until the bucket's age
+		// limit removes it: the request's approval recorded again then
+		// grants nothing.
+		g.Taken, g.Open = append(g.Taken, g.Open[0]), g.Open[1:]
+		b, _ := json.Marshal(g)
+		_, err = d.approvals.Update(ctx, key, b, e.Revision())
 		if err == nil {
 			d.log.InfoContext(ctx, "an MCP call runs on an approval given to its request", "fn", function)
 			return true
