@@ -23,6 +23,11 @@ const (
 	// ([Dispatcher.StartCall]) can be read: its record and result are
 	// kept that long at least.
 	StartedCallTTL = time.Hour
+	// stepKeep is how long the step bucket keeps an Agents session's
+	// latest step, which names its turn (provision.StepBucketConfig's
+	// age limit): an Agents turn is kept as long, so that a request
+	// repeating the step finds its turn, closed, rather than nothing.
+	stepKeep = 2 * time.Hour
 )
 
 // keepUntil is when t's closed record and its results may go.
@@ -30,6 +35,9 @@ func (t *Turn) keepUntil() time.Time {
 	keep := t.ExpiresAt.Add(keepAfterExpiry)
 	if started := t.CreatedAt.Add(StartedCallTTL); isStartedCall(t) && started.After(keep) {
 		keep = started
+	}
+	if t.Ref.Platform == protocol.PlatformAgents {
+		keep = maxTime(keep, t.CreatedAt.Add(stepKeep))
 	}
 	return keep
 }

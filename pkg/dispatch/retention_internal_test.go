@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/toolrelay/toolrelay/internal/natstest"
+	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -13,6 +14,7 @@ func TestRetention(t *testing.T) {
 	platform := &Turn{Ref: Ref{Platform: protocol.PlatformAssistants}, Scope: "thread_1/run_1", CreatedAt: now, ExpiresAt: now.Add(10 * time.Minute)}
 	direct := &Turn{Ref: Ref{Platform: protocol.PlatformMCP}, Scope: "mcp/3f1c", CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
 	started := &Turn{Ref: Ref{Platform: protocol.PlatformMCP}, Scope: startedScope("client", "3f1c"), CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
+	agents := &Turn{Ref: Ref{Platform: protocol.PlatformAgents}, Scope: "sess_1/turn_1", CreatedAt: now, ExpiresAt: now.Add(10 * time.Minute)}
 	longStarted := &Turn{Ref: Ref{Platform: protocol.PlatformMCP}, Scope: startedScope("client", "3f1d"), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	tests := []struct {
 		name              string
@@ -26,6 +28,7 @@ func TestRetention(t *testing.T) {
 		{"direct call", direct, now.Add(time.Second), now.Add(11 * time.Minute), 11*time.Minute - time.Second, 11*time.Minute - time.Second},
 		{"started call: an hour from its start", started, now.Add(time.Second), now.Add(StartedCallTTL), StartedCallTTL - time.Second, StartedCallTTL - time.Second},
 		{"started call running an hour", longStarted, now.Add(time.Hour), now.Add(70 * time.Minute), 10 * time.Minute, 10 * time.Minute},
+		{"Agents turn: as long as its step", agents, now.Add(time.Minute), now.Add(stepKeep), stepKeep - time.Minute, stepKeep - time.Minute},
 		{"rounded up to a second", platform, now.Add(300 * time.Millisecond), now.Add(20 * time.Minute), 20 * time.Minute, 20 * time.Minute},
 	}
 	for _, tc := range tests {
@@ -66,5 +69,12 @@ func TestExpiredResultsReadAsExpired(t *testing.T) {
 		if len(reports) != 1 || reports[0].Result != tc.want {
 			t.Errorf("%s: reports %+v, want one %s", tc.name, reports, tc.want)
 		}
+	}
+}
+
+// An Agents turn is kept as long as the step that names it.
+func TestAnAgentsTurnOutlivesNoStepNamingIt(t *testing.T) {
+	if got := provision.StepBucketConfig(provision.Options{}).TTL; got != stepKeep {
+		t.Fatalf("the step bucket keeps a step %s, Agents turns are kept %s: a repeated step would find no turn", got, stepKeep)
 	}
 }
