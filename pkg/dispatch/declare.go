@@ -98,14 +98,17 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 	var pending int64
 	settle := func() error {
 		w := writes[0]
-		select {
-		case <-w.ack.Done():
-		case <-ctx.Done():
-			return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, ctx.Err())
-		}
-		rev, err := w.ack.Result()
-		if err != nil {
-			return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, err)
+		rev := w.rev
+		if w.ack != nil {
+			select {
+			case <-w.ack.Done():
+			case <-ctx.Done():
+				return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, ctx.Err())
+			}
+			var err error
+			if rev, err = w.ack.Result(); err != nil {
+				return fmt.Errorf("declare %s: %w", w.decl.Spec.Name, err)
+			}
 		}
 		writes, pending = writes[1:], pending-w.grows
 		d.registry.putDeclared(w.decl.Key(), w.decl, w.value, rev, true)
@@ -186,12 +189,18 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 				return reply
 			}
 		}
-		ack, err := d.async.Publish(&nats.Msg{Subject: kvSubject(protocol.DeclarationBucket, decl.Key()), Data: value})
+		w := declWrite{decl: decl, value: value, fresh: !q.known, grows: max(int64(len(value)-q.size), 0)}
+		w.ack, err = d.async.Publish(&nats.Msg{Subject: kvSubject(protocol.DeclarationBucket, decl.Key()), Data: value})
+		if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			// The turns fill the publisher (a slow stream): written on
+			// its own, so that renewals do not fail, and leases lapse,
+			// for as long as the turns keep it full.
+			w.rev, err = d.registry.decls.Put(ctx, decl.Key(), value)
+		}
 		if err != nil {
 			reply.Error = fmt.Sprintf("declare %s: %v", decl.Spec.Name, err)
 			return reply
 		}
-		w := declWrite{decl: decl, value: value, ack: ack, fresh: !q.known, grows: max(int64(len(value)-q.size), 0)}
 		writes, pending = append(writes, w), pending+w.grows
 		if !q.known {
 			room--
@@ -215,7 +224,8 @@ const declareWindow = 32
 type declWrite struct {
 	decl  *protocol.Declaration
 	value []byte
-	ack   *jspub.Future
+	ack   *jspub.Future // nil: written at rev already
+	rev   uint64
 	fresh bool  // not live before: a process starting
 	grows int64 // the registry bytes it adds
 }

@@ -224,8 +224,14 @@ func (g *gatherer) track(t *Turn, rev uint64) *gathering {
 	}
 	st := &gathering{turn: t, rev: rev}
 	g.turns[t.Key] = st
+	// Only calls that go to an executor count: a rejected call names a
+	// function nobody serves (a hostile turn can name any), and would
+	// make every orphan scan walk the open calls for as long as its turn
+	// is open.
 	for i := range t.Calls {
-		g.calls[fnKey{t.Calls[i].Team, t.Calls[i].Name}]++
+		if t.Calls[i].published() {
+			g.calls[fnKey{t.Calls[i].Team, t.Calls[i].Name}]++
+		}
 	}
 	return st
 }
@@ -498,6 +504,9 @@ func (g *gatherer) forget(key protocol.TurnKey) {
 		// A turn's calls never change (a record written later shares
 		// them), so these are the functions track counted.
 		for i := range st.turn.Calls {
+			if !st.turn.Calls[i].published() {
+				continue
+			}
 			fn := fnKey{st.turn.Calls[i].Team, st.turn.Calls[i].Name}
 			if g.calls[fn]--; g.calls[fn] <= 0 {
 				delete(g.calls, fn)

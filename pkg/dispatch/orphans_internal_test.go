@@ -14,7 +14,8 @@ import (
 // call, and walks the open calls only when one of those has no executor:
 // at 100,000 open turns of served functions, walking every call every
 // scan was a sixth of the dispatcher's CPU. The functions are counted as
-// turns are tracked and forgotten.
+// turns are tracked and forgotten; a rejected call (a name nobody
+// serves, which any caller can send) is not one of them.
 func TestTheOrphanScanWalksNoCallWhileItsFunctionsAreServed(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -36,11 +37,12 @@ func TestTheOrphanScanWalksNoCallWhileItsFunctionsAreServed(t *testing.T) {
 	serve("get_city", true)
 	var keys []protocol.TurnKey
 	for i := range 100 {
-		key := protocol.NewTurnKey(protocol.PlatformResponses, fmt.Sprintf("resp_%d", i), []string{"call_1", "call_2"})
+		key := protocol.NewTurnKey(protocol.PlatformResponses, fmt.Sprintf("resp_%d", i), []string{"call_1", "call_2", "call_3"})
 		keys = append(keys, key)
 		d.gather.track(&Turn{Key: key, State: TurnCollecting, CreatedAt: time.Now(), Deadline: time.Now().Add(time.Hour), Calls: []TurnCall{
 			{ID: "call_1", Name: "get_weather", Team: "geo", Key: key.Call("call_1")},
 			{ID: "call_2", Name: "get_city", Team: "geo", Key: key.Call("call_2")},
+			{ID: "call_3", Name: "no_such_tool", Key: key.Call("call_3"), Rejected: true},
 		}}, 1)
 	}
 	o := &orphans{unserved: map[fnKey]time.Time{}, failed: map[protocol.CallKey]bool{}}
