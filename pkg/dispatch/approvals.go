@@ -307,6 +307,17 @@ func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.Cal
 		return a, decidedError(a)
 	}
 	t, _, err := d.turns.get(ctx, a.Turn)
+	// A call is held before its turn's record is written: a decision that
+	// comes between the two (a quick approver, a bot on the announcement)
+	// waits a moment for the intake under way to write it.
+	for wait := 10 * time.Millisecond; errors.Is(err, jetstream.ErrKeyNotFound) && wait <= time.Second; wait *= 2 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		t, _, err = d.turns.get(ctx, a.Turn)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: read the turn of %s: %w", key, err)
 	}
