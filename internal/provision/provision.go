@@ -356,10 +356,25 @@ func allowMsgTTL(ctx context.Context, js jetstream.JetStream, s jetstream.Stream
 	cfg.AllowMsgTTL = true
 	u, err := js.UpdateStream(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("provision: allow per-message TTLs on stream %s (nats-server 2.11 or later, and the right to update it): %w", cfg.Name, err)
+		return s, &MsgTTLError{Stream: cfg.Name, Err: err}
 	}
 	return u, nil
 }
+
+// MsgTTLError says a stream could not be updated to take per-message
+// TTLs. Stream returns it with the stream as it is: a writer whose writes
+// fall back to none there (results: firstwins records a result without
+// its TTL, kept for the stream's MaxAge) may use it, and say so.
+type MsgTTLError struct {
+	Stream string
+	Err    error
+}
+
+func (e *MsgTTLError) Error() string {
+	return fmt.Sprintf("provision: allow per-message TTLs on stream %s (nats-server 2.11 or later, and the right to update it): %v", e.Stream, e.Err)
+}
+
+func (e *MsgTTLError) Unwrap() error { return e.Err }
 
 // streamDiffs lists the differences that change toolrelay's semantics.
 // Sizes and ages may differ: operators tune them. Per-message TTLs are

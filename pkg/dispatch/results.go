@@ -77,6 +77,14 @@ func (r *resultStreams) stream(ctx context.Context, team string) (jetstream.Stre
 	}
 	popts := provision.Options{Replicas: r.d.opts.Replicas}
 	s, err := provision.Stream(ctx, r.d.js, provision.ResultStreamConfig(team, r.d.opts.ResultStreamBytes, popts))
+	var noTTL *provision.MsgTTLError
+	if errors.As(err, &noTTL) && s != nil {
+		// One team's stream this dispatcher may not update must not keep
+		// it from serving every team: its results are recorded without
+		// their TTL, kept for the stream's MaxAge.
+		r.d.log.Warn("a team's result stream keeps its results for its MaxAge: it could not be updated to take their TTLs", "team", team, "err", err)
+		err = nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: results stream of team %s: %w", team, err)
 	}

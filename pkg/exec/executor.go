@@ -334,7 +334,11 @@ func (e *Executor) provisionTeam(ctx context.Context, funcs []*Function) (*teamR
 	r.apiPrefix = e.opts.ControlAPIPrefix
 	if r.apiPrefix == "" {
 		r.apiPrefix = protocol.DefaultAPIPrefix
-		if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(e.team, 0, popts)); err != nil {
+		var noTTL *provision.MsgTTLError
+		if _, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(e.team, 0, popts)); errors.As(err, &noTTL) {
+			// Results are recorded there without their TTL (firstwins).
+			e.log.Warn("the team's result stream keeps results for its MaxAge: it could not be updated to take their TTLs", "err", err)
+		} else if err != nil {
 			return nil, err
 		}
 	}
