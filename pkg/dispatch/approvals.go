@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/jspub"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/pkg/approval"
@@ -310,11 +311,10 @@ func (d *Dispatcher) Decide(ctx context.Context, caller Caller, key protocol.Cal
 	// A call is held before its turn's record is written: a decision that
 	// comes between the two (a quick approver, a bot on the announcement)
 	// waits a moment for the intake under way to write it.
-	for wait := 10 * time.Millisecond; errors.Is(err, jetstream.ErrKeyNotFound) && wait <= time.Second; wait *= 2 {
-		select {
-		case <-ctx.Done():
+	wait := backoff.Backoff{Initial: 10 * time.Millisecond, Max: 640 * time.Millisecond}
+	for tries := 0; errors.Is(err, jetstream.ErrKeyNotFound) && tries < 7; tries++ {
+		if !backoff.Sleep(ctx, wait.Next()) {
 			return nil, ctx.Err()
-		case <-time.After(wait):
 		}
 		t, _, err = d.turns.get(ctx, a.Turn)
 	}

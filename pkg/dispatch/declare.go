@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"sync"
@@ -111,7 +112,7 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 			}
 		}
 		writes, pending = writes[1:], pending-w.grows
-		d.registry.putDeclared(w.decl.Key(), w.decl, w.value, rev, true)
+		d.registry.putDeclared(w.decl.Key(), w.decl, w.value, w.sum, rev, true)
 		if w.fresh {
 			d.noteDefinition(ctx, w.decl) // a process starting: has the definition changed?
 		}
@@ -126,7 +127,8 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 		// cost one pass to check, where reading the tool text of a schema
 		// nested thousands deep does not.
 		value, err := protocol.EncodeDeclaration(decl)
-		if err != nil || !d.registry.unchanged(decl.Key(), decl.Spec.Name, value) {
+		sum := sha256.Sum256(value)
+		if err != nil || !d.registry.unchanged(decl.Key(), decl.Spec.Name, sum) {
 			if _, err := d.registry.compiled(&decl.Spec); err != nil && !errors.Is(err, protocol.ErrToolText) {
 				d.refuse(ctx, reply, decl, refusedSchema, "", err.Error())
 				continue
@@ -189,7 +191,7 @@ func (d *Dispatcher) declare(ctx context.Context, team string, req *protocol.Dec
 				return reply
 			}
 		}
-		w := declWrite{decl: decl, value: value, fresh: !q.known, grows: max(int64(len(value)-q.size), 0)}
+		w := declWrite{decl: decl, value: value, sum: sum, fresh: !q.known, grows: max(int64(len(value)-q.size), 0)}
 		w.ack, err = d.async.Publish(&nats.Msg{Subject: kvSubject(protocol.DeclarationBucket, decl.Key()), Data: value})
 		if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
 			// The turns fill the publisher (a slow stream): written on
@@ -224,6 +226,7 @@ const declareWindow = 32
 type declWrite struct {
 	decl  *protocol.Declaration
 	value []byte
+	sum   [sha256.Size]byte
 	ack   *jspub.Future // nil: written at rev already
 	rev   uint64
 	fresh bool  // not live before: a process starting

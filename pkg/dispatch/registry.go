@@ -214,7 +214,8 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.mu.Unlock()
 		return
 	}
-	if r.renewed(e.Key(), name, sha256.Sum256(e.Value()), e.Revision(), false) {
+	sum := sha256.Sum256(e.Value())
+	if r.renewed(e.Key(), name, sum, e.Revision(), false) {
 		return
 	}
 	decl, err := protocol.DecodeDeclaration(e.Value())
@@ -226,7 +227,7 @@ func (r *registry) applyDeclaration(e jetstream.KeyValueEntry) {
 		r.sawDeclaration(e.Revision())
 		return
 	}
-	r.putDeclared(e.Key(), decl, e.Value(), e.Revision(), false)
+	r.putDeclared(e.Key(), decl, e.Value(), sum, e.Revision(), false)
 }
 
 // sawDeclaration notes that the watcher delivered the declarations'
@@ -244,9 +245,9 @@ func (r *registry) sawDeclaration(rev uint64) {
 // that the team's next declarations count it at once. Early, it is added
 // only if the watcher has not delivered rev yet (it delivers the
 // declaration's later removal, then).
-func (r *registry) putDeclared(key string, decl *protocol.Declaration, value []byte, rev uint64, early bool) {
+func (r *registry) putDeclared(key string, decl *protocol.Declaration, value []byte, sum [sha256.Size]byte, rev uint64, early bool) {
 	name, team := decl.Spec.Name, decl.Spec.Team
-	sum, size := sha256.Sum256(value), len(value)
+	size := len(value)
 	if r.renewed(key, name, sum, rev, early) {
 		return
 	}
@@ -320,12 +321,12 @@ func (r *registry) renewed(key, name string, sum [sha256.Size]byte, rev uint64, 
 }
 
 // unchanged reports whether the cache holds the declaration under key,
-// of function name, with the same bytes as value.
-func (r *registry) unchanged(key, name string, value []byte) bool {
+// of function name, with the same bytes (their SHA-256, sum).
+func (r *registry) unchanged(key, name string, sum [sha256.Size]byte) bool {
 	r.mu.RLock()
 	d := r.live[name][key]
 	r.mu.RUnlock()
-	return d != nil && d.sum == sha256.Sum256(value)
+	return d != nil && d.sum == sum
 }
 
 // compiled returns spec's schema compiled, from r.schemas if it is there.
