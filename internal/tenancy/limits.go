@@ -40,8 +40,8 @@ const (
 	// streams and nine buckets), and room to grow.
 	DefaultControlStreamsSpare = 64
 	// DefaultControlMaxConsumers bounds the control account's consumers:
-	// one per result stream, a few per dispatcher replica for the streams
-	// it shares, and one per key-value watch of each replica.
+	// one per result stream and dispatcher replica, a few per replica for
+	// the streams they share, and one per key-value watch of each replica.
 	DefaultControlMaxConsumers = 4096
 
 	// DefaultMaxPending bounds what the server buffers for one connection

@@ -10,7 +10,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/provision"
 )
 
-// Settings of the consumers every replica shares (results, timers).
+// Settings of the consumers every replica shares (the deadline and approval timers).
 const (
 	// sharedAckWait is how long a message handed to a replica that died
 	// waits before another replica gets it.

@@ -618,9 +618,10 @@ func (d *Dispatcher) resume(ctx context.Context) {
 // resumeTurn re-arms a turn this replica does not gather for, or every
 // open turn at start. known, if not nil, is what the startup sweep's
 // listing found recorded: a turn whose results it does not all hold is
-// not re-checked (the rest reach a replica through the results' consumer,
-// which re-checks), so a restart asks nothing of the result streams per
-// turn.
+// not re-checked (the rest reach this replica, which gathers for it from
+// now on; those recorded before, a second listing finds:
+// recheckCompletedSince), so a restart asks nothing of the result streams
+// per turn.
 func (d *Dispatcher) resumeTurn(ctx context.Context, t *Turn, rev uint64, known *recordedResults) {
 	switch t.State {
 	case TurnCollecting:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
-	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -12,21 +11,24 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/crashpoint"
 	"github.com/toolrelay/toolrelay/internal/leaderread"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
 // gatherer consumes results and notices when a turn has all of them.
 //
-// Replicas share one durable consumer, so the results of a turn may be split
-// between them. Each replica keeps the results it saw; when its own set is
-// complete it closes the turn at once. Otherwise it re-checks the stream a
-// moment after the last result it saw: the replica that receives a turn's
-// last result always finds it complete then. With one replica no re-check
-// ever finds anything missing, and the deadline timer is the backstop.
+// Every replica receives every result (resultStreams), and gathers for the
+// turns it took in, took over, or read the record of: it keeps their
+// results, and closes a turn at once when its own set is complete. A
+// replica that took the turn in has had every result since its calls went
+// out; one that began gathering later looks at the stream too, a moment
+// after each result that leaves its own set incomplete. The deadline timer
+// and the sweep are the backstop.
 type gatherer struct {
 	d       *Dispatcher
 	streams *resultStreams
@@ -36,6 +38,11 @@ type gatherer struct {
 	// calls counts the calls of the turns in turns by function: the
 	// functions the orphan scan asks about (orphans.go).
 	calls map[fnKey]int
+	// passing holds the turns of results this replica passes by unread,
+	// until when: another replica held the lease of the turn when one was
+	// looked at (until that lease could be free), or had closed it (a
+	// turn of 16 calls was read once a result).
+	passing map[protocol.TurnKey]time.Time
 	// lastFor reads a recorded result (tests stand in for the stream).
 	lastFor func(context.Context, jetstream.Stream, string) (*jetstream.RawStreamMsg, error)
 }
@@ -50,6 +57,9 @@ type gathering struct {
 	// it is allocated with the first, so an open turn waiting for its
 	// calls (most of them, under load) costs no more than its record.
 	results []*protocol.Result
+	// whole is set when this replica took the turn in: every result
+	// reaches it, so a set incomplete here is incomplete.
+	whole   bool
 	recheck *time.Timer
 	// submitting is set once the turn is submitted from here: the
 	// outputs it submits (gathered once), and its attempts' backoff.
@@ -66,19 +76,14 @@ type submitting struct {
 }
 
 const (
-	// A result whose turn cannot be read is delivered again,
-	// unknownTurnRetry apart, until it is unknownTurnFor old (by the
-	// time it was stored, however often it was delivered meanwhile).
-	unknownTurnFor   = 2 * time.Second
-	unknownTurnRetry = 250 * time.Millisecond
-
 	gatherWorkers  = 16
 	recheckDelay   = 25 * time.Millisecond
 	recheckTimeout = 10 * time.Second
 )
 
 func newGatherer(d *Dispatcher) *gatherer {
-	g := &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}, calls: map[fnKey]int{}}
+	g := &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}, calls: map[fnKey]int{},
+		passing: map[protocol.TurnKey]time.Time{}}
 	g.lastFor = g.leaderLastFor
 	return g
 }
@@ -125,59 +130,27 @@ func shard(subject string) int {
 }
 
 func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
-	// Made when something is logged: most results log nothing.
-	log := func() *slog.Logger { return g.d.log.With("subject", msg.Subject()) }
 	team, key, err := protocol.ParseResultSubject(msg.Subject())
 	if err != nil {
-		log().ErrorContext(ctx, "ignoring result on a malformed subject", "err", err)
-		_ = msg.Term()
-		return
-	}
-	res, err := protocol.DecodeResult(msg.Data())
-	if err == nil && (res.Key != key || res.Team != team) {
-		err = errors.New("envelope does not match its subject")
-	}
-	ctx, span := g.d.tel.processResult(ctx, msg.Subject(), team, msg.Headers(), res)
-	defer span.End()
-	if err != nil {
-		span.SetStatus(codes.Error, "malformed result")
-		log().ErrorContext(ctx, "ignoring malformed result", "size", len(msg.Data()), "err", err)
-		_ = msg.Term()
+		g.d.log.ErrorContext(ctx, "ignoring result on a malformed subject", "subject", msg.Subject(), "err", err)
 		return
 	}
 	turnKey := key.Turn()
-	st, err := g.load(ctx, turnKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		// A call goes out only once its turn is recorded, so this is a
-		// stray result, or one read while the bucket's leader changed
-		// hands: it is asked again a moment later before it is dropped.
-		if meta, merr := msg.Metadata(); merr == nil && time.Since(meta.Timestamp) < unknownTurnFor {
-			_ = msg.NakWithDelay(unknownTurnRetry)
-			return
-		}
-		log().Debug("result for an unknown turn", "turn", turnKey)
-		_ = msg.Ack()
+	st := g.gathering(turnKey)
+	if st == nil {
+		g.untracked(ctx, msg, team, key)
 		return
 	}
-	if errors.Is(err, errTurnClosed) {
-		// A late result: a side-effecting run still belongs in the trail.
-		if spec, _ := g.d.registry.claimOf(res.Function); spec != nil && spec.SideEffects && spec.Team == team {
-			g.d.auditRun(ctx, nil, &TurnCall{Key: key, Name: res.Function, Team: team}, res)
-		}
-		_ = msg.Ack()
+	res, ctx, span := g.open(ctx, msg, team, key)
+	defer span.End()
+	if res == nil {
 		return
 	}
-	if err != nil {
-		log().Warn("loading turn failed; result will be redelivered", "turn", turnKey, "err", err)
-		_ = msg.NakWithDelay(time.Second)
-		return
-	}
-	_ = msg.Ack()
 	t := g.turnOf(st)
 	i := t.callIndex(key)
 	if i < 0 || t.Calls[i].Team != team {
 		span.SetStatus(codes.Error, "result from a team that does not own the call")
-		log().WarnContext(ctx, "result for a call this team does not own; ignored", "turn", turnKey, "team", team)
+		g.d.log.WarnContext(ctx, "result for a call this team does not own; ignored", "subject", msg.Subject(), "turn", turnKey, "team", team)
 		return
 	}
 	g.d.tel.result(ctx, t, res)
@@ -191,28 +164,136 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 }
 
-// load returns the gathering state of a turn, reading its record if this
-// replica has not seen it.
-func (g *gatherer) load(ctx context.Context, key protocol.TurnKey) (*gathering, error) {
-	g.mu.Lock()
-	st := g.turns[key]
-	g.mu.Unlock()
-	if st != nil {
-		return st, nil
+// open decodes a result and opens its span; a malformed one is logged
+// and nil.
+func (g *gatherer) open(ctx context.Context, msg jetstream.Msg, team string, key protocol.CallKey) (*protocol.Result, context.Context, trace.Span) {
+	res, err := protocol.DecodeResult(msg.Data())
+	if err == nil && (res.Key != key || res.Team != team) {
+		err = errors.New("envelope does not match its subject")
 	}
-	t, rev, err := g.d.turns.get(ctx, key)
+	ctx, span := g.d.tel.processResult(ctx, msg.Subject(), team, msg.Headers(), res)
 	if err != nil {
-		return nil, err
+		span.SetStatus(codes.Error, "malformed result")
+		g.d.log.ErrorContext(ctx, "ignoring malformed result", "subject", msg.Subject(), "size", len(msg.Data()), "err", err)
+		return nil, ctx, span
 	}
-	if t.State != TurnCollecting {
-		g.d.lateResult(ctx, t)
-		return nil, errTurnClosed
-	}
-	return g.track(t, rev), nil
+	return res, ctx, span
 }
 
-// errTurnClosed: the result came after its turn was closed.
-var errTurnClosed = errors.New("dispatch: turn already closed")
+// untracked looks at a result of a turn this replica does not gather for.
+// Most such turns another replica gathers for, and it has the result too:
+// the record is read once, and the turn's other results passed by while
+// the lease found there holds (or for a minute, once another closed it).
+// What is left: a turn this replica owns without gathering for it (its
+// intake's answer was lost), looked at now; a turn whose lease is free
+// (its owner stopped, died, or let its intake lease run out while the
+// calls ran), looked at a moment later unless it closed meanwhile; and a
+// late result of a turn already closed.
+func (g *gatherer) untracked(ctx context.Context, msg jetstream.Msg, team string, key protocol.CallKey) {
+	now := time.Now()
+	if g.passingBy(key.Turn(), now) {
+		return
+	}
+	t, rev, err := g.d.turns.get(ctx, key.Turn())
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		// A call goes out only once its turn is recorded and gathered for
+		// by the replica that took it in: this is a stray result.
+		g.d.log.Debug("result for an unknown turn", "subject", msg.Subject())
+	case err != nil:
+		g.d.log.Warn("looking at a result of a turn another replica may gather for failed; its owner, the sweep or its deadline closes the turn",
+			"subject", msg.Subject(), "err", err)
+	case !t.Open():
+		if t.lease.Owner != g.d.instance {
+			g.passBy(t.Key, now.Add(closedPassBy))
+		}
+		g.late(ctx, msg, t, team, key)
+	case t.lease.Owner == g.d.instance:
+		// Taken in here by an intake whose record was stored and its
+		// answer lost (the repeat found it recorded).
+		g.track(t, rev)
+		g.d.engine.Close(string(t.Key))
+	case t.lease.Free(now):
+		// A live owner closes it at once, having the result too; the look
+		// a moment later is for an owner that is gone.
+		g.track(t, rev)
+		g.recheckIn(t.Key, untrackedLook)
+	default:
+		g.passBy(t.Key, t.lease.Until.Add(lifecycle.Skew))
+	}
+}
+
+// closedPassBy is how long the results of a turn another replica closed
+// are passed by unread: the others of its calls came with it, or are late.
+const closedPassBy = time.Minute
+
+// passBy passes by the results of the turn key unread until then.
+func (g *gatherer) passBy(key protocol.TurnKey, until time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.passing[key] = until
+}
+
+// passingBy reports whether the results of the turn key are passed by now.
+func (g *gatherer) passingBy(key protocol.TurnKey, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	until, ok := g.passing[key]
+	return ok && now.Before(until)
+}
+
+// passedBy forgets the turns whose results are no longer passed by (the
+// sweep calls it).
+func (g *gatherer) passedBy(now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	maps.DeleteFunc(g.passing, func(_ protocol.TurnKey, until time.Time) bool { return !now.Before(until) })
+}
+
+// untrackedLook is how long a replica that started gathering for a turn
+// because of a result waits before it looks at the turn: the owner,
+// if alive, closes it meanwhile.
+const untrackedLook = time.Second
+
+// late reports a result that came after its turn closed: recorded, never
+// submitted. The replica that closed the turn counts and logs it; a
+// side-effecting run is audited by every replica that sees it, the audit
+// entry's message ID keeping one.
+func (g *gatherer) late(ctx context.Context, msg jetstream.Msg, t *Turn, team string, key protocol.CallKey) {
+	c := t.call(key)
+	closer := t.lease.Owner == g.d.instance
+	if c == nil || c.Team != team || !closer && !c.SideEffects {
+		return
+	}
+	res, ctx, span := g.open(ctx, msg, team, key)
+	defer span.End()
+	if res == nil {
+		return
+	}
+	if closer {
+		g.d.lateResult(ctx, t)
+	}
+	if c.SideEffects {
+		g.d.auditRun(ctx, t, c, res)
+	}
+}
+
+// gathering returns the gathering state of a turn this replica gathers
+// for, or nil.
+func (g *gatherer) gathering(key protocol.TurnKey) *gathering {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.turns[key]
+}
+
+// takeIn starts gathering for t, just taken in here and recorded at
+// revision rev, before its calls go out.
+func (g *gatherer) takeIn(t *Turn, rev uint64) {
+	st := g.track(t, rev)
+	g.mu.Lock()
+	st.whole = true
+	g.mu.Unlock()
+}
 
 // track starts gathering for t, recorded at revision rev (no-op if
 // already tracked).
@@ -344,7 +425,9 @@ func (g *gatherer) add(st *gathering, i int, res *protocol.Result) bool {
 	if !slices.Contains(st.results, nil) {
 		return true
 	}
-	g.scheduleRecheck(st)
+	if !st.whole {
+		g.scheduleRecheck(st)
+	}
 	return false
 }
 

@@ -109,7 +109,7 @@ func (d *Dispatcher) takeIn(ctx context.Context, t *Turn, channel string, failur
 	}
 	d.tel.keepTurn(key, span)
 	// Tracked at once: a replica that stops from now on releases its lease.
-	d.gather.track(t, rev)
+	d.gather.takeIn(t, rev)
 	if d.engine.Stopping() {
 		// The stop's release ran before this turn was tracked, and the
 		// engine starts no goroutine any more: give the lease up here.

@@ -20,8 +20,8 @@ import (
 
 // From the hostile review of the lease (it held): three replicas on one JetStream, Responses runs chained by
 // previous_response_id (a repeat is a second continuation: the strict
-// platform), two parallel calls per turn whose results land on whichever
-// replica the shared consumer hands them to, at random moments; one
+// platform), two parallel calls per turn whose results land at random
+// moments, on every replica; one
 // replica stopped cleanly (SIGTERM) mid-way and another started. Every
 // watch must complete, each turn submitted once: no replay of a
 // continuation and exactly two outputs per turn.

@@ -20,17 +20,18 @@ import (
 )
 
 // Run returns a startup failure at once, without waiting for its context:
-// here the results consumer exists with a filter toolrelay cannot use.
+// here the deadline timers' consumer exists with a filter toolrelay cannot
+// use.
 func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := t.Context()
-	results, err := provision.Stream(ctx, e.js, provision.ResultStreamConfig(protocol.SystemTeam, 0, provision.Options{}))
+	timers, err := provision.Stream(ctx, e.js, provision.TimerStreamConfig(provision.Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := results.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "toolrelay_dispatcher",
-		FilterSubject: protocol.ResultSubjectPrefix + "." + protocol.SystemTeam + ".someone.>", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+	if _, err := timers.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "toolrelay_timers",
+		FilterSubject: provision.TimerSubjectPrefix + ".fire.someone.>", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
 	_, js := e.srv.Connect(t)
@@ -43,7 +44,7 @@ func TestRunReturnsAStartupErrorAtOnce(t *testing.T) {
 	go func() { done <- d.Run(context.Background()) }() // never cancelled
 	select {
 	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "toolrelay_dispatcher") {
+		if err == nil || !strings.Contains(err.Error(), "toolrelay_timers") {
 			t.Fatalf("Run = %v, want the consumer's incompatibility", err)
 		}
 	case <-time.After(30 * time.Second):

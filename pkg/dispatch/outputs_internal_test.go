@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/toolrelay/toolrelay/internal/natstest"
 	"github.com/toolrelay/toolrelay/internal/provision"
 	"github.com/toolrelay/toolrelay/internal/testutil"
+	"github.com/toolrelay/toolrelay/pkg/dispatch/internal/lifecycle"
 	"github.com/toolrelay/toolrelay/pkg/protocol"
 )
 
@@ -117,34 +119,49 @@ func TestAMalformedResultFailsOnlyItsCall(t *testing.T) {
 	}
 }
 
-// A result delivered before its turn can be read (a replica of the bucket
-// that lags answers the read) is asked again a moment later, not dropped:
-// dropped, its turn waited for the sweep's re-check.
-func TestAResultAheadOfItsTurnsRecordIsGathered(t *testing.T) {
+// Every replica receives every result. One of a turn that no replica
+// gathers for and whose lease is free (its owner stopped, or died and the
+// lease lapsed) is taken up by the replica it reaches, which submits the
+// turn a moment later. One of a turn another replica owns is left to that
+// owner, which has it too: not gathered for here, nothing passed on.
+func TestAResultOfATurnNobodyGathersForIsTakenUp(t *testing.T) {
 	t.Parallel()
 	_, js := natstest.Start(t).Connect(t)
 	d := replica(t, js, "one")
-	key := protocol.TurnKey("aaaabbbbccccddddeeeeffff00001111")
-	c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: protocol.SystemTeam}
-	publishResult(t, js, c, "sunny")
-	cons, err := js.Consumer(t.Context(), protocol.ResultStream(protocol.SystemTeam), resultsConsumer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitForWhat(t, 10*time.Second, "the result to be delivered", func() bool { // delivered while its turn is unknown
-		info, err := cons.Info(t.Context())
-		return err == nil && info.Delivered.Consumer >= 1
-	})
 	now := time.Now().UTC()
-	turn := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_ahead"},
-		State: TurnCollecting, Calls: []TurnCall{c}, CreatedAt: now, ExpiresAt: now.Add(time.Minute), Deadline: now.Add(50 * time.Second)}
-	if _, err := d.turns.create(t.Context(), turn); err != nil {
-		t.Fatal(err)
+	turn := func(n int, lease lifecycle.Lease) (*Turn, TurnCall) {
+		key := protocol.TurnKey(fmt.Sprintf("%032x", n))
+		c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: protocol.SystemTeam}
+		tr := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: fmt.Sprint("resp_", n)},
+			State: TurnCollecting, Calls: []TurnCall{c}, CreatedAt: now, ExpiresAt: now.Add(time.Minute), Deadline: now.Add(50 * time.Second), lease: lease}
+		if _, err := d.turns.create(t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		return tr, c
 	}
-	testutil.WaitForWhat(t, 5*time.Second, "the turn to be submitted", func() bool {
-		have, _, err := d.turns.get(t.Context(), key)
+	owned, ownedCall := turn(1, lifecycle.Lease{Owner: "two/live", Until: now.Add(lifecycle.LeaseFor), Epoch: 1})
+	// Handled by the same worker, after the other: once free is submitted,
+	// owned's result was looked at.
+	n := 2
+	subject := func(n int) string {
+		return protocol.ResultSubject(protocol.SystemTeam, protocol.TurnKey(fmt.Sprintf("%032x", n)).Call("call_1"))
+	}
+	for shard(subject(1)) != shard(subject(n)) {
+		n++
+	}
+	free, freeCall := turn(n, lifecycle.Lease{Epoch: 1})
+	publishResult(t, js, ownedCall, "sunny")
+	publishResult(t, js, freeCall, "rainy")
+	testutil.WaitForWhat(t, 10*time.Second, "the turn nobody gathered for to be submitted", func() bool {
+		have, _, err := d.turns.get(t.Context(), free.Key)
 		return err == nil && have.State == TurnSubmitted
 	})
+	if have, _, err := d.turns.get(t.Context(), owned.Key); err != nil || have.State != TurnCollecting || have.lease.Owner != "two/live" {
+		t.Fatalf("the turn another replica owns: %+v %v; want it left collecting under its lease", have, err)
+	}
+	if d.gather.tracking(owned.Key) {
+		t.Fatal("the replica gathers for a turn another owns after one of its results; want it left to the owner")
+	}
 }
 
 // Every record the dispatcher decides on (turns, watches, steps, webhook

@@ -16,10 +16,10 @@ import (
 // cost: 0.8 ms a turn, 83 s at 100,000 open turns. The listing reads them
 // all in a few pages per team, as the sweep lists the open turns.
 //
-// A result recorded after the listing is not in it: the shared consumer
-// delivers it to a replica, which gathers it as any other; a call it
-// makes look unanswered is published again only within its duplicates
-// window, where the repeat is dropped.
+// A result recorded after the listing is not in it: it reaches the replica
+// once that gathers for its turn, or a second listing finds it
+// (recheckCompletedSince); a call it makes look unanswered is published
+// again only within its duplicates window, where the repeat is dropped.
 type recordedResults struct {
 	calls map[protocol.CallKey]bool
 }
@@ -41,4 +41,14 @@ func (g *gatherer) recordedOf(ctx context.Context, open map[protocol.TurnKey]boo
 		}
 	}
 	return r, nil
+}
+
+// holdsAll reports whether every call of t has a result here.
+func (r *recordedResults) holdsAll(t *Turn) bool {
+	for i := range t.Calls {
+		if !r.has(t.Calls[i].Key) {
+			return false
+		}
+	}
+	return true
 }

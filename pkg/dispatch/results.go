@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -13,10 +14,18 @@ import (
 )
 
 // resultStreams are the teams' result streams (protocol.ResultStream), each
-// with the consumer the replicas share to gather from it. A team's stream is
-// created the first time the dispatcher needs it (an executor of the team
-// declares, or a call is routed to it) and consumed from then on; at start
-// every existing one is.
+// with this replica's own consumer of it. A team's stream is created the
+// first time the dispatcher needs it (an executor of the team declares, or
+// a call is routed to it) and consumed from then on; at start every
+// existing one is.
+//
+// Every replica receives every result: the replica that gathers for a turn
+// (it took the turn in, took it over, or has read its record) has all of
+// its results from the moment it started gathering, with no read and no
+// word from another replica; the others look at a result only to find the
+// turns nobody gathers for (gatherer.untracked). A consumer is an ordered
+// one: the server keeps no acknowledgements, and the client creates it
+// again, from the next result, when it is lost.
 type resultStreams struct {
 	d      *Dispatcher
 	handle jetstream.MessageHandler
@@ -29,13 +38,19 @@ type resultStreams struct {
 	consuming context.Context
 }
 
-// resultsConsumer is the durable every replica shares on each result stream.
 const (
+	// resultsConsumer begins the name of each replica's consumer of a
+	// result stream: resultsConsumer_<digest of the replica>_<n>. The
+	// dispatchers before this version shared a durable of that name;
+	// nothing reads it any more once they are all upgraded
+	// (docs/operations.md).
 	resultsConsumer = "toolrelay_dispatcher"
 	// resultsBatch bounds one replica's buffered results per team.
 	resultsBatch = 512
-	// resultsMaxAckPending bounds a team's results handed out unacked.
-	resultsMaxAckPending = 20000
+	// resultsInactive is how long a replica's consumer outlives the
+	// replica (killed, or cut off from the server): then the server
+	// removes it. A replica cut off for longer creates it again.
+	resultsInactive = time.Minute
 )
 
 func newResultStreams(d *Dispatcher) *resultStreams {
@@ -89,11 +104,7 @@ func (r *resultStreams) stream(ctx context.Context, team string) (jetstream.Stre
 		return nil, fmt.Errorf("dispatch: results stream of team %s: %w", team, err)
 	}
 	if r.consuming != nil && r.consuming.Err() == nil {
-		stop, err := r.d.consume(r.consuming, s, jetstream.ConsumerConfig{
-			Durable:       resultsConsumer,
-			Description:   "toolrelay dispatchers gathering results",
-			MaxAckPending: resultsMaxAckPending,
-		}, resultsBatch, r.handle)
+		stop, err := r.consume(r.consuming, s)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: consume results of team %s: %w", team, err)
 		}
@@ -115,4 +126,27 @@ func (r *resultStreams) stop() {
 	for _, stop := range stops {
 		stop()
 	}
+}
+
+// consume hands this replica every result recorded in s from now on, in
+// order, until stop; stop returns once handle is no longer called.
+func (r *resultStreams) consume(ctx context.Context, s jetstream.Stream) (stop func(), err error) {
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		NamePrefix:        resultsConsumer + "_" + replicaDigest(leaseInstance(r.d.instance)),
+		DeliverPolicy:     jetstream.DeliverNewPolicy,
+		InactiveThreshold: resultsInactive,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(r.handle, jetstream.PullMaxMessages(resultsBatch),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				r.d.log.Warn("consuming results", "stream", s.CachedInfo().Config.Name, "err", err)
+			}
+		}))
+	if err != nil {
+		return nil, err
+	}
+	return func() { cc.Stop(); <-cc.Closed() }, nil
 }

@@ -67,6 +67,7 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	// of the sweep's cost. Ages and the time since the last sweep are both
 	// measured from the sweep's start, so that the sweeps' windows tile
 	// time and no turn misses its re-check, however long a listing takes.
+	d.gather.passedBy(now)
 	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
 	d.lastSweep = now
 	keys, listed, err := d.openTurns(ctx, func(t *Turn) bool {
@@ -120,6 +121,9 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	wg.Wait()
 	if ctx.Err() != nil {
 		return
+	}
+	if known != nil {
+		d.recheckCompletedSince(ctx, listed, known)
 	}
 	if err == nil {
 		d.sweepUnlisted(ctx, listed, now)
@@ -441,6 +445,25 @@ func (d *Dispatcher) sweepTurn(ctx context.Context, key protocol.TurnKey, startu
 		if t.lease.Free(now) {
 			d.gather.track(t, rev)
 			d.engine.Close(string(key))
+		}
+	}
+}
+
+// recheckCompletedSince looks again at the open turns a restart re-armed
+// whose results the listing before (known) did not hold all of, and a
+// listing now does: a result recorded between the two reached this replica
+// before it gathered for the turn, and no other replica gathers for it.
+func (d *Dispatcher) recheckCompletedSince(ctx context.Context, listed map[protocol.TurnKey]bool, known *recordedResults) {
+	now, err := d.gather.recordedOf(ctx, listed)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("sweep: listing the open turns' results again failed; their re-checks find what completed", "err", err)
+		}
+		return
+	}
+	for _, t := range d.gather.trackedTurns() {
+		if listed[t.Key] && now.holdsAll(t) && !known.holdsAll(t) {
+			d.gather.recheckSoon(t.Key)
 		}
 	}
 }

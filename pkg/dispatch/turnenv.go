@@ -62,6 +62,12 @@ func (e turnEnv) Load(ctx context.Context, key string) (*lifecycle.Rec, error) {
 	if err != nil {
 		return nil, err
 	}
+	if t.Open() {
+		// Whatever brought the engine here (a hand-over, a timer, a
+		// cancellation), this replica now gathers for the turn: the
+		// results that come next reach it.
+		e.d.gather.track(t, rev)
+	}
 	e.d.gather.replace(t, rev)
 	return rec(t, rev), nil
 }
@@ -355,8 +361,14 @@ const queueGroup = "toolrelay-dispatchers"
 // what it hears there; the id is free text (a host name has dots), so the
 // subject carries a digest of it.
 func replicaSubject(id, what string) string {
+	return "toolrelay.dispatcher." + replicaDigest(id) + "." + what
+}
+
+// replicaDigest names a replica (or process) id in subjects and consumer
+// names, which may not carry its dots.
+func replicaDigest(id string) string {
 	sum := sha256.Sum256([]byte(id))
-	return "toolrelay.dispatcher." + hex.EncodeToString(sum[:12]) + "." + what
+	return hex.EncodeToString(sum[:12])
 }
 
 // hear subscribes handle to subject on the dispatcher's connection, in

@@ -253,6 +253,7 @@ func (p *proc) Tell(owner, key string) {
 
 func (p *proc) Closed(r *Rec, here bool) {
 	delete(p.local, r.Key)
+	delete(p.whole, r.Key)
 	delete(p.cache, r.Key)
 	if here {
 		p.w.tracef("%s closed %s: %s", p.inst, r.Key, r.State)

@@ -225,6 +225,8 @@ type proc struct {
 	ctx                context.Context
 	cancel             context.CancelFunc
 	local              map[string]map[int]bool
+	// whole holds the turns it took in: every result reaches it.
+	whole map[string]bool
 	// cache is each turn's record as the process last read or wrote it:
 	// the turns it tracks.
 	cache map[string]*Rec
@@ -297,7 +299,7 @@ func (w *world) violate(format string, args ...any) {
 // start starts a process, with a new instance name, and sweeps at once.
 func (w *world) start() *proc {
 	w.insts++
-	p := &proc{w: w, inst: fmt.Sprintf("p%d", w.insts), liveFrom: w.now, local: map[string]map[int]bool{}, cache: map[string]*Rec{}}
+	p := &proc{w: w, inst: fmt.Sprintf("p%d", w.insts), liveFrom: w.now, local: map[string]map[int]bool{}, whole: map[string]bool{}, cache: map[string]*Rec{}}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	var out io.Writer = io.Discard
 	if w.tracing {
@@ -437,6 +439,7 @@ func (w *world) intake(sp *spec) {
 		switch {
 		case err == nil:
 			r.Rev = rev
+			p.whole[sp.key] = true
 			if r.Lease.Owner == "" {
 				w.report.unleased++
 			}
@@ -472,7 +475,7 @@ func (w *world) publish(sp *spec) {
 }
 
 // result records the result of sp's call i (first wins) and hands it to
-// a process, as the shared consumer would.
+// the running processes, as each one's consumer of the stream would.
 func (w *world) result(sp *spec, i int) {
 	if w.results[sp.key] == nil {
 		w.results[sp.key] = map[int]time.Time{}
@@ -484,30 +487,46 @@ func (w *world) result(sp *spec, i int) {
 	w.deliver(sp.key, i)
 }
 
+// deliver hands a result to every running process, as the dispatcher's
+// gatherer takes it: a process that gathers for the turn (it took it in,
+// or read its record) keeps it, and closes the turn once its own set is
+// complete or, having begun gathering later, looks at the stream a moment
+// later; one that does not reads the record, and begins gathering for a
+// turn whose lease is free, looking at it a second later.
 func (w *world) deliver(key string, i int) {
-	p := w.any()
-	if p == nil {
-		w.at(w.now.Add(time.Second), nil, func() { w.deliver(key, i) })
-		return
-	}
-	w.tracef("result %s/%d delivered to %s", key, i, p.inst)
-	w.spawn(p, func(ctx context.Context) {
-		if p.cache[key] == nil {
-			if _, err := p.Load(ctx, key); err != nil {
-				w.at(w.now.Add(time.Second), nil, func() { w.deliver(key, i) }) // not acknowledged
+	for _, p := range w.live() {
+		w.tracef("result %s/%d delivered to %s", key, i, p.inst)
+		w.spawn(p, func(ctx context.Context) {
+			if p.cache[key] == nil {
+				w.step(p)
+				r := w.store[key]
+				switch {
+				case r == nil || r.State.Closed():
+					// a stray, or a late result
+				case r.Lease.Owner == p.inst: // its intake's answer was lost
+					if _, err := p.Load(ctx, key); err == nil {
+						p.eng.Close(key)
+					}
+				case r.Lease.Free(w.now):
+					if _, err := p.Load(ctx, key); err == nil {
+						w.at(w.now.Add(time.Second), p, func() { p.eng.Close(key) })
+					}
+				}
 				return
 			}
-		}
-		if p.local[key] == nil {
-			p.local[key] = map[int]bool{}
-		}
-		p.local[key][i] = true
-		if len(p.local[key]) == w.spec(key).calls {
-			p.eng.Close(key)
-			return
-		}
-		w.at(w.now.Add(25*time.Millisecond), p, func() { p.eng.Close(key) }) // the re-check
-	})
+			if p.local[key] == nil {
+				p.local[key] = map[int]bool{}
+			}
+			p.local[key][i] = true
+			if len(p.local[key]) == w.spec(key).calls {
+				p.eng.Close(key)
+				return
+			}
+			if !p.whole[key] {
+				w.at(w.now.Add(25*time.Millisecond), p, func() { p.eng.Close(key) }) // the re-check
+			}
+		})
+	}
 }
 
 // fire delivers sp's deadline timer to some process.
@@ -533,7 +552,7 @@ func (w *world) sweepAll() {
 // one whose intake died before its calls went out has them published. As
 // the dispatcher's sweep, it reads a turn it tracks only when SweepReads
 // says so, and has its engine look at the others on their re-checks; it
-// reads every other turn.
+// reads every other turn, and gathers for those it acts on.
 func (p *proc) sweep(ctx context.Context) {
 	w := p.w
 	now := w.now
@@ -546,16 +565,21 @@ func (p *proc) sweep(ctx context.Context) {
 			}
 			continue
 		}
-		r, err := p.Load(ctx, sp.key)
-		if err != nil || r.State.Closed() {
+		w.step(p)
+		r := w.store[sp.key]
+		if r != nil && r.State.Closed() && p.cache[sp.key] != nil {
+			p.Closed(r, false) // closed by another: forgotten
+		}
+		if r == nil || r.State.Closed() || r.Lease.Owner != p.inst && !r.Lease.Free(w.now) {
+			continue // read, and left: it gathers only for what it acts on
+		}
+		if _, err := p.Load(ctx, sp.key); err != nil {
 			continue
 		}
-		if r.Lease.Owner == p.inst || r.Lease.Free(w.now) {
-			if w.now.Sub(sp.created) > LeaseFor {
-				w.publish(sp)
-			}
-			p.eng.Close(sp.key)
+		if w.now.Sub(sp.created) > LeaseFor {
+			w.publish(sp)
 		}
+		p.eng.Close(sp.key)
 	}
 }
 
