@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/toolrelay/toolrelay/internal/provision"
 )
 
 // replicaCalls is how many single-call turns each rate measurement of
@@ -22,12 +26,15 @@ func replicaCalls(cfg config) int {
 }
 
 // curveReplicas: one against two dispatcher replicas on one server, with
-// one executor, beside the floor on the same server.
+// one executor, beside the floor on the same server: single-call turns,
+// and turns of 16 calls.
 func curveReplicas(ctx context.Context, cfg config, c *curve) error {
 	c.title, c.size = "Dispatcher replicas on one server", "dispatcher replicas"
 	c.cols = []column{
 		{"floor (calls/s)", false}, {"toolrelay (calls/s)", true}, {"toolrelay ÷ floor", true},
-		{"CPU per call, all processes (µs)", true}, {"turns passed on between replicas (%)", false}, {"turns taken over (%)", false},
+		{"CPU per call, all processes (µs)", true},
+		{"turns of 16: toolrelay (calls/s)", true}, {"turns of 16: CPU per call (µs)", true},
+		{"turns passed on between replicas (%)", false}, {"turns taken over (%)", false},
 	}
 	srv, env, done, err := freshServer(ctx, "replicas")
 	if err != nil {
@@ -39,18 +46,24 @@ func curveReplicas(ctx context.Context, cfg config, c *curve) error {
 		return err
 	}
 	for _, n := range []int{1, 2} {
-		rate, cpu, counts, err := toolrelayOn(ctx, env, n, 1, replicaCalls(cfg), []*child{srv})
+		rate, cpu, counts, err := toolrelayOn(ctx, env, n, 1, 1, replicaCalls(cfg), []*child{srv})
 		if err != nil {
 			return fmt.Errorf("%d replicas: %w", n, err)
 		}
-		turns := float64(replicaCalls(cfg))
+		rate16, cpu16, counts16, err := toolrelayOn(ctx, env, n, 1, 16, replicaCalls(cfg), []*child{srv})
+		if err != nil {
+			return fmt.Errorf("%d replicas, turns of 16: %w", n, err)
+		}
+		turns := float64(replicaCalls(cfg)) + float64(replicaCalls(cfg)/16)
 		c.add(float64(n), "", floorRate.rate, rate, rate/floorRate.rate, float64(cpu)/float64(time.Microsecond),
-			100*counts["toolrelay.results.passed_on"]/turns, 100*counts["toolrelay.turns.taken_over"]/turns)
+			rate16, float64(cpu16)/float64(time.Microsecond),
+			100*(counts["toolrelay.results.passed_on"]+counts16["toolrelay.results.passed_on"])/turns,
+			100*(counts["toolrelay.turns.taken_over"]+counts16["toolrelay.turns.taken_over"])/turns)
 	}
-	c.note("Single-call turns of a no-op function, %d in all, at most 256 open at once, taken in at each replica in turn; one executor; "+
-		"the server in a process of its own, the dispatchers and the executor in the bench's, so the replicas share the machine's two "+
-		"cores with the server. CPU per call is every process's CPU time over the run, server included. The floor "+
-		"is measured on the same server first.", replicaCalls(cfg))
+	c.note("Turns of a no-op function, %d calls in all for each size: single-call turns at most 256 open at once, turns of 16 calls "+
+		"at most 16 (256 calls); taken in at each replica in turn; one executor; the server in a process of its own, the dispatchers and the "+
+		"executor in the bench's, so the replicas share the machine's two cores with the server. CPU per call is every process's "+
+		"CPU time over the run, server included. The floor is measured on the same server first.", replicaCalls(cfg))
 	return nil
 }
 
@@ -115,9 +128,13 @@ func cpuOf(children []*child) (time.Duration, error) {
 }
 
 // toolrelayOn measures toolrelay's throughput on env with n dispatcher
-// replicas and streams of replicas replicas: calls/s, CPU per call of this
-// process and servers, and the dispatchers' counters summed.
-func toolrelayOn(ctx context.Context, env *natsEnv, n, replicas, calls int, servers []*child) (float64, time.Duration, map[string]float64, error) {
+// replicas and streams of replicas replicas, in turns of size calls:
+// calls/s, CPU per call of this process and servers, and the dispatchers'
+// counters summed.
+func toolrelayOn(ctx context.Context, env *natsEnv, n, replicas, size, calls int, servers []*child) (float64, time.Duration, map[string]float64, error) {
+	if err := timersGone(ctx, env); err != nil {
+		return 0, 0, nil, err
+	}
 	readers := make([]*sdkmetric.ManualReader, n)
 	meters := make([]metric.MeterProvider, n)
 	for i := range readers {
@@ -138,7 +155,7 @@ func toolrelayOn(ctx context.Context, env *natsEnv, n, replicas, calls int, serv
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	elapsed, err := s.drive(ctx, "noop", calls, 1, 256)
+	elapsed, err := s.drive(ctx, "noop", calls/size, size, 256/size)
 	if err != nil {
 		return 0, 0, nil, err
 	}
@@ -153,6 +170,7 @@ func toolrelayOn(ctx context.Context, env *natsEnv, n, replicas, calls int, serv
 	for k, v := range counts0 {
 		counts[k] -= v
 	}
+	calls = calls / size * size
 	return float64(calls) / elapsed.Seconds(), (cpu1 - cpu0) / time.Duration(calls), counts, nil
 }
 
@@ -230,7 +248,7 @@ func clusterPoint(ctx context.Context, cfg config, c *curve, nodes int) error {
 	if err != nil {
 		return err
 	}
-	rate, cpu, _, err := toolrelayOn(ctx, env, 1, nodes, replicaCalls(cfg), servers)
+	rate, cpu, _, err := toolrelayOn(ctx, env, 1, nodes, 1, replicaCalls(cfg), servers)
 	if err != nil {
 		return err
 	}
@@ -288,6 +306,33 @@ func jetStreamReady(ctx context.Context, env *natsEnv) error {
 		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			return fmt.Errorf("JetStream not ready: %w", err)
+		}
+	}
+}
+
+// timersGone waits until the deadline timers of an earlier measurement on
+// env are gone (a closed turn's markers stay a second): the replicas'
+// startup sweep would otherwise read every one of those turns while the
+// next measurement runs.
+func timersGone(ctx context.Context, env *natsEnv) error {
+	nc, js, err := env.connect("timers-gone")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := js.Stream(ctx, provision.TimerStream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) || err == nil && info.CachedInfo().State.Msgs == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the deadline timers of the measurement before are still there after 30 s (%v)", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
