@@ -43,6 +43,7 @@ type gatherer struct {
 	// looked at (until that lease could be free), or had closed it (a
 	// turn of 16 calls was read once a result).
 	passing map[protocol.TurnKey]time.Time
+	purgeAt int // how many passing holds when it is next purged
 	// lastFor reads a recorded result (tests stand in for the stream).
 	lastFor func(context.Context, jetstream.Stream, string) (*jetstream.RawStreamMsg, error)
 }
@@ -83,32 +84,43 @@ const (
 
 func newGatherer(d *Dispatcher) *gatherer {
 	g := &gatherer{d: d, streams: newResultStreams(d), turns: map[protocol.TurnKey]*gathering{}, calls: map[fnKey]int{},
-		passing: map[protocol.TurnKey]time.Time{}}
+		passing: map[protocol.TurnKey]time.Time{}, purgeAt: minPurgeAt}
 	g.lastFor = g.leaderLastFor
 	return g
 }
 
 // start consumes results until the returned stop is called. Results of one
-// turn go to one worker, in order; turns proceed in parallel.
+// turn go to one worker, in order; turns proceed in parallel. Results
+// queued when stop comes are dropped: they are in the stream, where the
+// replica a turn is handed to reads them.
 func (g *gatherer) start(ctx context.Context) (stop func(), err error) {
 	queues := make([]chan jetstream.Msg, gatherWorkers)
+	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range queues {
 		queues[i] = make(chan jetstream.Msg, 256)
 		wg.Go(func() {
-			for msg := range queues[i] {
-				g.handle(ctx, msg)
+			for {
+				select {
+				case msg := <-queues[i]:
+					g.handle(ctx, msg)
+				case <-done:
+					return
+				}
 			}
 		})
 	}
 	stopAll := func() {
+		close(done) // first: a consumer being created again may still hand a result over
 		g.streams.stop()
-		for _, q := range queues {
-			close(q)
-		}
 		wg.Wait()
 	}
-	if err := g.streams.start(ctx, func(msg jetstream.Msg) { queues[shard(msg.Subject())] <- msg }); err != nil {
+	if err := g.streams.start(ctx, func(msg jetstream.Msg) {
+		select {
+		case queues[shard(msg.Subject())] <- msg:
+		case <-done:
+		}
+	}); err != nil {
 		stopAll()
 		return nil, err
 	}
@@ -153,8 +165,10 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 		g.d.log.WarnContext(ctx, "result for a call this team does not own; ignored", "subject", msg.Subject(), "turn", turnKey, "team", team)
 		return
 	}
-	g.d.tel.result(ctx, t, res)
-	g.d.inspect.stats.record(t, res)
+	if g.counts(st, t) {
+		g.d.tel.result(ctx, t, res)
+		g.d.inspect.stats.record(t, res)
+	}
 	if t.Calls[i].SideEffects {
 		g.d.auditRun(ctx, t, &t.Calls[i], res)
 	}
@@ -180,6 +194,16 @@ func (g *gatherer) open(ctx context.Context, msg jetstream.Msg, team string, key
 	return res, ctx, span
 }
 
+// counts reports whether this replica counts the results of st's turn t
+// in its metrics and statistics: it took the turn in, or holds its lease.
+// Others gathering for it (a slow turn every replica's sweep re-armed)
+// receive the same results.
+func (g *gatherer) counts(st *gathering, t *Turn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return st.whole || t.lease.Owner == g.d.instance
+}
+
 // untracked looks at a result of a turn this replica does not gather for.
 // Most such turns another replica gathers for, and it has the result too:
 // the record is read once, and the turn's other results passed by while
@@ -188,10 +212,20 @@ func (g *gatherer) open(ctx context.Context, msg jetstream.Msg, team string, key
 // intake's answer was lost), looked at now; a turn whose lease is free
 // (its owner stopped, died, or let its intake lease run out while the
 // calls ran), looked at a moment later unless it closed meanwhile; and a
-// late result of a turn already closed.
+// late result of a turn already closed. A side-effecting run is audited
+// by every replica it reaches, whatever it knows of the turn: the audit
+// entry's message ID keeps one.
 func (g *gatherer) untracked(ctx context.Context, msg jetstream.Msg, team string, key protocol.CallKey) {
 	now := time.Now()
-	if g.passingBy(key.Turn(), now) {
+	res, err := protocol.DecodeResult(msg.Data())
+	if err != nil || res.Key != key || res.Team != team {
+		return // logged by the replica that gathers for the turn, if it is one
+	}
+	// The executor's trace, for the log and the audit trail.
+	remote := func() context.Context { return g.d.tel.prop.Extract(ctx, protocol.HeaderCarrier(msg.Headers())) }
+	spec, _ := g.d.registry.claimOf(res.Function)
+	audit := spec != nil && spec.SideEffects && spec.Team == team
+	if !audit && g.passingBy(key.Turn(), now) {
 		return
 	}
 	t, rev, err := g.d.turns.get(ctx, key.Turn())
@@ -200,14 +234,17 @@ func (g *gatherer) untracked(ctx context.Context, msg jetstream.Msg, team string
 		// A call goes out only once its turn is recorded and gathered for
 		// by the replica that took it in: this is a stray result.
 		g.d.log.Debug("result for an unknown turn", "subject", msg.Subject())
+		return
 	case err != nil:
 		g.d.log.Warn("looking at a result of a turn another replica may gather for failed; its owner, the sweep or its deadline closes the turn",
 			"subject", msg.Subject(), "err", err)
+		return
 	case !t.Open():
-		if t.lease.Owner != g.d.instance {
+		if t.lease.Owner == g.d.instance {
+			g.d.lateResult(remote(), t) // counted once: by the replica that closed it
+		} else {
 			g.passBy(t.Key, now.Add(closedPassBy))
 		}
-		g.late(ctx, msg, t, team, key)
 	case t.lease.Owner == g.d.instance:
 		// Taken in here by an intake whose record was stored and its
 		// answer lost (the repeat found it recorded).
@@ -221,18 +258,31 @@ func (g *gatherer) untracked(ctx context.Context, msg jetstream.Msg, team string
 	default:
 		g.passBy(t.Key, t.lease.Until.Add(lifecycle.Skew))
 	}
+	if c := t.call(key); audit && c != nil && c.Team == team && c.SideEffects {
+		g.d.auditRun(remote(), t, c, res)
+	}
 }
 
 // closedPassBy is how long the results of a turn another replica closed
 // are passed by unread: the others of its calls came with it, or are late.
 const closedPassBy = time.Minute
 
-// passBy passes by the results of the turn key unread until then.
+// passBy passes by the results of the turn key unread until then. What
+// it keeps is purged as it grows.
 func (g *gatherer) passBy(key protocol.TurnKey, until time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if len(g.passing) >= g.purgeAt {
+		now := time.Now()
+		maps.DeleteFunc(g.passing, func(_ protocol.TurnKey, until time.Time) bool { return !now.Before(until) })
+		g.purgeAt = max(2*len(g.passing), minPurgeAt)
+	}
 	g.passing[key] = until
 }
+
+// minPurgeAt is the fewest turns passed by whose expired entries are
+// purged.
+const minPurgeAt = 1024
 
 // passingBy reports whether the results of the turn key are passed by now.
 func (g *gatherer) passingBy(key protocol.TurnKey, now time.Time) bool {
@@ -242,41 +292,10 @@ func (g *gatherer) passingBy(key protocol.TurnKey, now time.Time) bool {
 	return ok && now.Before(until)
 }
 
-// passedBy forgets the turns whose results are no longer passed by (the
-// sweep calls it).
-func (g *gatherer) passedBy(now time.Time) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	maps.DeleteFunc(g.passing, func(_ protocol.TurnKey, until time.Time) bool { return !now.Before(until) })
-}
-
 // untrackedLook is how long a replica that started gathering for a turn
 // because of a result waits before it looks at the turn: the owner,
 // if alive, closes it meanwhile.
 const untrackedLook = time.Second
-
-// late reports a result that came after its turn closed: recorded, never
-// submitted. The replica that closed the turn counts and logs it; a
-// side-effecting run is audited by every replica that sees it, the audit
-// entry's message ID keeping one.
-func (g *gatherer) late(ctx context.Context, msg jetstream.Msg, t *Turn, team string, key protocol.CallKey) {
-	c := t.call(key)
-	closer := t.lease.Owner == g.d.instance
-	if c == nil || c.Team != team || !closer && !c.SideEffects {
-		return
-	}
-	res, ctx, span := g.open(ctx, msg, team, key)
-	defer span.End()
-	if res == nil {
-		return
-	}
-	if closer {
-		g.d.lateResult(ctx, t)
-	}
-	if c.SideEffects {
-		g.d.auditRun(ctx, t, c, res)
-	}
-}
 
 // gathering returns the gathering state of a turn this replica gathers
 // for, or nil.

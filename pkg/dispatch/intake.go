@@ -364,6 +364,12 @@ const armRetryFor = 30 * time.Second
 
 // recordFailure records a failed result for c, first-wins like any result.
 func (d *Dispatcher) recordFailure(ctx context.Context, t *Turn, c *TurnCall, cerr *protocol.CallError) {
+	// The replica records into a stream it consumes: the turn's results reach
+	// it only so (a call to a team first seen by another replica can be
+	// refused before it is routed).
+	if _, err := d.gather.streams.stream(ctx, c.Team); err != nil {
+		d.log.Warn("cannot provision the team's result stream", "team", c.Team, "err", err)
+	}
 	res := &protocol.Result{
 		Version: protocol.Version, Key: c.Key, CallID: c.ID, Team: c.Team, Function: safeName(c.Name),
 		Error: cerr, Executor: "dispatcher/" + d.opts.Name, FinishedAt: time.Now().UTC(),

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -218,5 +219,92 @@ func TestTheDispatcherReadsFromTheLeader(t *testing.T) {
 	}
 	if n := direct.Load(); n != 0 {
 		t.Fatalf("%d reads were direct gets, which a lagging replica may answer", n)
+	}
+}
+
+// A team's result stream deleted and created again (an operator, a
+// store restored) starts its sequence again. The replica's consumer of it
+// must not go on from the sequence it had reached in the old one: the
+// first results of the new stream would pass it by, and a turn it took in
+// would wait for its re-check.
+func TestAResultStreamCreatedAgainIsConsumedFromItsStart(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, js := natstest.Start(t).Connect(t)
+	d := replica(t, js, "one")
+	if _, err := d.gather.streams.stream(ctx, "geo"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 { // the old stream's sequence moves on
+		key := protocol.TurnKey(fmt.Sprintf("%032x", 100+i))
+		publishResult(t, js, TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: "geo"}, "old")
+	}
+	if err := js.DeleteStream(ctx, protocol.ResultStream("geo")); err != nil {
+		t.Fatal(err)
+	}
+	resultStream(t, js, "geo")
+	if _, err := d.gather.streams.stream(ctx, "geo"); err != nil { // as the next call routed to the team
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	key := protocol.TurnKey(fmt.Sprintf("%032x", 1))
+	c := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: "geo"}
+	turn := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_again"},
+		State: TurnCollecting, Calls: []TurnCall{c}, CreatedAt: now, ExpiresAt: now.Add(time.Minute), Deadline: now.Add(50 * time.Second),
+		lease: d.engine.IntakeLease(now, now.Add(50*time.Second))}
+	rev, err := d.turns.create(ctx, turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.gather.takeIn(turn, rev)
+	publishResult(t, js, c, "sunny")
+	testutil.WaitForWhat(t, 10*time.Second, "the turn to be submitted from the new stream's first result", func() bool {
+		have, _, err := d.turns.get(ctx, key)
+		return err == nil && have.State == TurnSubmitted
+	})
+}
+
+// A side-effecting run belongs in the audit trail whichever replica it
+// reaches: one whose turn another replica owns, and whose results this
+// replica otherwise passes by, is audited here too (the entry's message
+// ID keeps one), so that an owner killed before it audited the run leaves
+// no gap.
+func TestASideEffectingRunIsAuditedByAReplicaThatPassesItsTurnBy(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, js := natstest.Start(t).Connect(t)
+	d := replica(t, js, "one")
+	d.registry.mu.Lock()
+	d.registry.owners["charge"] = &protocol.FunctionSpec{Version: protocol.Version, Name: "charge", Team: "geo", SideEffects: true}
+	d.registry.mu.Unlock()
+	if _, err := d.gather.streams.stream(ctx, "geo"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	key := protocol.TurnKey(fmt.Sprintf("%032x", 7))
+	quiet := TurnCall{ID: "call_1", Name: "get_weather", Key: key.Call("call_1"), Team: "geo"}
+	charge := TurnCall{ID: "call_2", Name: "charge", Key: key.Call("call_2"), Team: "geo", SideEffects: true}
+	turn := &Turn{Version: 1, Key: key, Ref: Ref{Platform: protocol.PlatformResponses, ResponseID: "resp_charge"},
+		State: TurnCollecting, Calls: []TurnCall{quiet, charge}, CreatedAt: now, ExpiresAt: now.Add(time.Minute), Deadline: now.Add(50 * time.Second),
+		lease: lifecycle.Lease{Owner: "two/live", Until: now.Add(lifecycle.LeaseFor), Epoch: 1}}
+	if _, err := d.turns.create(ctx, turn); err != nil {
+		t.Fatal(err)
+	}
+	publishResult(t, js, quiet, "sunny") // the turn is passed by from here
+	publishResult(t, js, charge, "charged")
+	audit, err := js.Stream(ctx, provision.AuditStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entry AuditEntry
+	testutil.WaitForWhat(t, 10*time.Second, "the run to be audited", func() bool {
+		m, err := audit.GetLastMsgForSubject(ctx, provision.AuditSubjectPrefix+".geo.run")
+		return err == nil && json.Unmarshal(m.Data, &entry) == nil
+	})
+	if entry.CallKey != charge.Key || entry.Platform != protocol.PlatformResponses || entry.Outcome != "ok" {
+		t.Fatalf("audit entry %+v; want the run of %s on responses, ok", entry, charge.Key)
+	}
+	if d.gather.tracking(key) {
+		t.Fatal("the replica gathers for a turn another owns")
 	}
 }

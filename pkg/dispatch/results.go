@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -32,10 +33,13 @@ type resultStreams struct {
 
 	mu      sync.Mutex
 	streams map[string]jetstream.Stream
-	stops   []func()
+	stops   map[string]func()
 	// consuming is the context consumers run under, nil until start and
 	// after stop: a team first seen then gets its stream but no consumer.
 	consuming context.Context
+	// starts counts the starts, which name the consumers: one a start
+	// before left may linger on the server for resultsInactive.
+	starts int
 }
 
 const (
@@ -51,18 +55,22 @@ const (
 	// replica (killed, or cut off from the server): then the server
 	// removes it. A replica cut off for longer creates it again.
 	resultsInactive = time.Minute
+	// resultsStopWait bounds how long a stop waits for the consumers.
+	resultsStopWait = 2 * time.Second
 )
 
 func newResultStreams(d *Dispatcher) *resultStreams {
-	return &resultStreams{d: d, streams: map[string]jetstream.Stream{}}
+	return &resultStreams{d: d, streams: map[string]jetstream.Stream{}, stops: map[string]func(){}}
 }
 
 // start consumes every existing result stream, and the dispatcher's own,
-// handing results to handle until stop.
+// handing results to handle until stop: each from the results recorded
+// after it is started.
 func (r *resultStreams) start(ctx context.Context, handle jetstream.MessageHandler) error {
 	r.mu.Lock()
 	r.handle = handle
 	r.consuming = ctx
+	r.starts++
 	r.mu.Unlock()
 	teams := []string{protocol.SystemTeam}
 	names := r.d.js.StreamNames(ctx, jetstream.WithStreamListSubject(protocol.ResultSubjectPrefix+".>"))
@@ -75,7 +83,7 @@ func (r *resultStreams) start(ctx context.Context, handle jetstream.MessageHandl
 		return fmt.Errorf("list result streams: %w", err)
 	}
 	for _, team := range teams {
-		if _, err := r.stream(ctx, team); err != nil {
+		if _, err := r.provide(ctx, team, false); err != nil {
 			return err
 		}
 	}
@@ -83,8 +91,16 @@ func (r *resultStreams) start(ctx context.Context, handle jetstream.MessageHandl
 }
 
 // stream returns team's result stream, creating it and starting its
-// consumer if this replica has not yet.
+// consumer if this replica has not yet. A stream this replica first
+// consumes after its start (a team new since, or a stream created again)
+// is consumed whole: every result in it may be of a turn it took in.
 func (r *resultStreams) stream(ctx context.Context, team string) (jetstream.Stream, error) {
+	return r.provide(ctx, team, true)
+}
+
+// provide is stream; whole consumes the stream from its first result,
+// not from the next.
+func (r *resultStreams) provide(ctx context.Context, team string, whole bool) (jetstream.Stream, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.streams[team]; s != nil {
@@ -104,11 +120,11 @@ func (r *resultStreams) stream(ctx context.Context, team string) (jetstream.Stre
 		return nil, fmt.Errorf("dispatch: results stream of team %s: %w", team, err)
 	}
 	if r.consuming != nil && r.consuming.Err() == nil {
-		stop, err := r.consume(r.consuming, s)
+		stop, err := r.consume(r.consuming, team, s, whole)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: consume results of team %s: %w", team, err)
 		}
-		r.stops = append(r.stops, stop)
+		r.stops[team] = stop
 	}
 	r.streams[team] = s
 	return s, nil
@@ -120,20 +136,40 @@ func (r *resultStreams) stream(ctx context.Context, team string) (jetstream.Stre
 func (r *resultStreams) stop() {
 	r.mu.Lock()
 	stops := r.stops
-	r.stops, r.consuming = nil, nil
+	r.stops, r.consuming = map[string]func(){}, nil
 	r.streams = map[string]jetstream.Stream{}
 	r.mu.Unlock()
+	// A consumer being created again (its server gone, a failover) holds its
+	// stop until the attempt ends: the replica must go on to release its
+	// turns. Its results are dropped meanwhile (gatherer.start).
+	var wg sync.WaitGroup
 	for _, stop := range stops {
-		stop()
+		wg.Go(stop)
+	}
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(resultsStopWait):
+		r.d.log.Warn("some results consumers had not stopped after " + resultsStopWait.String() + "; going on without them")
 	}
 }
 
-// consume hands this replica every result recorded in s from now on, in
-// order, until stop; stop returns once handle is no longer called.
-func (r *resultStreams) consume(ctx context.Context, s jetstream.Stream) (stop func(), err error) {
+// consume hands this replica the results recorded in s, in order, until
+// stop: whole, from its first; else from those after what s's cached
+// state holds (read a moment ago). The start is a sequence, not "new": a
+// consumer created again before it delivered anything starts there too.
+// r.mu is held.
+func (r *resultStreams) consume(ctx context.Context, team string, s jetstream.Stream, whole bool) (stop func(), err error) {
+	info := s.CachedInfo()
+	from := info.State.LastSeq + 1
+	if whole {
+		from = max(info.State.FirstSeq, 1)
+	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		NamePrefix:        resultsConsumer + "_" + replicaDigest(leaseInstance(r.d.instance)),
-		DeliverPolicy:     jetstream.DeliverNewPolicy,
+		NamePrefix:        resultsConsumer + "_" + replicaDigest(leaseInstance(r.d.instance)) + "_" + strconv.Itoa(r.starts),
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       from,
 		InactiveThreshold: resultsInactive,
 	})
 	if err != nil {
@@ -141,12 +177,49 @@ func (r *resultStreams) consume(ctx context.Context, s jetstream.Stream) (stop f
 	}
 	cc, err := cons.Consume(r.handle, jetstream.PullMaxMessages(resultsBatch),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if errors.Is(err, jetstream.ErrConsumerDeleted) {
+				// The client creates it again from where it was; that is
+				// wrong if the stream itself went.
+				r.d.background(func(ctx context.Context) { r.lost(ctx, team, s, info.Created) })
+			}
 			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				r.d.log.Warn("consuming results", "stream", s.CachedInfo().Config.Name, "err", err)
+				r.d.log.Warn("consuming results", "stream", info.Config.Name, "err", err)
 			}
 		}))
 	if err != nil {
 		return nil, err
 	}
 	return func() { cc.Stop(); <-cc.Closed() }, nil
+}
+
+// lost looks at team's stream s, created at created, whose consumer was
+// deleted. If the stream is not that one any more (deleted, and perhaps
+// created again), the sequence the consumer had reached means nothing
+// there: the consumer is stopped, and a stream there now consumed whole;
+// one created later is, when this replica next needs it.
+func (r *resultStreams) lost(ctx context.Context, team string, s jetstream.Stream, created time.Time) {
+	now, err := r.d.js.Stream(ctx, protocol.ResultStream(team))
+	if err == nil && now.CachedInfo().Created.Equal(created) {
+		return // the same stream: the consumer was removed alone
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		r.d.log.Warn("a results consumer was removed and its stream cannot be read; it is created again where it was", "team", team, "err", err)
+		return
+	}
+	r.mu.Lock()
+	stop := r.stops[team]
+	if r.streams[team] == s {
+		delete(r.streams, team)
+		delete(r.stops, team)
+	}
+	r.mu.Unlock()
+	if stop != nil {
+		go stop()
+	}
+	r.d.log.Warn("a team's result stream was removed; its results are consumed again from the stream there now", "team", team)
+	if err == nil {
+		if _, err := r.stream(ctx, team); err != nil {
+			r.d.log.Warn("consuming a team's result stream created again failed; the next call to the team tries again", "team", team, "err", err)
+		}
+	}
 }

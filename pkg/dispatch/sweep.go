@@ -67,7 +67,6 @@ func (d *Dispatcher) sweep(ctx context.Context, startup bool) {
 	// of the sweep's cost. Ages and the time since the last sweep are both
 	// measured from the sweep's start, so that the sweeps' windows tile
 	// time and no turn misses its re-check, however long a listing takes.
-	d.gather.passedBy(now)
 	sinceLast := now.Sub(d.lastSweep) // the sweeps run one after another
 	d.lastSweep = now
 	keys, listed, err := d.openTurns(ctx, func(t *Turn) bool {
