@@ -198,6 +198,12 @@ func (r *resultStreams) consume(ctx context.Context, team string, s jetstream.St
 // there: the consumer is stopped, and a stream there now consumed whole;
 // one created later is, when this replica next needs it.
 func (r *resultStreams) lost(ctx context.Context, team string, s jetstream.Stream, created time.Time) {
+	r.mu.Lock()
+	current := r.streams[team] == s
+	r.mu.Unlock()
+	if !current {
+		return // looked at already
+	}
 	now, err := r.d.js.Stream(ctx, protocol.ResultStream(team))
 	if err == nil && now.CachedInfo().Created.Equal(created) {
 		return // the same stream: the consumer was removed alone
@@ -207,11 +213,13 @@ func (r *resultStreams) lost(ctx context.Context, team string, s jetstream.Strea
 		return
 	}
 	r.mu.Lock()
-	stop := r.stops[team]
-	if r.streams[team] == s {
-		delete(r.streams, team)
-		delete(r.stops, team)
+	if r.streams[team] != s {
+		r.mu.Unlock()
+		return
 	}
+	stop := r.stops[team]
+	delete(r.streams, team)
+	delete(r.stops, team)
 	r.mu.Unlock()
 	if stop != nil {
 		go stop()
