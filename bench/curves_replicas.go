@@ -13,6 +13,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/toolrelay/toolrelay/internal/backoff"
 	"github.com/toolrelay/toolrelay/internal/provision"
 )
 
@@ -329,10 +330,8 @@ func timersGone(ctx context.Context, env *natsEnv) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the deadline timers of the measurement before are still there after 30 s (%v)", err)
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

@@ -158,14 +158,14 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 	if res == nil {
 		return
 	}
-	t := g.turnOf(st)
+	t, counts := g.turnOf(st)
 	i := t.callIndex(key)
 	if i < 0 || t.Calls[i].Team != team {
 		span.SetStatus(codes.Error, "result from a team that does not own the call")
 		g.d.log.WarnContext(ctx, "result for a call this team does not own; ignored", "subject", msg.Subject(), "turn", turnKey, "team", team)
 		return
 	}
-	if g.counts(st, t) {
+	if counts {
 		g.d.tel.result(ctx, t, res)
 		g.d.inspect.stats.record(t, res)
 	}
@@ -181,10 +181,7 @@ func (g *gatherer) handle(ctx context.Context, msg jetstream.Msg) {
 // open decodes a result and opens its span; a malformed one is logged
 // and nil.
 func (g *gatherer) open(ctx context.Context, msg jetstream.Msg, team string, key protocol.CallKey) (*protocol.Result, context.Context, trace.Span) {
-	res, err := protocol.DecodeResult(msg.Data())
-	if err == nil && (res.Key != key || res.Team != team) {
-		err = errors.New("envelope does not match its subject")
-	}
+	res, err := decodeResult(msg, team, key)
 	ctx, span := g.d.tel.processResult(ctx, msg.Subject(), team, msg.Headers(), res)
 	if err != nil {
 		span.SetStatus(codes.Error, "malformed result")
@@ -194,14 +191,14 @@ func (g *gatherer) open(ctx context.Context, msg jetstream.Msg, team string, key
 	return res, ctx, span
 }
 
-// counts reports whether this replica counts the results of st's turn t
-// in its metrics and statistics: it took the turn in, or holds its lease.
-// Others gathering for it (a slow turn every replica's sweep re-armed)
-// receive the same results.
-func (g *gatherer) counts(st *gathering, t *Turn) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return st.whole || t.lease.Owner == g.d.instance
+// decodeResult decodes the result msg carries on the subject of team's
+// call key; one that names another call is returned with the error.
+func decodeResult(msg jetstream.Msg, team string, key protocol.CallKey) (*protocol.Result, error) {
+	res, err := protocol.DecodeResult(msg.Data())
+	if err == nil && (res.Key != key || res.Team != team) {
+		return res, errors.New("envelope does not match its subject")
+	}
+	return res, err
 }
 
 // untracked looks at a result of a turn this replica does not gather for.
@@ -217,8 +214,8 @@ func (g *gatherer) counts(st *gathering, t *Turn) bool {
 // entry's message ID keeps one.
 func (g *gatherer) untracked(ctx context.Context, msg jetstream.Msg, team string, key protocol.CallKey) {
 	now := time.Now()
-	res, err := protocol.DecodeResult(msg.Data())
-	if err != nil || res.Key != key || res.Team != team {
+	res, err := decodeResult(msg, team, key)
+	if err != nil {
 		return // logged by the replica that gathers for the turn, if it is one
 	}
 	// The executor's trace, for the log and the audit trail.
@@ -354,12 +351,15 @@ func (g *gatherer) cached(key protocol.TurnKey) (*Turn, uint64) {
 	return nil, 0
 }
 
-// turnOf returns the record st keeps now: the engine replaces it as it
-// writes the turn.
-func (g *gatherer) turnOf(st *gathering) *Turn {
+// turnOf returns the record st keeps now (the engine replaces it as it
+// writes the turn), and whether this replica counts the turn's results in
+// its metrics and statistics: it took the turn in, or holds its lease.
+// Others gathering for it (a slow turn every replica's sweep re-armed)
+// receive the same results.
+func (g *gatherer) turnOf(st *gathering) (t *Turn, counts bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return st.turn
+	return st.turn, st.whole || st.turn.lease.Owner == g.d.instance
 }
 
 // replace keeps t, at revision rev, as the record of a turn this replica
@@ -527,11 +527,7 @@ func (g *gatherer) recorded(ctx context.Context, t *Turn, known *recordedResults
 }
 
 // tracking reports whether this replica gathers results for the turn.
-func (g *gatherer) tracking(key protocol.TurnKey) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.turns[key] != nil
-}
+func (g *gatherer) tracking(key protocol.TurnKey) bool { return g.gathering(key) != nil }
 
 // result returns the result of a call: the one this replica saw, or the
 // one recorded in the stream.
