@@ -23,6 +23,13 @@ type floorResult struct {
 	rtts    []time.Duration
 }
 
+// floorPullExpiry keeps the floor's pulls short, as the dispatcher's are: a
+// pull sent to a consumer of a stream just created can be lost while its
+// leader is elected, and the client notices only when two heartbeats are
+// missed. With nats.go's default 30 s expiry that is 30 s, as long as the
+// warm-up below waits: CI once failed with "no round trip in 30s" so.
+const floorPullExpiry = 5 * time.Second
+
 func (f *fleet) measureFloor(ctx context.Context, d time.Duration, inFlight int) (*floorResult, error) {
 	auth, err := f.auth("dispatcher")
 	if err != nil {
@@ -82,7 +89,7 @@ func (f *fleet) measureFloor(ctx context.Context, d time.Duration, inFlight int)
 			}
 			_ = m.Ack()
 		})
-	}, jetstream.PullMaxMessages(inFlight))
+	}, jetstream.PullMaxMessages(inFlight), jetstream.PullExpiry(floorPullExpiry))
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +113,7 @@ func (f *fleet) measureFloor(ctx context.Context, d time.Duration, inFlight int)
 		}
 		mu.Unlock()
 		<-slots
-	}, jetstream.PullMaxMessages(inFlight))
+	}, jetstream.PullMaxMessages(inFlight), jetstream.PullExpiry(floorPullExpiry))
 	if err != nil {
 		return nil, err
 	}
