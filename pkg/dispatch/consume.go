@@ -10,7 +10,8 @@ import (
 	"github.com/toolrelay/toolrelay/internal/provision"
 )
 
-// Settings of the consumers every replica shares (the deadline and approval timers).
+// Settings of the consumers every replica shares (the deadline and approval
+// timers); the pull expiry is every replica's results consumers' too.
 const (
 	// sharedAckWait is how long a message handed to a replica that died
 	// waits before another replica gets it.

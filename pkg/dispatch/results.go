@@ -175,7 +175,7 @@ func (r *resultStreams) consume(ctx context.Context, team string, s jetstream.St
 	if err != nil {
 		return nil, err
 	}
-	cc, err := cons.Consume(r.handle, jetstream.PullMaxMessages(resultsBatch),
+	cc, err := cons.Consume(r.handle, jetstream.PullMaxMessages(resultsBatch), jetstream.PullExpiry(sharedPullExpiry),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) {
 				// The client creates it again from where it was; that is
